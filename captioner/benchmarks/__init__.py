@@ -1,0 +1,1 @@
+"""Benchmarks run by ``captioner bench``; they time, they do not test."""

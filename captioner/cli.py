@@ -1,0 +1,60 @@
+"""The ``captioner`` console script.
+
+Every sub-command is a module registered under the ``captioner.commands`` entry-point group
+(see ``pyproject.toml``) that defines ``HELP: str`` and ``main(argv: list[str]) -> int``.
+Plugins keep the layering intact: commands that evaluate captions live in the ``eval``
+package, which this module never imports by name. A command module is imported only when
+it runs, so ``captioner --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from importlib.metadata import entry_points
+
+GROUP = "captioner.commands"
+
+
+def _commands() -> dict[str, str]:
+    return {ep.name: ep.value for ep in entry_points(group=GROUP)}
+
+
+def _usage(commands: dict[str, str]) -> str:
+    lines = ["usage: captioner COMMAND [ARGS...]", "", "commands:"]
+    for name in sorted(commands):
+        try:
+            help_text = importlib.import_module(commands[name]).HELP
+        except Exception as exc:  # a broken plugin must not hide the others
+            help_text = f"(unavailable: {exc})"
+        lines.append(f"  {name:<18} {help_text}")
+    lines += ["", "Run 'captioner COMMAND --help' for the options of a command."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = _commands()
+    if not commands:
+        print(
+            "captioner: no commands are registered; install the package with "
+            "'pip install -e .' so that its entry points exist.",
+            file=sys.stderr,
+        )
+        return 2
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage(commands))
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in commands:
+        print(f"captioner: unknown command {name!r}\n\n{_usage(commands)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(commands[name])
+    # LightningCLI commands need to know which sub-command they were called as.
+    if getattr(module, "NEEDS_COMMAND_NAME", False):
+        return int(module.main([name, *rest]) or 0)
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Sub-commands of the ``captioner`` console script (one module each; see ``captioner.cli``)."""

@@ -1,0 +1,23 @@
+"""``captioner bench {attention,model}``: benchmarks that print time ratios side by side."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+HELP = "benchmarks: 'bench attention' (mappings) or 'bench model' (training step, beam search)"
+
+_TARGETS = {
+    "attention": "captioner.benchmarks.attention",
+    "model": "captioner.benchmarks.model",
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in _TARGETS:
+        print(
+            f"usage: captioner bench {{{','.join(_TARGETS)}}} [--help]",
+            file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout,
+        )
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    return int(importlib.import_module(_TARGETS[argv[0]]).main(argv[1:]) or 0)

@@ -1,0 +1,1 @@
+"""Sub-commands of the ``captioner`` console script that need the evaluation layer."""
