@@ -1,0 +1,129 @@
+"""Validation and mask helpers shared by every attention mapping.
+
+All mappings follow one convention (contract in CONTRACTS.md, section 1):
+
+* scores are a floating-point tensor; ``-inf`` is allowed and means "masked";
+  NaN and ``+inf`` are rejected with a :class:`ValueError`;
+* ``mask`` is a bool tensor broadcastable to the scores, ``True`` = the cell may
+  receive attention; masked cells get exactly zero weight and zero gradient;
+* a row (a slice along ``dim``) with no unmasked, finite-or-``-inf``-free entry has no
+  probability distribution: it raises a :class:`ValueError` rather than returning
+  NaN or an arbitrary distribution.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def check_scores(z: Tensor, dim: int, func: str, *, min_dim: int = 1) -> int:
+    """Check that ``z`` is a non-empty floating tensor of rank >= ``min_dim``.
+
+    Returns ``dim`` normalized to a non-negative axis index.
+    """
+    if not isinstance(z, Tensor):
+        raise TypeError(f"{func}: scores must be a torch.Tensor, got {type(z).__name__}")
+    if not z.is_floating_point():
+        raise ValueError(f"{func}: scores must be a floating-point tensor, got dtype {z.dtype}")
+    if z.dim() < min_dim:
+        raise ValueError(
+            f"{func}: scores must have at least {min_dim} dimension(s), "
+            f"got shape {tuple(z.shape)}"
+        )
+    if not -z.dim() <= dim < z.dim():
+        raise ValueError(f"{func}: dim={dim} is out of range for scores of shape {tuple(z.shape)}")
+    dim %= z.dim()
+    if z.shape[dim] == 0:
+        raise ValueError(f"{func}: scores have an empty dimension {dim} (shape {tuple(z.shape)})")
+    return dim
+
+
+def check_mask(mask: Tensor, shape: torch.Size, func: str) -> Tensor:
+    """Check that ``mask`` is a bool tensor broadcastable to ``shape``; return it expanded."""
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        kind = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+        raise ValueError(f"{func}: mask must be a bool tensor (True = may attend), got {kind}")
+    try:
+        broadcast = torch.broadcast_shapes(mask.shape, shape)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != shape:
+        raise ValueError(
+            f"{func}: mask of shape {tuple(mask.shape)} does not broadcast to scores of shape "
+            f"{tuple(shape)}"
+        )
+    return mask.expand(shape)
+
+
+def apply_mask(z: Tensor, mask: Tensor | None, func: str) -> Tensor:
+    """Return ``z`` with masked cells set to ``-inf`` (no copy when ``mask`` is None).
+
+    ``masked_fill`` routes no gradient to the filled cells, which gives masked cells an
+    exact zero gradient whatever the mapping does with ``-inf``.
+    """
+    if mask is None:
+        return z
+    mask = check_mask(mask, z.shape, func).to(z.device)
+    return z.masked_fill(~mask, -math.inf)
+
+
+def checked_max(z: Tensor, dim: int, func: str) -> Tensor:
+    """Row maxima of ``z`` along ``dim`` (keepdim), rejecting NaN, ``+inf`` and empty rows.
+
+    One reduction serves both the numerically stable shift and the validation: a row's
+    maximum is NaN iff the row holds a NaN, ``+inf`` iff it holds ``+inf`` and ``-inf``
+    iff every entry is masked or ``-inf``. The full tensor is only rescanned to write
+    the error message.
+    """
+    z_max = z.detach().amax(dim=dim, keepdim=True)
+    if not bool(torch.isfinite(z_max).all()):
+        if bool(torch.isnan(z).any()):
+            raise ValueError(f"{func}: scores contain NaN")
+        if bool(torch.isposinf(z).any()):
+            raise ValueError(f"{func}: scores contain +inf (only -inf is allowed, meaning masked)")
+        row = torch.nonzero(torch.isneginf(z_max.squeeze(dim)))[0].tolist()
+        raise ValueError(
+            f"{func}: every entry along dim {dim} is masked or -inf in the row at index {row} "
+            "of the other dimensions; such a row has no probability distribution"
+        )
+    return z_max
+
+
+def check_lam(lam: float | Tensor, func: str, name: str = "lam") -> float | Tensor:
+    """Check a regularization strength: a float or 0-dim tensor, finite and >= 0."""
+    if isinstance(lam, Tensor):
+        if lam.dim() != 0:
+            raise ValueError(
+                f"{func}: {name} must be a float or a 0-dim tensor, got shape {tuple(lam.shape)}"
+            )
+        value = float(lam.detach())
+    elif isinstance(lam, (int, float)) and not isinstance(lam, bool):
+        value = float(lam)
+    else:
+        raise TypeError(f"{func}: {name} must be a float or a 0-dim tensor, got {lam!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{func}: {name} must be finite and >= 0, got {value}")
+    return lam if isinstance(lam, Tensor) else value
+
+
+def check_alpha(alpha: float | Tensor, func: str) -> None:
+    """Check that every alpha is finite and > 1 (alpha = 1 is softmax: use that instead)."""
+    if isinstance(alpha, Tensor):
+        if not alpha.is_floating_point():
+            raise ValueError(f"{func}: alpha must be a floating-point tensor, got {alpha.dtype}")
+        bad = ~(torch.isfinite(alpha) & (alpha > 1))
+        if bool(bad.any()):
+            raise ValueError(
+                f"{func}: alpha must be finite and > 1 (use softmax for alpha = 1), "
+                f"got {alpha[bad].flatten()[0].item()}"
+            )
+    elif isinstance(alpha, (int, float)) and not isinstance(alpha, bool):
+        if not (math.isfinite(alpha) and alpha > 1):
+            raise ValueError(
+                f"{func}: alpha must be finite and > 1 (use softmax for alpha = 1), got {alpha}"
+            )
+    else:
+        raise TypeError(f"{func}: alpha must be a float or a tensor, got {alpha!r}")

@@ -1,0 +1,54 @@
+"""Bad input to every attention mapping gets a clear ValueError (or TypeError), never NaN."""
+
+import pytest
+import torch
+
+import captioner.attention as att
+
+INF = float("inf")
+FUNCS = {
+    "softmax": att.softmax,
+    "sparsemax": att.sparsemax,
+}
+
+
+@pytest.fixture(params=sorted(FUNCS))
+def func(request):
+    return FUNCS[request.param]
+
+
+def test_nan_rejected(func):
+    with pytest.raises(ValueError, match="NaN"):
+        func(torch.tensor([[0.0, float("nan"), 1.0]]))
+
+
+def test_pos_inf_rejected(func):
+    with pytest.raises(ValueError, match=r"\+inf"):
+        func(torch.tensor([[0.0, INF]]))
+
+
+def test_fully_masked_row_rejected(func):
+    z = torch.zeros(3, 4)
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    mask[1] = False
+    with pytest.raises(ValueError, match=r"masked or -inf in the row at index \[1\]"):
+        func(z, mask=mask)
+    with pytest.raises(ValueError, match="masked or -inf"):
+        func(torch.full((2,), -INF))
+
+
+def test_bad_rank_dim_dtype_and_mask(func):
+    with pytest.raises(ValueError, match="at least 1 dimension"):
+        func(torch.tensor(1.0))
+    with pytest.raises(ValueError, match="out of range"):
+        func(torch.zeros(2, 3), dim=2)
+    with pytest.raises(ValueError, match="floating-point"):
+        func(torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="empty"):
+        func(torch.zeros(2, 0))
+    with pytest.raises(ValueError, match="bool"):
+        func(torch.zeros(2, 3), mask=torch.ones(2, 3))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        func(torch.zeros(2, 3), mask=torch.ones(3, 2, dtype=torch.bool))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        func([0.0, 1.0])
