@@ -1,0 +1,124 @@
+"""``captioner heatmaps``: per-word output-attention figures for captioned images.
+
+For every checkpoint MODEL and readable image STEM it writes ``OUT/MODEL/STEM/``:
+
+* ``NN_word.png``: the image (own aspect ratio, longer side ``--size`` pixels) with the
+  attention of word NN (0-based) drawn over it (see `captioner.heatmaps`);
+* ``strip.png``: the whole caption, one panel per word, with the colour bar;
+* ``attention.npz`` and ``attention.json``: the raw weights (tokens, grid, T x h x w maps).
+
+MODEL is the checkpoint's file stem and STEM the image's, both sanitized (``[A-Za-z0-9._-]``),
+with a short hash of the full path appended when two inputs share one. ``OUT/index.json``
+lists every image's files, caption and the colour scale.
+
+Colour scale: one scale 0..vmax for every word, image and model of the run, so colours are
+comparable across them. vmax is ``--vmax`` when given (use it to compare separate runs), else
+the largest attention weight of the whole run. Zero attention is transparent (``--zero-style
+transparent``, the default) or a hard white mask (``white``, the paper's figure style).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HELP = "per-word attention heatmaps, caption strips and raw weights for images"
+
+
+def checkpoint_names(checkpoints: list[Path]) -> list[str]:
+    """Deterministic, unique, file-name-safe model names from checkpoint paths."""
+    from captioner.heatmaps import unique_stems
+
+    return unique_stems(checkpoints)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from captioner.heatmaps import DEFAULT_MAX_SIDE, UPSAMPLE_MODES, ZERO_STYLES
+
+    parser = argparse.ArgumentParser(prog="captioner heatmaps", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR")
+    parser.add_argument("--ckpt", required=True, type=Path, action="append",
+                        help="trained checkpoint; repeat to compare models on one colour scale")
+    parser.add_argument("--out", required=True, type=Path, help="output folder")
+    parser.add_argument("--zero-style", choices=ZERO_STYLES, default="transparent")
+    parser.add_argument("--upsample", choices=UPSAMPLE_MODES, default="nearest")
+    parser.add_argument("--vmax", type=float, help="colour-scale maximum (default: run maximum)")
+    parser.add_argument("--size", type=int, default=DEFAULT_MAX_SIDE,
+                        help="longer image side in pixels (default %(default)s)")
+    parser.add_argument("--beam-size", type=int, default=3)
+    parser.add_argument("--max-length", type=int, default=20)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if args.vmax is not None and not args.vmax > 0:
+        print(f"captioner heatmaps: --vmax must be > 0, got {args.vmax}", file=sys.stderr)
+        return 2
+    from captioner.commands.caption import caption_files, collect_images, open_captioner
+
+    try:
+        paths = collect_images(args.inputs)
+        captioners = [open_captioner(path) for path in args.ckpt]
+    except (OSError, ValueError) as exc:
+        print(f"captioner heatmaps: {exc}", file=sys.stderr)
+        return 2
+
+    from tqdm import tqdm
+
+    from captioner.heatmaps import AttentionRecord, shared_vmax, unique_stems, write_heatmaps
+    from data_prep.images import load_image
+
+    progress = not args.no_progress and len(paths) > 1
+    captions = {}
+    failed: dict[Path, str] = {}
+    models = checkpoint_names(args.ckpt)
+    for model, captioner in zip(models, captioners, strict=True):
+        for path, caption, error in caption_files(
+            captioner, paths, beam_size=args.beam_size, max_length=args.max_length,
+            batch_size=args.batch_size, progress=progress,
+        ):
+            if caption is None:
+                failed[path] = error
+            else:
+                captions[model, path] = caption
+    for error in failed.values():
+        print(f"captioner heatmaps: skipped {error}", file=sys.stderr)
+    if not captions:
+        print("captioner heatmaps: no image could be captioned", file=sys.stderr)
+        return 1
+    vmax = args.vmax or shared_vmax(c.attention.float().numpy() for c in captions.values())
+
+    stems = dict(zip(paths, unique_stems(paths), strict=True))
+    index = {"vmax": vmax, "vmax_rule": "--vmax" if args.vmax else "maximum weight of the run",
+             "zero_style": args.zero_style, "upsample": args.upsample, "images": []}
+    good = [p for p in paths if p not in failed]
+    for path in tqdm(good, desc="figures", unit="image", disable=not progress, file=sys.stderr):
+        image = load_image(path)
+        for model, checkpoint, captioner in zip(models, args.ckpt, captioners, strict=True):
+            caption = captions[model, path]
+            record = AttentionRecord(str(path), caption.text, list(caption.tokens),
+                                     caption.attention.float().numpy(),
+                                     captioner.output_attention_name, vmax)
+            folder = args.out / model / stems[path]
+            files = write_heatmaps(folder, image, record, zero_style=args.zero_style,
+                                   upsample=args.upsample, max_side=args.size)
+            index["images"].append({
+                "image": str(path), "model": model, "checkpoint": str(checkpoint),
+                "mapping": record.mapping, "caption": caption.text,
+                "files": [str(f.relative_to(args.out)) for f in files],
+            })
+    (args.out / "index.json").write_text(json.dumps(index, indent=1, ensure_ascii=False),
+                                         encoding="utf-8")
+    print(f"wrote heatmaps of {len(good)} images x {len(models)} models to {args.out} "
+          f"(colour scale 0..{vmax:.4g})")
+    if failed:
+        print(f"captioner heatmaps: {len(failed)} of {len(paths)} images could not be read",
+              file=sys.stderr)
+        return 1
+    return 0

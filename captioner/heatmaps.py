@@ -1,0 +1,316 @@
+"""Per-word attention heatmaps: exact rendering of output attention over the image.
+
+Martins et al., *Sparse and Structured Visual Attention* (Figures 1, 3-5 and appendix B) show,
+for every generated word, the output attention alpha~_t over the h x w feature grid drawn on
+top of the image: the darker the green, the higher the weight; zero attention is either a hard
+white mask (the paper's figures) or fully transparent (the human study, so that raters are not
+biased). This module draws exactly that and nothing more:
+
+* the image keeps its own aspect ratio; grid cell (i, j) covers rows [i*H/h, (i+1)*H/h) and
+  columns [j*W/w, (j+1)*W/w) of the displayed image (the encoder saw the image stretched to a
+  square, so the grid spans the whole image);
+* the grid is upsampled without blur: ``nearest`` (default, one flat block per cell) or
+  ``bilinear`` (pixel-centre aligned); never a Gaussian, which would hide exact zeros. With
+  either mode a pixel is zero exactly when every cell contributing to it is zero;
+* one colour scale for everything drawn together: weight w maps to the colour
+  ``COLORMAP(clip(w / vmax, 0, 1))`` with vmax chosen by the caller (`shared_vmax`: the largest
+  weight of all maps in the run, all words and all models) and recorded next to the figures;
+* zero weight is exact: such pixels get overlay alpha 0 (the image shows through unchanged) or
+  pure white; non-zero weights get a green of constant opacity `OVERLAY_OPACITY`, starting at
+  a light green (never white) so that the smallest non-zero weight stays distinguishable from
+  the white mask.
+
+Arrays: attention maps are float (T, h, w) or (h, w); images are uint8 (H, W, 3); overlays are
+uint8 RGBA (H, W, 4).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+from matplotlib.colors import ListedColormap
+from PIL import Image
+
+ZERO_STYLES = ("transparent", "white")
+UPSAMPLE_MODES = ("nearest", "bilinear")
+OVERLAY_OPACITY = 0.6
+DEFAULT_MAX_SIDE = 384
+# The lightest quarter of matplotlib's "Greens" is near-white; dropping it keeps every non-zero
+# weight visibly green, also against the white mask.
+COLORMAP = ListedColormap(
+    matplotlib.colormaps["Greens"](np.linspace(0.25, 1.0, 256)), name="GreensNZ"
+)
+
+
+def display_size(width: int, height: int, max_side: int = DEFAULT_MAX_SIDE) -> tuple[int, int]:
+    """(width, height) scaled so that the longer side is ``max_side``; aspect ratio kept."""
+    if width < 1 or height < 1:
+        raise ValueError(f"image size must be positive, got {width}x{height}")
+    if max_side < 1:
+        raise ValueError(f"max_side must be >= 1, got {max_side}")
+    scale = max_side / max(width, height)
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def upsample_attention(
+    attention: np.ndarray, size: tuple[int, int], mode: str = "nearest"
+) -> np.ndarray:
+    """Upsample attention maps to an image of ``size = (height, width)`` without blur.
+
+    Args:
+        attention: float array (T, h, w) or (h, w), non-negative.
+        size: target (H, W).
+        mode: ``nearest`` (cell (i, j) fills its block exactly) or ``bilinear`` (pixel-centre
+            aligned interpolation, borders clamped).
+
+    Returns:
+        float32 array (T, H, W) or (H, W), same leading shape as the input.
+    """
+    if mode not in UPSAMPLE_MODES:
+        raise ValueError(f"upsample mode must be one of {UPSAMPLE_MODES}, got {mode!r}")
+    maps = np.asarray(attention, dtype=np.float32)
+    single = maps.ndim == 2
+    if single:
+        maps = maps[None]
+    if maps.ndim != 3 or 0 in maps.shape:
+        raise ValueError(f"attention must have shape (T, h, w) or (h, w), got {maps.shape}")
+    if not np.isfinite(maps).all() or (maps < 0).any():
+        raise ValueError("attention weights must be finite and non-negative")
+    height, width = size
+    _, h, w = maps.shape
+    if mode == "nearest":
+        rows = (np.arange(height) * h) // height
+        cols = (np.arange(width) * w) // width
+        out = maps[:, rows][:, :, cols]
+    else:
+        import torch
+
+        out = torch.nn.functional.interpolate(
+            torch.from_numpy(maps)[:, None], size=(height, width), mode="bilinear",
+            align_corners=False,
+        )[:, 0].numpy()
+        # Interpolating between exact zeros yields exact zeros; clamp float round-off below 0.
+        out = np.maximum(out, 0.0)
+    return out[0] if single else out
+
+
+def shared_vmax(maps: Iterable[np.ndarray]) -> float:
+    """The colour-scale maximum shared by a set of figures: the largest weight of all maps."""
+    peaks = [float(np.max(m)) for m in maps if np.size(m)]
+    if not peaks or max(peaks) <= 0:
+        raise ValueError("cannot choose a colour scale: no positive attention weight in the maps")
+    return max(peaks)
+
+
+def attention_overlay(weights: np.ndarray, vmax: float) -> np.ndarray:
+    """RGBA overlay (H, W, 4) uint8 of one upsampled map (H, W): alpha 0 exactly where w == 0."""
+    if vmax <= 0:
+        raise ValueError(f"vmax must be positive, got {vmax}")
+    weights = np.asarray(weights, dtype=np.float32)
+    rgba = COLORMAP(np.clip(weights / vmax, 0.0, 1.0), bytes=True)
+    rgba[..., 3] = np.where(weights > 0, round(255 * OVERLAY_OPACITY), 0).astype(np.uint8)
+    return rgba
+
+
+def compose(image: np.ndarray, overlay: np.ndarray, zero_style: str = "transparent") -> np.ndarray:
+    """Alpha-blend an RGBA overlay onto an RGB image (both (H, W, ...) uint8).
+
+    Where the overlay is fully transparent the result is the image pixel unchanged
+    (``transparent``) or pure white (``white``).
+    """
+    if zero_style not in ZERO_STYLES:
+        raise ValueError(f"zero style must be one of {ZERO_STYLES}, got {zero_style!r}")
+    if image.shape[:2] != overlay.shape[:2]:
+        raise ValueError(f"image {image.shape[:2]} and overlay {overlay.shape[:2]} differ in size")
+    alpha = overlay[..., 3:4].astype(np.float32) / 255.0
+    blended = image.astype(np.float32) * (1 - alpha) + overlay[..., :3].astype(np.float32) * alpha
+    out = np.rint(blended).astype(np.uint8)
+    if zero_style == "white":
+        out[overlay[..., 3] == 0] = 255
+    return out
+
+
+def image_array(image: Image.Image, max_side: int = DEFAULT_MAX_SIDE) -> np.ndarray:
+    """The image as displayed: RGB uint8 (H, W, 3), longer side ``max_side``."""
+    width, height = display_size(*image.size, max_side=max_side)
+    return np.asarray(image.convert("RGB").resize((width, height), Image.Resampling.LANCZOS))
+
+
+def render_words(
+    image: np.ndarray,
+    attention: np.ndarray,
+    *,
+    vmax: float,
+    zero_style: str = "transparent",
+    upsample: str = "nearest",
+) -> np.ndarray:
+    """One composed figure per word: uint8 (T, H, W, 3) from image (H, W, 3) and maps (T, h, w)."""
+    maps = upsample_attention(attention, image.shape[:2], upsample)
+    return np.stack([compose(image, attention_overlay(m, vmax), zero_style) for m in maps])
+
+
+def render_strip(
+    panels: np.ndarray, words: Sequence[str], vmax: float, path: Path, title: str | None = None
+) -> None:
+    """Save the caption strip: one panel per word (T, H, W, 3), word below, shared colour bar."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+    from matplotlib.figure import Figure
+
+    if len(panels) != len(words):
+        raise ValueError(f"{len(panels)} panels but {len(words)} words")
+    count = max(1, len(panels))
+    height, width = panels.shape[1:3] if len(panels) else (1, 1)
+    panel_w = 2.0
+    panel_h = panel_w * height / width
+    fig = Figure(figsize=(panel_w * count + 0.9, panel_h + 0.9), dpi=100)
+    FigureCanvasAgg(fig)
+    grid = fig.add_gridspec(1, count + 1, width_ratios=[1] * count + [0.06], wspace=0.05)
+    for i, (panel, word) in enumerate(zip(panels, words, strict=True)):
+        ax = fig.add_subplot(grid[0, i])
+        ax.imshow(panel, interpolation="nearest")
+        # A thin frame keeps the panel's extent visible where the white mask meets the page.
+        ax.set_xticks([])
+        ax.set_yticks([])
+        for spine in ax.spines.values():
+            spine.set_edgecolor("0.7")
+        ax.text(0.5, -0.04, word, transform=ax.transAxes, ha="center", va="top", fontsize=12,
+                parse_math=False)
+    colorbar_ax = fig.add_subplot(grid[0, count])
+    fig.colorbar(ScalarMappable(Normalize(0.0, vmax), COLORMAP), cax=colorbar_ax,
+                 label="attention weight (0: no colour)")
+    if title:
+        fig.suptitle(title, parse_math=False)
+    fig.savefig(path, bbox_inches="tight")
+
+
+@dataclass
+class AttentionRecord:
+    """The raw output attention behind a set of figures, so that plots can be redone.
+
+    Attributes:
+        source: image path or id. caption: the caption text. tokens: T generated words.
+        attention: float32 (T, h, w), one map per token. mapping: attention mapping name.
+        vmax: colour-scale maximum the figures used.
+    """
+
+    source: str
+    caption: str
+    tokens: list[str]
+    attention: np.ndarray
+    mapping: str
+    vmax: float
+
+    def __post_init__(self) -> None:
+        self.attention = np.asarray(self.attention, dtype=np.float32)
+        if self.attention.ndim != 3 or self.attention.shape[0] != len(self.tokens):
+            raise ValueError(
+                f"attention of {self.source}: expected shape ({len(self.tokens)}, h, w) for "
+                f"{len(self.tokens)} tokens, got {self.attention.shape}"
+            )
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return int(self.attention.shape[1]), int(self.attention.shape[2])
+
+    def to_json(self) -> dict:
+        return {
+            "source": self.source, "caption": self.caption, "tokens": list(self.tokens),
+            "mapping": self.mapping, "vmax": self.vmax, "grid": list(self.grid),
+            "attention": self.attention.tolist(),
+        }
+
+    def save(self, stem: Path) -> tuple[Path, Path]:
+        """Write ``stem.npz`` (exact float32 arrays) and ``stem.json`` (the same, as lists)."""
+        npz, js = stem.with_suffix(".npz"), stem.with_suffix(".json")
+        np.savez(
+            npz, attention=self.attention, tokens=np.array(self.tokens, dtype=str),
+            grid=np.array(self.grid), source=self.source, caption=self.caption,
+            mapping=self.mapping, vmax=np.float64(self.vmax),
+        )
+        js.write_text(json.dumps(self.to_json()), encoding="utf-8")
+        return npz, js
+
+    @classmethod
+    def load(cls, path: Path) -> AttentionRecord:
+        """Read a record written by `save`, from its ``.npz`` or its ``.json`` file."""
+        path = Path(path)
+        try:
+            if path.suffix == ".npz":
+                with np.load(path, allow_pickle=False) as data:
+                    return cls(str(data["source"]), str(data["caption"]),
+                               [str(t) for t in data["tokens"]], data["attention"],
+                               str(data["mapping"]), float(data["vmax"]))
+            data = json.loads(path.read_text(encoding="utf-8"))
+            attention = np.asarray(data["attention"], dtype=np.float32).reshape(
+                len(data["tokens"]), *data["grid"]
+            )
+            return cls(data["source"], data["caption"], list(data["tokens"]), attention,
+                       data["mapping"], float(data["vmax"]))
+        except (KeyError, ValueError, OSError) as exc:
+            raise ValueError(f"{path}: not a readable attention record ({exc})") from exc
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def sanitize(text: str, max_length: int = 60) -> str:
+    """A file-name-safe form of ``text``: runs of other characters become ``_``."""
+    safe = _UNSAFE.sub("_", text).strip("._") or "_"
+    return safe[:max_length]
+
+
+def unique_stems(paths: Sequence[Path]) -> list[str]:
+    """Sanitized file stems, made unique deterministically by a short hash of the full path."""
+    stems = [sanitize(Path(p).stem) for p in paths]
+    counts: dict[str, int] = {}
+    for stem in stems:
+        counts[stem] = counts.get(stem, 0) + 1
+    return [
+        stem if counts[stem] == 1
+        else f"{stem}-{hashlib.sha1(str(p).encode()).hexdigest()[:8]}"
+        for stem, p in zip(stems, paths, strict=True)
+    ]
+
+
+def word_figure_name(index: int, word: str) -> str:
+    """``NN_word.png``: the word's position in the caption, then the sanitized word."""
+    return f"{index:02d}_{sanitize(word, 40)}.png"
+
+
+def write_heatmaps(
+    out_dir: Path,
+    image: Image.Image,
+    record: AttentionRecord,
+    *,
+    zero_style: str = "transparent",
+    upsample: str = "nearest",
+    max_side: int = DEFAULT_MAX_SIDE,
+) -> list[Path]:
+    """Write one figure per word, the caption strip and the raw weights into ``out_dir``.
+
+    Files: ``NN_word.png`` per word, ``strip.png``, ``attention.npz`` and ``attention.json``.
+    Returns the written paths.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base = image_array(image, max_side)
+    panels = render_words(base, record.attention, vmax=record.vmax, zero_style=zero_style,
+                          upsample=upsample)
+    written = []
+    for index, (panel, word) in enumerate(zip(panels, record.tokens, strict=True)):
+        path = out_dir / word_figure_name(index, word)
+        Image.fromarray(panel).save(path)
+        written.append(path)
+    strip = out_dir / "strip.png"
+    render_strip(panels, record.tokens, record.vmax, strip, title=f"{record.mapping}")
+    written.append(strip)
+    written.extend(record.save(out_dir / "attention"))
+    return written
