@@ -1,0 +1,281 @@
+"""Lightning training of the captioner (TVmax paper, Sec. 3-4).
+
+One :class:`CaptioningModule` trains one model: a ResNet grid encoder and an LSTM decoder with
+input and output visual attention whose mappings are chosen by name. Training minimizes the
+word loss (cross-entropy, or a Fenchel-Young loss for sparse output mappings) over every
+image-caption pair; validation decodes one caption per image with beam search and scores the
+corpus with pycocoevalcap's BLEU and CIDEr-D scorers, logged as ``val/Bleu_4`` and
+``val/CIDEr`` (the best checkpoint is chosen on ``val/CIDEr``). Every checkpoint also holds the
+vocabulary (``checkpoint["vocabulary"]``), so it is self-contained.
+
+Paper settings (Sec. 4) are the defaults: Adam with lr 1e-4 and betas (0.8, 0.999), learning
+rate x0.99 per epoch after the 10th epoch, d = 512, word embeddings of 256, g = 512.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from pycocoevalcap.bleu.bleu import Bleu
+from pycocoevalcap.cider.cider import Cider
+from torch import Tensor
+
+from captioner.decoding import Hypothesis, beam_search
+from captioner.losses import caption_loss
+from captioner.model import CaptionModel
+from captioner.model.decoder import AttentionDecoder
+from captioner.model.encoder import build_encoder
+from data_prep.vocab import Vocabulary
+
+VOCABULARY_KEY = "vocabulary"
+
+
+def lr_decay_factor(epoch: int, *, decay: float, decay_after: int) -> float:
+    """Learning-rate factor of 0-based ``epoch``: 1 for the first ``decay_after`` epochs, then
+    ``decay`` per further epoch (paper: after the 10th epoch, x0.99 per epoch)."""
+    return decay ** max(0, epoch - decay_after + 1)
+
+
+class CaptioningModule(L.LightningModule):
+    """Encoder-decoder captioner with pluggable attention mappings.
+
+    Args:
+        vocab_size: number of words including the four special tokens (linked from the data).
+        encoder_arch: torchvision ResNet name (resnet18/34/50/101/152).
+        encoder_weights: torchvision weights name (``IMAGENET1K_V2``), a local weights file, or
+            None for random initialization.
+        encoder_trainable: fine-tune the ResNet (False: frozen, as in the paper; required when
+            the data come from a feature cache).
+        image_size: input images are resized to this square size (paper: 256 -> 8 x 8 grid).
+        input_attention / output_attention: names in :data:`captioner.attention.MAPPINGS`;
+            the paper uses softmax input attention and varies the output attention.
+        input_attention_kwargs / output_attention_kwargs: e.g. ``{"lam": 0.01}`` for TVmax.
+        output_mapping: word distribution and loss: softmax (cross-entropy), sparsemax or
+            entmax15 (Fenchel-Young losses).
+        feature_dim / embed_dim / hidden_dim: g, word embedding size, LSTM hidden size d.
+        dropout: dropout of the decoder.
+        lr, betas: Adam settings.
+        lr_decay, lr_decay_after: learning rate x ``lr_decay`` per epoch after
+            ``lr_decay_after`` epochs.
+        gradient_clip_norm: clip the global gradient norm to this value (None: no clipping).
+        beam_size, max_length: decoding for validation and test.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        encoder_arch: str = "resnet101",
+        encoder_weights: str | None = "IMAGENET1K_V2",
+        encoder_trainable: bool = False,
+        image_size: int = 256,
+        input_attention: str = "softmax",
+        input_attention_kwargs: dict[str, Any] | None = None,
+        output_attention: str = "softmax",
+        output_attention_kwargs: dict[str, Any] | None = None,
+        output_mapping: str = "softmax",
+        feature_dim: int = 512,
+        embed_dim: int = 256,
+        hidden_dim: int = 512,
+        dropout: float = 0.5,
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.8, 0.999),
+        lr_decay: float = 0.99,
+        lr_decay_after: int = 10,
+        gradient_clip_norm: float | None = 5.0,
+        beam_size: int = 3,
+        max_length: int = 20,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        encoder = build_encoder(encoder_arch, weights=encoder_weights, trainable=encoder_trainable)
+        decoder = AttentionDecoder(
+            vocab_size,
+            encoder.channels,
+            feature_dim=feature_dim,
+            embed_dim=embed_dim,
+            hidden_dim=hidden_dim,
+            input_attention=input_attention,
+            input_attention_kwargs=input_attention_kwargs,
+            output_attention=output_attention,
+            output_attention_kwargs=output_attention_kwargs,
+            dropout=dropout,
+        )
+        self.model = CaptionModel(encoder, decoder)
+        self.vocabulary: Vocabulary | None = None
+        self._decoded: dict[int, str] = {}
+        self._references: dict[int, list[str]] = {}
+
+    # ---------------------------------------------------------------- data and vocabulary
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer else None
+        if datamodule is None:
+            return
+        vocabulary = datamodule.vocabulary
+        if len(vocabulary) != self.hparams.vocab_size:
+            raise ValueError(
+                f"the data's vocabulary has {len(vocabulary)} words but the model was built "
+                f"for vocab_size={self.hparams.vocab_size}"
+            )
+        self.vocabulary = vocabulary
+        cache_encoder = datamodule.feature_encoder
+        if cache_encoder is not None:
+            self._check_feature_cache(cache_encoder, datamodule.feature_cache)
+
+    def _check_feature_cache(self, cache_encoder: dict, path) -> None:
+        """Cached features are only valid for the frozen encoder that produced them."""
+        if self.hparams.encoder_trainable:
+            raise ValueError(
+                f"data.feature_cache={path} holds features of a frozen encoder, but "
+                "model.encoder_trainable is true; drop the cache to fine-tune the encoder"
+            )
+        expected = {
+            "arch": self.hparams.encoder_arch,
+            "weights": self.hparams.encoder_weights,
+            "image_size": self.hparams.image_size,
+        }
+        for key, value in expected.items():
+            if cache_encoder.get(key) != value:
+                raise ValueError(
+                    f"feature cache {path} was written with encoder {key}="
+                    f"{cache_encoder.get(key)!r}, but the model has {key}={value!r}"
+                )
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.vocabulary is None:
+            raise RuntimeError("CaptioningModule has no vocabulary to store in the checkpoint")
+        checkpoint[VOCABULARY_KEY] = self.vocabulary.to_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if VOCABULARY_KEY not in checkpoint:
+            raise ValueError("checkpoint has no vocabulary: it was not written by captioner")
+        stored = Vocabulary.from_dict(checkpoint[VOCABULARY_KEY])
+        if self.vocabulary is not None and stored != self.vocabulary:
+            raise ValueError(
+                "the checkpoint's vocabulary differs from the one built from the data "
+                f"({len(stored)} vs {len(self.vocabulary)} words); use the same Karpathy JSON "
+                "and min_count as for training"
+            )
+        self.vocabulary = stored
+
+    # ---------------------------------------------------------------- model
+
+    def decode(
+        self, features: Tensor, *, beam_size: int | None = None, max_length: int | None = None
+    ) -> list[Hypothesis]:
+        """Beam-search one caption per image of ``features`` (B, h, w, C); the beam size and
+        maximum length default to the model's validation settings."""
+        return beam_search(
+            self.model.decoder,
+            features,
+            start_id=Vocabulary.START_ID,
+            end_id=Vocabulary.END_ID,
+            beam_size=beam_size or self.hparams.beam_size,
+            max_length=max_length or self.hparams.max_length,
+            output_mapping=self.hparams.output_mapping,
+        )
+
+    def words(self, token_ids) -> list[str]:
+        """The words of a decoded hypothesis, one per id (so they align with its attention)."""
+        if self.vocabulary is None:
+            raise RuntimeError("CaptioningModule has no vocabulary (from data or a checkpoint)")
+        return [self.vocabulary.itos[int(index)] for index in token_ids]
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        captions = batch["captions"]
+        output = self.model(batch["inputs"], captions[:, :-1])
+        loss = caption_loss(
+            output.scores,
+            captions[:, 1:],
+            output_mapping=self.hparams.output_mapping,
+            pad_id=Vocabulary.PAD_ID,
+        )
+        self.log("train/loss", loss, prog_bar=True, batch_size=captions.shape[0])
+        return loss
+
+    def configure_gradient_clipping(
+        self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None
+    ) -> None:
+        # The model's own setting applies unless the Trainer was given one explicitly.
+        if gradient_clip_val is None and self.hparams.gradient_clip_norm is not None:
+            gradient_clip_val, gradient_clip_algorithm = self.hparams.gradient_clip_norm, "norm"
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.Adam(
+            [p for p in self.parameters() if p.requires_grad],
+            lr=self.hparams.lr,
+            betas=tuple(self.hparams.betas),
+        )
+        decay, after = self.hparams.lr_decay, self.hparams.lr_decay_after
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda epoch: lr_decay_factor(epoch, decay=decay, decay_after=after)
+        )
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"},
+        }
+
+    # ---------------------------------------------------------------- validation and test
+
+    def _decode_batch(self, batch: dict) -> None:
+        hypotheses = self.decode(self.model.features(batch["inputs"]))
+        for image_id, hypothesis, references in zip(
+            batch["image_ids"].tolist(), hypotheses, batch["references"], strict=True
+        ):
+            self._decoded[image_id] = " ".join(self.words(hypothesis.token_ids))
+            self._references[image_id] = references
+
+    def _score_decoded(self, prefix: str) -> None:
+        decoded, references = self._gather(self._decoded), self._gather(self._references)
+        self._decoded, self._references = {}, {}
+        if not decoded:
+            return
+        scores = corpus_scores(decoded, references)
+        for name, value in scores.items():
+            self.log(f"{prefix}/{name}", value, prog_bar=name in ("Bleu_4", "CIDEr"))
+
+    @staticmethod
+    def _gather(per_image: dict) -> dict:
+        """Union of every process's per-image dict (DDP shards the evaluation images)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return per_image
+        shards: list[dict | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(shards, per_image)
+        return {key: value for shard in shards for key, value in shard.items()}
+
+    def on_validation_epoch_start(self) -> None:
+        self._decoded, self._references = {}, {}
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._decode_batch(batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self._score_decoded("val")
+
+    def on_test_epoch_start(self) -> None:
+        self._decoded, self._references = {}, {}
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._decode_batch(batch)
+
+    def on_test_epoch_end(self) -> None:
+        self._score_decoded("test")
+
+
+def corpus_scores(decoded: dict[int, str], references: dict[int, list[str]]) -> dict[str, float]:
+    """BLEU-4 and CIDEr-D of whitespace-tokenized captions, by pycocoevalcap's scorers.
+
+    ``decoded`` maps image id -> hypothesis, ``references`` image id -> reference strings; both
+    are already tokenized and lower-cased (Karpathy tokens, vocabulary words), so the PTB
+    tokenizer (a Java process) is not needed during training.
+    """
+    ids = sorted(decoded)
+    hypotheses = {i: [decoded[i]] for i in ids}
+    refs = {i: list(references[i]) for i in ids}
+    bleu, _ = Bleu(4).compute_score(refs, hypotheses, verbose=0)
+    cider, _ = Cider().compute_score(refs, hypotheses)
+    return {"Bleu_4": float(bleu[3]), "CIDEr": float(cider)}

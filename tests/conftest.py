@@ -1,0 +1,115 @@
+"""Shared session fixtures: a tiny synthetic dataset and a real checkpoint trained on it.
+
+Both are built once per test session under pytest's temporary directory. Tests that only read
+them may use them freely; tests must not modify the files they point to.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TINY_IMAGE_SIZE = 128  # ResNet grid of 4 x 4 cells: small enough to be quick, still a 2-D map
+
+
+@pytest.fixture(scope="session")
+def synthetic_data(tmp_path_factory):
+    """A tiny :class:`data_prep.synthetic.SyntheticDataset` (16 train, 4 val, 4 test images)."""
+    from data_prep.synthetic import generate
+
+    return generate(
+        tmp_path_factory.mktemp("synthetic"),
+        n_train=16,
+        n_val=4,
+        n_test=4,
+        seed=0,
+        image_size=TINY_IMAGE_SIZE,
+        progress=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(synthetic_data, tmp_path_factory) -> Path:
+    """Path of a Lightning checkpoint of a small TVmax captioner trained for a few steps.
+
+    Encoder: ResNet-18 with random weights (nothing can be downloaded), frozen; output attention
+    TVmax; small decoder dimensions. Loadable by :meth:`captioner.inference.Captioner.load`.
+    """
+    out = tmp_path_factory.mktemp("tiny_checkpoint")
+    return train_tiny(synthetic_data, out, output_attention="tvmax", max_steps=4)
+
+
+@pytest.fixture(scope="session")
+def tiny_trainer():
+    """The function :func:`train_tiny`, for tests that train their own small captioner."""
+    return train_tiny
+
+
+def tiny_model_kwargs(**overrides) -> dict:
+    """Init arguments of a small CaptioningModule (random ResNet-18, small decoder)."""
+    kwargs = dict(
+        encoder_arch="resnet18",
+        encoder_weights=None,
+        encoder_trainable=False,
+        image_size=TINY_IMAGE_SIZE,
+        feature_dim=32,
+        embed_dim=16,
+        hidden_dim=32,
+        dropout=0.0,
+        lr=1e-3,
+        beam_size=2,
+        max_length=12,
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+def train_tiny(
+    dataset,
+    out_dir: Path,
+    *,
+    max_steps: int = 4,
+    feature_cache: Path | None = None,
+    **model_overrides,
+) -> Path:
+    """Train a small CaptioningModule for ``max_steps`` steps and return its checkpoint path.
+
+    Runs the real DataModule, LightningModule, validation (BLEU-4 / CIDEr) and atomic
+    checkpoint writer; everything is on CPU with one process.
+    """
+    import lightning as L
+
+    from captioner.checkpointing import AtomicCheckpointIO
+    from captioner.data import CaptionDataModule
+    from captioner.lightning_module import CaptioningModule
+
+    L.seed_everything(0, verbose=False)
+    data = CaptionDataModule(
+        karpathy_json=dataset.karpathy_json,
+        image_root=dataset.image_root,
+        feature_cache=feature_cache,
+        min_count=1,
+        image_size=TINY_IMAGE_SIZE,
+        batch_size=8,
+        eval_batch_size=4,
+        num_workers=0,
+    )
+    model = CaptioningModule(vocab_size=data.vocab_size, **tiny_model_kwargs(**model_overrides))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=max_steps,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        enable_checkpointing=False,
+        plugins=[AtomicCheckpointIO()],
+        default_root_dir=out_dir,
+    )
+    trainer.fit(model, datamodule=data)
+    path = Path(out_dir) / "tiny.ckpt"
+    trainer.save_checkpoint(path)
+    return path
