@@ -1,0 +1,55 @@
+"""The full captioner: grid encoder + attention decoder (TVmax paper, Sec. 3, Fig. 2)."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from captioner.model.decoder import AttentionDecoder, DecoderOutput
+from captioner.model.encoder import GridEncoder
+
+
+class CaptionModel(nn.Module):
+    """Encoder and decoder; runs on images or on cached grid features.
+
+    Args:
+        encoder: a :class:`GridEncoder`, or ``None`` when the model only ever sees cached
+            features (a frozen encoder whose output was stored by ``prepare-features``).
+        decoder: the :class:`AttentionDecoder`; its ``feature_channels`` must equal the
+            encoder's ``channels``.
+    """
+
+    def __init__(self, encoder: GridEncoder | None, decoder: AttentionDecoder):
+        super().__init__()
+        if encoder is not None and encoder.channels != decoder.feature_channels:
+            raise ValueError(
+                f"encoder {encoder.arch} gives {encoder.channels} channels but the decoder "
+                f"expects feature_channels={decoder.feature_channels}"
+            )
+        self.encoder = encoder
+        self.decoder = decoder
+
+    def features(self, inputs: Tensor) -> Tensor:
+        """Grid features ``(B, H, W, C)`` float32 from images or cached features.
+
+        Args:
+            inputs: images ``(B, 3, H, W)`` float, or cached features ``(B, h, w, C)``
+                (float16 from the cache is promoted to float32).
+        """
+        channels = self.decoder.feature_channels
+        if inputs.dim() == 4 and inputs.shape[-1] == channels and inputs.shape[1] != 3:
+            return inputs.float()
+        if inputs.dim() == 4 and inputs.shape[1] == 3:
+            if self.encoder is None:
+                raise ValueError(
+                    "CaptionModel was built without an encoder and got images of shape "
+                    f"{tuple(inputs.shape)}; pass cached features (B, h, w, {channels})"
+                )
+            return self.encoder(inputs)
+        raise ValueError(
+            f"CaptionModel expects images (B, 3, H, W) or cached features (B, h, w, {channels}), "
+            f"got shape {tuple(inputs.shape)}"
+        )
+
+    def forward(self, inputs: Tensor, captions: Tensor) -> DecoderOutput:
+        """Teacher-forced decoding of ``captions`` ``(B, L)`` long; see AttentionDecoder.forward."""
+        return self.decoder(self.features(inputs), captions)

@@ -1,0 +1,226 @@
+"""LSTM caption decoder with input and output visual attention (TVmax paper, Sec. 3, Fig. 2).
+
+Per step t, with V = [v_1..v_k] the projected grid features (k = H * W, g = feature_dim):
+
+* input attention from h_{t-1}: alpha_t = mapping_in(w^T tanh(W [v_i; h_{t-1}] + b)),
+  s_t = V alpha_t;
+* LSTM: (h_t, c_t) = LSTMCell([s_t; E y_{t-1}], (h_{t-1}, c_{t-1}));
+* output attention from h_t, with its own parameters and mapping: alpha~_t,
+  r_t = tanh(affine(V alpha~_t));
+* word scores (Eq. 10, before the output mapping): affine(dropout([r_t; h_t])).
+
+The initial state is h_0, c_0 = tanh(affine(mean_i v_i)), as in Show, Attend and Tell (the paper
+does not say how it initializes the LSTM). The output attention and the word scores depend only
+on h_t, so with teacher forcing they are computed for all steps at once after the recurrence,
+which lets a grid mapping such as TVmax process every (image, step) map in one batched call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from captioner import attention
+from captioner.model.additive_attention import AdditiveAttention
+
+
+class DecoderOutput(NamedTuple):
+    """Teacher-forced decoder outputs.
+
+    scores: ``(B, L, V)`` word scores; output_attention and input_attention: ``(B, L, H, W)``.
+    """
+
+    scores: Tensor
+    output_attention: Tensor
+    input_attention: Tensor
+
+
+@dataclass
+class EncodedImages:
+    """Per-image tensors computed once and reused at every step.
+
+    values: ``(N, k, g)`` region vectors V; input_keys, output_keys: ``(N, k, a)`` the region
+    halves of the two attention score networks; grid: (H, W) with H * W = k.
+    """
+
+    values: Tensor
+    input_keys: Tensor
+    output_keys: Tensor
+    grid: tuple[int, int]
+
+    def index_select(self, index: Tensor) -> EncodedImages:
+        """Rows ``index`` (e.g. each image repeated once per beam)."""
+        return EncodedImages(
+            self.values.index_select(0, index),
+            self.input_keys.index_select(0, index),
+            self.output_keys.index_select(0, index),
+            self.grid,
+        )
+
+
+@dataclass
+class DecoderState:
+    """LSTM state: hidden and cell, ``(N, hidden_dim)`` each."""
+
+    hidden: Tensor
+    cell: Tensor
+
+    def index_select(self, index: Tensor) -> DecoderState:
+        """Rows ``index`` (beam search follows its back-pointers with this)."""
+        return DecoderState(self.hidden.index_select(0, index), self.cell.index_select(0, index))
+
+
+class StepOutput(NamedTuple):
+    """One decoding step: scores ``(N, V)``, the new state, attention maps ``(N, H, W)``."""
+
+    scores: Tensor
+    state: DecoderState
+    output_attention: Tensor
+    input_attention: Tensor
+
+
+class AttentionDecoder(nn.Module):
+    """Caption decoder of the TVmax paper (Sec. 3).
+
+    Args:
+        vocab_size: number of words V (special tokens included).
+        feature_channels: channels C of the encoder's grid features.
+        feature_dim: g, size of the trained projection of the features (paper: 512).
+        embed_dim: word embedding size (paper: 256).
+        hidden_dim: LSTM hidden size d (paper: 512).
+        input_attention, output_attention: names for :func:`captioner.attention.build`
+            (paper: softmax input attention; softmax, sparsemax or tvmax output attention).
+        input_attention_kwargs, output_attention_kwargs: their parameters, e.g. ``{"lam": 0.01}``.
+        dropout: dropout on [r_t; h_t] before the word scores.
+        attention_dim: hidden size of the additive score networks.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        feature_channels: int,
+        *,
+        feature_dim: int = 512,
+        embed_dim: int = 256,
+        hidden_dim: int = 512,
+        input_attention: str = "softmax",
+        input_attention_kwargs: dict | None = None,
+        output_attention: str = "softmax",
+        output_attention_kwargs: dict | None = None,
+        dropout: float = 0.5,
+        attention_dim: int = 512,
+    ):
+        super().__init__()
+        for name, value in (
+            ("vocab_size", vocab_size),
+            ("feature_channels", feature_channels),
+            ("feature_dim", feature_dim),
+            ("embed_dim", embed_dim),
+            ("hidden_dim", hidden_dim),
+            ("attention_dim", attention_dim),
+        ):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"AttentionDecoder: {name} must be a positive int, got {value!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"AttentionDecoder: dropout must lie in [0, 1), got {dropout!r}")
+        self.vocab_size = vocab_size
+        self.feature_channels = feature_channels
+        self.input_attention_name = input_attention
+        self.output_attention_name = output_attention
+
+        self.feature_projection = nn.Linear(feature_channels, feature_dim)
+        self.init_hidden = nn.Linear(feature_dim, hidden_dim)
+        self.init_cell = nn.Linear(feature_dim, hidden_dim)
+        self.embedding = nn.Embedding(vocab_size, embed_dim)
+        self.input_attention = AdditiveAttention(
+            feature_dim,
+            hidden_dim,
+            attention_dim,
+            attention.build(input_attention, **(input_attention_kwargs or {})),
+        )
+        self.lstm = nn.LSTMCell(feature_dim + embed_dim, hidden_dim)
+        self.output_attention = AdditiveAttention(
+            feature_dim,
+            hidden_dim,
+            attention_dim,
+            attention.build(output_attention, **(output_attention_kwargs or {})),
+        )
+        self.context_projection = nn.Linear(feature_dim, feature_dim)
+        self.dropout = nn.Dropout(dropout)
+        self.word_scores = nn.Linear(feature_dim + hidden_dim, vocab_size)
+
+    def encode(self, features: Tensor) -> EncodedImages:
+        """Project grid features ``(B, H, W, C)`` float to V and precompute attention keys."""
+        if features.dim() != 4 or features.shape[-1] != self.feature_channels:
+            raise ValueError(
+                f"decoder expects grid features (B, H, W, {self.feature_channels}), got "
+                f"{tuple(features.shape)}"
+            )
+        if not features.is_floating_point():
+            raise ValueError(f"decoder expects floating-point features, got {features.dtype}")
+        grid = (features.shape[1], features.shape[2])
+        values = self.feature_projection(features.flatten(1, 2))
+        return EncodedImages(
+            values,
+            self.input_attention.keys(values),
+            self.output_attention.keys(values),
+            grid,
+        )
+
+    def initial_state(self, encoded: EncodedImages) -> DecoderState:
+        """h_0, c_0 = tanh(affine(mean of V)), ``(N, hidden_dim)`` each."""
+        mean = encoded.values.mean(dim=1)
+        return DecoderState(torch.tanh(self.init_hidden(mean)), torch.tanh(self.init_cell(mean)))
+
+    def _recur(
+        self, encoded: EncodedImages, state: DecoderState, tokens: Tensor
+    ) -> tuple[DecoderState, Tensor]:
+        """Input attention from h_{t-1} and one LSTM step; tokens ``(N,)`` are y_{t-1}."""
+        context, weights = self.input_attention(
+            encoded.input_keys, encoded.values, state.hidden, encoded.grid
+        )
+        lstm_input = torch.cat([context, self.embedding(tokens)], dim=-1)
+        hidden, cell = self.lstm(lstm_input, (state.hidden, state.cell))
+        return DecoderState(hidden, cell), weights
+
+    def _readout(self, encoded: EncodedImages, hidden: Tensor) -> tuple[Tensor, Tensor]:
+        """Output attention from h_t and word scores; hidden ``(N, d)`` or ``(N, L, d)``."""
+        context, weights = self.output_attention(
+            encoded.output_keys, encoded.values, hidden, encoded.grid
+        )
+        visual = torch.tanh(self.context_projection(context))
+        scores = self.word_scores(self.dropout(torch.cat([visual, hidden], dim=-1)))
+        return scores, weights
+
+    def step(self, encoded: EncodedImages, state: DecoderState, tokens: Tensor) -> StepOutput:
+        """One decoding step: consume y_{t-1} (``(N,)`` long) and score y_t."""
+        state, input_weights = self._recur(encoded, state, tokens)
+        scores, output_weights = self._readout(encoded, state.hidden)
+        return StepOutput(scores, state, output_weights, input_weights)
+
+    def forward(self, features: Tensor, captions: Tensor) -> DecoderOutput:
+        """Teacher forcing: step t consumes ``captions[:, t]`` and predicts ``captions[:, t+1]``.
+
+        Args:
+            features: ``(B, H, W, C)`` float grid features.
+            captions: ``(B, L)`` long word ids, starting with the start token.
+        """
+        if captions.dim() != 2 or captions.shape[0] != features.shape[0]:
+            raise ValueError(
+                f"decoder expects captions (B, L) with B = {features.shape[0]}, got "
+                f"{tuple(captions.shape)}"
+            )
+        if captions.dtype != torch.long:
+            raise ValueError(f"decoder expects torch.long captions, got {captions.dtype}")
+        encoded = self.encode(features)
+        state = self.initial_state(encoded)
+        hiddens, input_weights = [], []
+        for t in range(captions.shape[1]):
+            state, weights = self._recur(encoded, state, captions[:, t])
+            hiddens.append(state.hidden)
+            input_weights.append(weights)
+        scores, output_weights = self._readout(encoded, torch.stack(hiddens, dim=1))
+        return DecoderOutput(scores, output_weights, torch.stack(input_weights, dim=1))

@@ -1,0 +1,177 @@
+"""ResNet grid encoder (TVmax paper, Sec. 3-4: 256 x 256 image -> 8 x 8 x 2048 feature map).
+
+Weights come from torchvision's weights enums (``torchvision.models.get_model_weights``), from
+a local ``state_dict`` file, or nowhere (random initialization). Named weights are read from the
+torch hub cache when present; otherwise they are downloaded, and when that fails (offline
+machine) the error says where to put the file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torchvision
+from torch import Tensor, nn
+
+ARCHITECTURES = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+
+
+class EncoderWeightsError(RuntimeError):
+    """Named or local encoder weights could not be loaded."""
+
+
+class GridEncoder(nn.Module):
+    """ResNet without its pooling and classifier: images -> grid features.
+
+    forward: ``(B, 3, H, W)`` float (ImageNet-normalized) -> ``(B, H/32, W/32, C)`` float.
+    A frozen encoder (``trainable=False``) keeps batch norm in eval mode and builds no graph.
+
+    Attributes:
+        channels: C (512 for resnet18/34, 2048 for the deeper ones).
+        arch: torchvision architecture name.
+        trainable: whether the encoder is fine-tuned.
+    """
+
+    def __init__(self, resnet: torchvision.models.ResNet, arch: str, trainable: bool):
+        super().__init__()
+        self.trunk = nn.Sequential(
+            resnet.conv1,
+            resnet.bn1,
+            resnet.relu,
+            resnet.maxpool,
+            resnet.layer1,
+            resnet.layer2,
+            resnet.layer3,
+            resnet.layer4,
+        )
+        self.channels = resnet.fc.in_features
+        self.arch = arch
+        self.trainable = trainable
+        self.trunk.requires_grad_(trainable)
+        if not trainable:
+            self.trunk.eval()
+
+    def train(self, mode: bool = True) -> GridEncoder:
+        super().train(mode)
+        if not self.trainable:
+            self.trunk.eval()
+        return self
+
+    def forward(self, images: Tensor) -> Tensor:
+        if images.dim() != 4 or images.shape[1] != 3:
+            raise ValueError(f"encoder expects images (B, 3, H, W), got {tuple(images.shape)}")
+        with torch.set_grad_enabled(self.trainable and torch.is_grad_enabled()):
+            return self.trunk(images).permute(0, 2, 3, 1)
+
+    def extra_repr(self) -> str:
+        return f"arch={self.arch}, channels={self.channels}, trainable={self.trainable}"
+
+
+def build_encoder(
+    arch: str = "resnet101", weights: str | os.PathLike | None = None, trainable: bool = False
+) -> GridEncoder:
+    """Build a ResNet grid encoder.
+
+    Args:
+        arch: one of :data:`ARCHITECTURES`.
+        weights: ``None`` (random init), a torchvision weights name of ``arch``
+            (``"IMAGENET1K_V2"`` or ``"ResNet101_Weights.IMAGENET1K_V2"``), or the path of a
+            local ``state_dict`` file of the torchvision ResNet (the ``fc`` entries may be
+            absent).
+        trainable: fine-tune the encoder (else frozen).
+
+    Raises:
+        ValueError: unknown architecture or weights name.
+        EncoderWeightsError: the weights file cannot be read, does not fit ``arch``, or named
+            weights are neither cached nor downloadable.
+    """
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown encoder arch {arch!r}; valid: {', '.join(ARCHITECTURES)}")
+    resnet = torchvision.models.get_model(arch, weights=None)
+    if weights is not None:
+        if _looks_like_path(weights):
+            state_dict, source = _read_state_dict(Path(weights)), str(weights)
+        else:
+            state_dict, source = _named_state_dict(arch, str(weights))
+        _load_trunk(resnet, state_dict, source)
+    return GridEncoder(resnet, arch, trainable)
+
+
+def _looks_like_path(weights: str | os.PathLike) -> bool:
+    text = os.fspath(weights)
+    return (
+        isinstance(weights, os.PathLike)
+        or os.sep in text
+        or text.endswith((".pt", ".pth", ".ckpt", ".bin"))
+        or Path(text).exists()
+    )
+
+
+def _read_state_dict(path: Path) -> dict[str, Tensor]:
+    if not path.is_file():
+        raise EncoderWeightsError(f"encoder weights file {path} does not exist")
+    try:
+        state_dict = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise EncoderWeightsError(
+            f"cannot read encoder weights file {path} as a torch state_dict: {exc}"
+        ) from exc
+    if not isinstance(state_dict, dict) or not all(
+        isinstance(v, Tensor) for v in state_dict.values()
+    ):
+        raise EncoderWeightsError(
+            f"encoder weights file {path} does not hold a state_dict (a dict of tensors)"
+        )
+    return state_dict
+
+
+def _named_state_dict(arch: str, name: str) -> tuple[dict[str, Tensor], str]:
+    enum = torchvision.models.get_model_weights(arch)
+    member = name
+    if "." in name:
+        prefix, member = name.split(".", 1)
+        if prefix != enum.__name__:
+            raise ValueError(
+                f"encoder weights {name!r} do not belong to {arch} (expected {enum.__name__}.*)"
+            )
+    if member not in enum.__members__:
+        raise ValueError(
+            f"unknown weights {name!r} for {arch}; valid: {', '.join(enum.__members__)}, "
+            "or a local state_dict file"
+        )
+    url = enum[member].url
+    cached = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(url)
+    if cached.is_file():
+        return _read_state_dict(cached), str(cached)
+    try:
+        state_dict = torch.hub.load_state_dict_from_url(
+            url, map_location="cpu", progress=True, weights_only=True
+        )
+    except Exception as exc:
+        raise EncoderWeightsError(
+            f"encoder weights {enum.__name__}.{member} are not in the torch hub cache and "
+            f"could not be downloaded ({exc}). Download {url} on a machine with network access "
+            f"and place it at {cached} (the cache of torch.hub.get_dir(); set TORCH_HOME to "
+            "move it), or pass the path of a local state_dict file as the weights."
+        ) from exc
+    return state_dict, url
+
+
+def _load_trunk(resnet: nn.Module, state_dict: dict[str, Tensor], source: str) -> None:
+    """Load a torchvision ResNet state_dict; the classifier (``fc.*``) is optional."""
+    trunk_state = {k: v for k, v in state_dict.items() if not k.startswith("fc.")}
+    expected = {k for k in resnet.state_dict() if not k.startswith("fc.")}
+    missing = sorted(expected - trunk_state.keys())
+    unexpected = sorted(trunk_state.keys() - expected)
+    if missing or unexpected:
+        raise EncoderWeightsError(
+            f"encoder weights from {source} do not fit this architecture: "
+            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
+        )
+    try:
+        resnet.load_state_dict(trunk_state, strict=False)
+    except RuntimeError as exc:
+        raise EncoderWeightsError(f"encoder weights from {source}: {exc}") from exc
