@@ -27,13 +27,6 @@ from pathlib import Path
 HELP = "per-word attention heatmaps, caption strips and raw weights for images"
 
 
-def checkpoint_names(checkpoints: list[Path]) -> list[str]:
-    """Deterministic, unique, file-name-safe model names from checkpoint paths."""
-    from captioner.heatmaps import unique_stems
-
-    return unique_stems(checkpoints)
-
-
 def _parser() -> argparse.ArgumentParser:
     from captioner.heatmaps import DEFAULT_MAX_SIDE, UPSAMPLE_MODES, ZERO_STYLES
 
@@ -77,7 +70,7 @@ def main(argv: list[str]) -> int:
     progress = not args.no_progress and len(paths) > 1
     captions = {}
     failed: dict[Path, str] = {}
-    models = checkpoint_names(args.ckpt)
+    models = unique_stems(args.ckpt)
     for model, captioner in zip(models, captioners, strict=True):
         for path, caption, error in caption_files(
             captioner, paths, beam_size=args.beam_size, max_length=args.max_length,

@@ -1,0 +1,119 @@
+"""``captioner rating-kit``: build the blinded human-rating kit of the paper's appendix B.
+
+Samples ``--n`` images (seeded) from a Karpathy split (``--data``, ``--images``, ``--split``)
+or from an image folder, captions them with every ``--ckpt``, and writes a static page to
+``--out`` (open ``OUT/index.html`` in a browser, also from file://) plus the blinding key to
+``--key`` (default ``OUT-key.json`` beside the kit folder; never inside it). See
+`eval.rating_kit` for the page and `captioner rating-summary` for the analysis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+HELP = "build a blinded human-rating kit (static HTML) comparing checkpoints"
+
+
+def _parser() -> argparse.ArgumentParser:
+    from captioner.heatmaps import DEFAULT_MAX_SIDE, UPSAMPLE_MODES
+
+    parser = argparse.ArgumentParser(prog="captioner rating-kit", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("image_dir", nargs="?", type=Path, metavar="IMAGE_DIR",
+                        help="sample from the images of this folder instead of a Karpathy split")
+    parser.add_argument("--ckpt", required=True, type=Path, action="append",
+                        help="checkpoint of one model; repeat for every model to compare")
+    parser.add_argument("--data", type=Path, help="Karpathy split JSON (dataset_coco.json)")
+    parser.add_argument("--images", type=Path, help="image root of the Karpathy JSON")
+    parser.add_argument("--split", default="test", choices=("train", "val", "test"))
+    parser.add_argument("--n", type=int, default=100, help="images to sample (default 100)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True, type=Path, help="kit folder to write")
+    parser.add_argument("--key", type=Path, help="key file (default: OUT-key.json)")
+    parser.add_argument("--title", default="Image caption rating")
+    parser.add_argument("--upsample", choices=UPSAMPLE_MODES, default="nearest")
+    parser.add_argument("--size", type=int, default=DEFAULT_MAX_SIDE)
+    parser.add_argument("--beam-size", type=int, default=3)
+    parser.add_argument("--max-length", type=int, default=20)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def _candidates(args: argparse.Namespace) -> list[tuple[str, Path]]:
+    """(key, path) of every image to sample from, in a deterministic order."""
+    if args.image_dir is not None:
+        from captioner.commands.caption import collect_images
+
+        root = args.image_dir
+        return [(p.relative_to(root).as_posix(), p) for p in collect_images([root])]
+    from data_prep.karpathy import load_karpathy
+
+    entries = load_karpathy(args.data, args.images).split(args.split)
+    return [(str(entry.image_id), entry.path) for entry in entries]
+
+
+def main(argv: list[str]) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if (args.image_dir is None) == (args.data is None):
+        parser.error("give either IMAGE_DIR or --data (with --images), not both or neither")
+    if args.data is not None and args.images is None:
+        parser.error("--data needs --images (the image root)")
+    if args.n < 1:
+        parser.error(f"--n must be >= 1, got {args.n}")
+    key_path = args.key or args.out.with_name(args.out.name + "-key.json")
+    if key_path.resolve().is_relative_to(args.out.resolve()):
+        parser.error(f"the key {key_path} must not be inside the kit folder {args.out}")
+
+    from captioner.commands.caption import caption_files, open_captioner
+    from captioner.heatmaps import unique_stems
+    from data_prep.images import load_image
+    from eval.rating_kit import KitCaption, KitImage, KitModel, build_kit, write_key
+
+    try:
+        candidates = _candidates(args)
+        captioners = [open_captioner(path) for path in args.ckpt]
+    except (OSError, ValueError) as exc:
+        print(f"captioner rating-kit: {exc}", file=sys.stderr)
+        return 2
+    if args.n > len(candidates):
+        print(f"captioner rating-kit: --n {args.n} but only {len(candidates)} images are "
+              "available", file=sys.stderr)
+        return 2
+    sample = random.Random(args.seed).sample(candidates, args.n)
+    paths = [path for _, path in sample]
+
+    names = unique_stems(args.ckpt)
+    models = [KitModel(name, str(path), c.output_attention_name)
+              for name, path, c in zip(names, args.ckpt, captioners, strict=True)]
+    captions: list[list[KitCaption]] = [[] for _ in sample]
+    failed: dict[Path, str] = {}
+    for captioner in captioners:
+        results = caption_files(captioner, paths, beam_size=args.beam_size,
+                                max_length=args.max_length, batch_size=args.batch_size,
+                                progress=not args.no_progress)
+        for i, (path, caption, error) in enumerate(results):
+            if caption is None:
+                failed[path] = error
+                continue
+            captions[i].append(KitCaption(caption.text, list(caption.tokens),
+                                          caption.attention.float().numpy()))
+    if failed:
+        for error in failed.values():
+            print(f"captioner rating-kit: {error}", file=sys.stderr)
+        print(f"captioner rating-kit: {len(failed)} sampled images could not be read; no kit "
+              "written (fix or remove them, or change --seed)", file=sys.stderr)
+        return 1
+
+    images = [KitImage(key, path.name, load_image(path), caps)
+              for (key, path), caps in zip(sample, captions, strict=True)]
+    kit = build_kit(args.out, images, models, seed=args.seed, title=args.title,
+                    upsample=args.upsample, max_side=args.size)
+    write_key(kit.key, key_path)
+    print(f"rating kit {kit.kit_id}: {len(images)} images x {len(models)} models -> {kit.html}")
+    print(f"blinding key (keep it from the raters): {key_path}")
+    return 0

@@ -1,0 +1,40 @@
+"""``captioner rating-summary``: the human study's Table 2 from exported ratings files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HELP = "summarize human ratings from the rating kit (Table 2 with CIs and agreement)"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="captioner rating-summary",
+        description="Unblind the ratings exported by a rating kit with its key and report, per "
+                    "model, mean caption score and mean attention relevance (paper Table 2) "
+                    "with standard deviations, bootstrap 95% confidence intervals, counts and "
+                    "Krippendorff's alpha. Incomplete, missing and duplicate ratings are listed.")
+    parser.add_argument("ratings", nargs="+", type=Path, metavar="RATINGS.json")
+    parser.add_argument("--key", required=True, type=Path, help="the kit's key file")
+    parser.add_argument("--out", type=Path, help="write the full summary as JSON here")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    from eval.rating_summary import RatingsError, format_table, summarize
+
+    try:
+        summary = summarize(args.ratings, args.key)
+    except RatingsError as exc:
+        print(f"captioner rating-summary: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(summary))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(summary, indent=1, ensure_ascii=False), encoding="utf-8")
+        print(f"summary written to {args.out}")
+    return 0

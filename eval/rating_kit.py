@@ -1,0 +1,229 @@
+"""The blinded human-rating kit of the paper's human study (Martins et al., appendix B).
+
+For each sampled image, raters score the caption of every model from 1 to 5 and the relevance
+of the regions the model attended to when generating the caption's non-stop words, from 1 to
+5. Models are blinded: on every image the captions are shown under the labels A, B, C... in an
+order drawn at random for that image, so a label says nothing about the model, within or
+across images. Attention plots use one colour scale for all models and words, zero attention
+fully transparent (appendix B: "to avoid biasing the evaluators").
+
+`build_kit` writes a self-contained static folder that works from ``file://`` without a
+network (no external scripts, styles or fonts):
+
+    index.html            the rating page (data, script and style inline)
+    images/NNNN.jpg       the sampled images, longer side `max_side` pixels
+    attention/NNNN_L_WW.png  RGBA overlay of label L's word WW: alpha 0 where attention is 0
+
+The key from (image, label) to model is returned separately, for `write_key` to store outside
+the kit; the page never contains model names or checkpoint paths. Ratings exported by the page
+follow `RATINGS_FORMAT` (see `eval.rating_summary`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from captioner.heatmaps import (
+    DEFAULT_MAX_SIDE,
+    attention_overlay,
+    image_array,
+    shared_vmax,
+    upsample_attention,
+)
+from eval.stopwords import content_word_indices
+
+KIT_FORMAT = "captioner-rating-kit/1"
+KEY_FORMAT = "captioner-rating-key/1"
+RATINGS_FORMAT = "captioner-ratings/1"
+SCORES = (1, 2, 3, 4, 5)
+LABELS = tuple("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+@dataclass(frozen=True)
+class KitModel:
+    """A rated model: its name (written to the key only), checkpoint path and mapping name."""
+
+    name: str
+    checkpoint: str
+    mapping: str
+
+
+@dataclass
+class KitCaption:
+    """One model's caption of one image: tokens (T) and output attention float (T, h, w)."""
+
+    text: str
+    tokens: list[str]
+    attention: np.ndarray
+
+
+@dataclass
+class KitImage:
+    """A sampled image: ``key`` identifies it in ratings and key (unique), ``name`` is shown
+    to raters, ``captions`` holds one caption per model, in the order of the models."""
+
+    key: str
+    name: str
+    image: Image.Image
+    captions: list[KitCaption]
+
+
+@dataclass
+class RatingKit:
+    """What `build_kit` wrote: the page, and the key to keep away from raters."""
+
+    html: Path
+    kit_id: str
+    key: dict
+
+
+def blind_orders(n_images: int, n_models: int, seed: int) -> list[list[int]]:
+    """Per image, the model shown under label A, B, ...: a seeded random permutation."""
+    rng = np.random.default_rng(seed)
+    return [rng.permutation(n_models).tolist() for _ in range(n_images)]
+
+
+def _script_json(data: object) -> str:
+    """JSON safe inside an HTML ``<script>`` element: no ``<``, ``>``, ``&`` or line
+    separators survive literally, so no caption or file name can close the element."""
+    text = json.dumps(data, ensure_ascii=False, sort_keys=True)
+    for char, escape in (
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("&", "\\u0026"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
+        text = text.replace(char, escape)
+    return text
+
+
+def _template(name: str) -> str:
+    return resources.files("eval.templates").joinpath(name).read_text(encoding="utf-8")
+
+
+def render_page(data: dict, title: str) -> str:
+    """The kit's HTML with the data, script and style inline (one substitution pass, so
+    inserted text is never scanned for further placeholders)."""
+    parts = {
+        "TITLE": html.escape(title),
+        "STYLE": _template("rating_kit.css"),
+        "SCRIPT": _template("rating_kit.js"),
+        "DATA": _script_json(data),
+    }
+    return re.sub(
+        r"\{\{(TITLE|STYLE|SCRIPT|DATA)\}\}",
+        lambda m: parts[m.group(1)],
+        _template("rating_kit.html"),
+    )
+
+
+def build_kit(
+    out_dir: Path,
+    images: Sequence[KitImage],
+    models: Sequence[KitModel],
+    *,
+    seed: int,
+    title: str = "Image caption rating",
+    upsample: str = "nearest",
+    max_side: int = DEFAULT_MAX_SIDE,
+    vmax: float | None = None,
+) -> RatingKit:
+    """Write the rating kit for ``images`` captioned by ``models`` into ``out_dir``.
+
+    vmax: colour-scale maximum shared by every plot; default the largest weight in the kit.
+    """
+    if not models:
+        raise ValueError("a rating kit needs at least one model")
+    if len(models) > len(LABELS):
+        raise ValueError(f"at most {len(LABELS)} models can be blinded, got {len(models)}")
+    keys = [item.key for item in images]
+    if len(set(keys)) != len(keys):
+        raise ValueError("image keys of a rating kit must be unique")
+    for item in images:
+        if len(item.captions) != len(models):
+            raise ValueError(
+                f"image {item.key!r}: {len(item.captions)} captions for {len(models)} models"
+            )
+    if vmax is None:
+        vmax = shared_vmax(c.attention for item in images for c in item.captions)
+    (out_dir / "images").mkdir(parents=True, exist_ok=True)
+    (out_dir / "attention").mkdir(exist_ok=True)
+
+    orders = blind_orders(len(images), len(models), seed)
+    page_images, key_images = [], []
+    for number, (item, order) in enumerate(zip(images, orders, strict=True), start=1):
+        base = image_array(item.image, max_side)
+        src = f"images/{number:04d}.jpg"
+        Image.fromarray(base).save(out_dir / src, quality=92)
+        shown = []
+        for label, model_index in zip(LABELS, order, strict=False):
+            caption = item.captions[model_index]
+            words = content_word_indices(caption.tokens)
+            maps = (
+                upsample_attention(np.asarray(caption.attention)[words], base.shape[:2], upsample)
+                if words
+                else []
+            )
+            plots = []
+            for word_index, weights in zip(words, maps, strict=True):
+                overlay = f"attention/{number:04d}_{label}_{word_index:02d}.png"
+                Image.fromarray(attention_overlay(weights, vmax)).save(out_dir / overlay)
+                plots.append(
+                    {"index": word_index, "word": caption.tokens[word_index], "overlay": overlay}
+                )
+            shown.append({"label": label, "text": caption.text, "words": plots})
+        page_images.append(
+            {
+                "key": item.key,
+                "name": item.name,
+                "src": src,
+                "width": int(base.shape[1]),
+                "height": int(base.shape[0]),
+                "captions": shown,
+            }
+        )
+        key_images.append(
+            {
+                "key": item.key,
+                "name": item.name,
+                "labels": {LABELS[k]: models[m].name for k, m in enumerate(order)},
+            }
+        )
+
+    content = {
+        "format": KIT_FORMAT,
+        "ratings_format": RATINGS_FORMAT,
+        "title": title,
+        "scores": list(SCORES),
+        "vmax": vmax,
+        "images": page_images,
+    }
+    kit_id = hashlib.sha256(_script_json(content).encode()).hexdigest()[:16]
+    page = out_dir / "index.html"
+    page.write_text(render_page({**content, "kit_id": kit_id}, title), encoding="utf-8")
+    key = {
+        "format": KEY_FORMAT,
+        "kit_id": kit_id,
+        "seed": seed,
+        "vmax": vmax,
+        "models": [vars(m) for m in models],
+        "images": key_images,
+    }
+    return RatingKit(page, kit_id, key)
+
+
+def write_key(key: dict, path: Path) -> None:
+    """Store the blinding key (keep it away from the raters)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(key, indent=1, ensure_ascii=False), encoding="utf-8")

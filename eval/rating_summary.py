@@ -1,0 +1,281 @@
+"""Summary of a human rating study: the paper's Table 2 with its uncertainty.
+
+Martins et al. (Table 2, appendix B) report, per attention mapping, the mean caption score and
+the mean attention-relevance score (both 1-5) over 100 images x 6 raters. `summarize` computes
+those means from the ratings files exported by the kit (`eval.rating_kit`), after unblinding
+them with the kit's key, and adds per model and score kind:
+
+* ``n`` (ratings), ``raters`` and ``images`` counted;
+* ``std``: sample standard deviation of the individual ratings (ddof = 1);
+* ``ci95``: percentile-bootstrap 95% interval of the mean, resampling *images* (the sampled
+  unit; ratings of one image by several raters are not independent), `BOOTSTRAP_SAMPLES`
+  resamples with a fixed seed;
+* ``agreement``: Krippendorff's alpha, ordinal, over units = (image, model), per score kind.
+
+Nothing is dropped silently: a rating with a missing score is listed under ``incomplete``
+(its other score still counts), a (rater, image, label) rated more than once is listed under
+``duplicates`` and only its most recently scored entry counts, and an (image, label) of the key
+that a rater's files do not mention at all is listed under ``missing``. A ratings file that is
+not valid JSON, has another kit id, or names an image or label not in the key raises
+`RatingsError` naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from eval.rating_kit import KEY_FORMAT, RATINGS_FORMAT, SCORES
+
+KINDS = ("caption", "attention")
+BOOTSTRAP_SAMPLES = 10_000
+BOOTSTRAP_SEED = 0
+
+
+class RatingsError(ValueError):
+    """A ratings or key file that cannot be used; the message names the file."""
+
+
+@dataclass(frozen=True)
+class Rating:
+    """One exported entry: scores are ints in `SCORES` or None (not given)."""
+
+    file: str
+    rater: str
+    image: str
+    label: str
+    model: str
+    caption_score: int | None
+    attention_score: int | None
+    last_time: str
+
+    def score(self, kind: str) -> int | None:
+        return self.caption_score if kind == "caption" else self.attention_score
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RatingsError(f"{path}: cannot read the {what} file: {exc}") from exc
+    if not isinstance(data, dict):
+        raise RatingsError(f"{path}: the {what} file must hold a JSON object")
+    return data
+
+
+@dataclass(frozen=True)
+class RatingKey:
+    """The unblinding key: ``labels[image][label]`` is the model shown under that label."""
+
+    kit_id: str
+    models: list[str]
+    labels: dict[str, dict[str, str]]
+
+
+def load_key(path: Path) -> RatingKey:
+    """Read and check a key written by `eval.rating_kit.write_key`."""
+    data = _read_json(path, "key")
+    if data.get("format") != KEY_FORMAT:
+        raise RatingsError(f"{path}: not a rating-kit key (format {data.get('format')!r}, "
+                           f"expected {KEY_FORMAT!r})")
+    try:
+        return RatingKey(
+            kit_id=str(data["kit_id"]),
+            models=[str(m["name"]) for m in data["models"]],
+            labels={str(item["key"]): dict(item["labels"]) for item in data["images"]},
+        )
+    except (KeyError, TypeError) as exc:
+        raise RatingsError(f"{path}: key file lacks field {exc}") from exc
+
+
+def _score(value: object, path: Path, index: int, field: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value not in SCORES:
+        raise RatingsError(f"{path}: rating {index}: {field} must be one of {list(SCORES)} or "
+                           f"null, got {value!r}")
+    return value
+
+
+def load_ratings(path: Path, key: RatingKey) -> list[Rating]:
+    """Read one exported ratings file and unblind it with ``key`` (from `load_key`)."""
+    data = _read_json(path, "ratings")
+    if data.get("format") != RATINGS_FORMAT:
+        raise RatingsError(f"{path}: not a ratings file (format {data.get('format')!r}, "
+                           f"expected {RATINGS_FORMAT!r})")
+    if data.get("kit_id") != key.kit_id:
+        raise RatingsError(f"{path}: ratings of kit {data.get('kit_id')!r} do not match the "
+                           f"key of kit {key.kit_id!r}")
+    rater = data.get("rater_id")
+    if not isinstance(rater, str) or not rater.strip():
+        raise RatingsError(f"{path}: rater_id is missing or empty")
+    entries = data.get("ratings")
+    if not isinstance(entries, list):
+        raise RatingsError(f"{path}: field 'ratings' must be a list")
+    ratings = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise RatingsError(f"{path}: rating {index} is not an object")
+        image, label = entry.get("image"), entry.get("label")
+        labels = key.labels.get(image)
+        if labels is None:
+            raise RatingsError(f"{path}: rating {index}: image {image!r} is not in the key")
+        if label not in labels:
+            raise RatingsError(f"{path}: rating {index}: label {label!r} is not in the key "
+                               f"for image {image!r}")
+        times = [t for t in (entry.get("caption_time"), entry.get("attention_time")) if t]
+        ratings.append(Rating(
+            str(path), rater.strip(), image, label, labels[label],
+            _score(entry.get("caption_score"), path, index, "caption_score"),
+            _score(entry.get("attention_score"), path, index, "attention_score"),
+            max(times, default=""),
+        ))
+    return ratings
+
+
+def bootstrap_ci(values_by_image: Sequence[np.ndarray], samples: int = BOOTSTRAP_SAMPLES,
+                 seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+    """95% percentile interval of the mean rating, resampling images with replacement.
+
+    values_by_image: one float array of ratings per image. The statistic of a resample is the
+    mean of all ratings it contains (the paper's mean), computed from per-image sums/counts.
+    """
+    sums = np.array([v.sum() for v in values_by_image], dtype=np.float64)
+    counts = np.array([v.size for v in values_by_image], dtype=np.float64)
+    if len(sums) < 2:
+        return math.nan, math.nan
+    picks = np.random.default_rng(seed).integers(0, len(sums), size=(samples, len(sums)))
+    means = sums[picks].sum(axis=1) / counts[picks].sum(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def krippendorff_alpha(matrix: np.ndarray) -> tuple[float | None, str | None]:
+    """Ordinal Krippendorff's alpha of a (raters, units) matrix with NaN = not rated."""
+    import krippendorff
+
+    if matrix.shape[0] < 2:
+        return None, "needs at least 2 raters"
+    if not (np.sum(~np.isnan(matrix), axis=0) >= 2).any():
+        return None, "no unit was rated by 2 or more raters"
+    try:
+        return float(krippendorff.alpha(reliability_data=matrix, value_domain=list(SCORES),
+                                        level_of_measurement="ordinal")), None
+    except ValueError as exc:  # e.g. every rating has the same value
+        return None, str(exc)
+
+
+def _deduplicate(ratings: list[Rating]) -> tuple[list[Rating], list[dict]]:
+    groups: dict[tuple[str, str, str], list[Rating]] = defaultdict(list)
+    for rating in ratings:
+        groups[rating.rater, rating.image, rating.label].append(rating)
+    kept, duplicates = [], []
+    for (rater, image, label), group in groups.items():
+        latest = max(group, key=lambda r: r.last_time)
+        kept.append(latest)
+        if len(group) > 1:
+            duplicates.append({
+                "rater": rater, "image": image, "label": label, "count": len(group),
+                "files": sorted({r.file for r in group}), "kept_time": latest.last_time,
+                "scores": [[r.caption_score, r.attention_score] for r in group],
+            })
+    return kept, duplicates
+
+
+def summarize(ratings_paths: Sequence[Path], key_path: Path) -> dict:
+    """Table 2 per model from the kit's exported ratings; see the module docstring."""
+    if not ratings_paths:
+        raise RatingsError("no ratings files given")
+    key = load_key(key_path)
+    loaded = [r for path in ratings_paths for r in load_ratings(Path(path), key)]
+    ratings, duplicates = _deduplicate(loaded)
+    raters = sorted({r.rater for r in ratings})
+    incomplete = [
+        {"rater": r.rater, "image": r.image, "label": r.label, "file": r.file,
+         "missing": [k for k in KINDS if r.score(k) is None]}
+        for r in ratings if r.caption_score is None or r.attention_score is None
+    ]
+    seen = {(r.rater, r.image, r.label) for r in ratings}
+    missing = [
+        {"rater": rater, "image": image, "label": label}
+        for rater in raters for image, labels in key.labels.items() for label in labels
+        if (rater, image, label) not in seen
+    ]
+    units = [(image, model) for image, labels in key.labels.items()
+             for model in sorted(set(labels.values()))]
+    unit_index = {unit: i for i, unit in enumerate(units)}
+    rater_index = {rater: i for i, rater in enumerate(raters)}
+
+    models, agreement = {}, {}
+    for kind in KINDS:
+        scored = [r for r in ratings if r.score(kind) is not None]
+        matrix = np.full((len(raters), len(units)), np.nan)
+        for r in scored:
+            matrix[rater_index[r.rater], unit_index[r.image, r.model]] = r.score(kind)
+        alpha, reason = krippendorff_alpha(matrix)
+        agreement[kind] = {"krippendorff_alpha_ordinal": alpha, "note": reason}
+        for model in key.models:
+            mine = [r for r in scored if r.model == model]
+            by_image: dict[str, list[int]] = defaultdict(list)
+            for r in mine:
+                by_image[r.image].append(r.score(kind))
+            values = np.array([r.score(kind) for r in mine], dtype=np.float64)
+            models.setdefault(model, {})[kind] = {
+                "mean": float(values.mean()) if values.size else None,
+                "std": float(values.std(ddof=1)) if values.size > 1 else None,
+                "ci95": list(bootstrap_ci([np.array(v, float) for v in by_image.values()]))
+                if by_image else None,
+                "n": int(values.size),
+                "raters": len({r.rater for r in mine}),
+                "images": len(by_image),
+            }
+    return {
+        "kit_id": key.kit_id,
+        "files": [str(p) for p in ratings_paths],
+        "raters": raters,
+        "images_in_key": len(key.labels),
+        "images_rated": len({r.image for r in ratings
+                             if r.caption_score is not None or r.attention_score is not None}),
+        "models": models,
+        "agreement": agreement,
+        "ci_method": f"percentile bootstrap over images, {BOOTSTRAP_SAMPLES} resamples, "
+                     f"seed {BOOTSTRAP_SEED}",
+        "incomplete": incomplete,
+        "missing": missing,
+        "duplicates": duplicates,
+    }
+
+
+def format_table(summary: dict) -> str:
+    """The summary as a plain-text Table 2 with the problems counted underneath."""
+    lines = [f"{'model':<16} {'caption (1-5)':<28} {'attention relevance (1-5)':<28} raters images"]
+    for model, kinds in summary["models"].items():
+        cells = []
+        for kind in KINDS:
+            s = kinds[kind]
+            if s["mean"] is None:
+                cells.append(f"{'-':<28}")
+                continue
+            std = f"{s['std']:.2f}" if s["std"] is not None else "-"
+            low, high = s["ci95"] or (math.nan, math.nan)
+            cells.append(f"{s['mean']:.2f} ±{std} [{low:.2f}, {high:.2f}]".ljust(28))
+        counts = max(kinds[k]["raters"] for k in KINDS), max(kinds[k]["images"] for k in KINDS)
+        lines.append(f"{model:<16} {cells[0]} {cells[1]} {counts[0]:>6} {counts[1]:>6}")
+    lines.append("mean ±std [95% CI: " + summary["ci_method"] + "]")
+    for kind in KINDS:
+        alpha = summary["agreement"][kind]["krippendorff_alpha_ordinal"]
+        note = summary["agreement"][kind]["note"]
+        value = f"{alpha:.3f}" if alpha is not None else f"n/a ({note})"
+        lines.append(f"Krippendorff's alpha (ordinal), {kind}: {value}")
+    lines.append(f"raters: {len(summary['raters'])}, images rated: {summary['images_rated']} "
+                 f"of {summary['images_in_key']}")
+    for name in ("incomplete", "missing", "duplicates"):
+        if summary[name]:
+            lines.append(f"{name}: {len(summary[name])} (listed in the JSON summary)")
+    return "\n".join(lines)
