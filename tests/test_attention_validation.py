@@ -9,6 +9,8 @@ INF = float("inf")
 FUNCS = {
     "softmax": att.softmax,
     "sparsemax": att.sparsemax,
+    "entmax15": att.entmax15,
+    "entmax_bisect": lambda z, dim=-1, mask=None: att.entmax_bisect(z, 1.3, dim=dim, mask=mask),
 }
 
 

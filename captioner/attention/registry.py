@@ -12,6 +12,8 @@ from torch import nn
 _CLASSES = {
     "softmax": (".softmax", "Softmax"),
     "sparsemax": (".sparsemax", "Sparsemax"),
+    "entmax15": (".entmax", "Entmax15"),
+    "entmax": (".entmax", "Entmax"),
     "tvmax": (".tvmax", "TVMax"),
 }
 
