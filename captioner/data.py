@@ -156,10 +156,13 @@ class CaptionDataModule(L.LightningDataModule):
         num_workers: int = 4,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
         self.karpathy_json = Path(karpathy_json)
         self.image_root = Path(image_root)
         self.feature_cache = None if feature_cache is None else Path(feature_cache)
+        # Plain strings in the hyperparameters keep checkpoints loadable with weights_only=True.
+        karpathy_json, image_root = str(self.karpathy_json), str(self.image_root)
+        feature_cache = None if self.feature_cache is None else str(self.feature_cache)
+        self.save_hyperparameters()
         self.datasets: dict[str, Dataset] = {}
 
     @cached_property

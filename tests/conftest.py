@@ -41,9 +41,9 @@ def tiny_checkpoint(synthetic_data, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_trainer():
-    """The function :func:`train_tiny`, for tests that train their own small captioner."""
-    return train_tiny
+def tiny_fit():
+    """The function :func:`fit_tiny`, for tests that train their own small captioner."""
+    return fit_tiny
 
 
 def tiny_model_kwargs(**overrides) -> dict:
@@ -65,18 +65,18 @@ def tiny_model_kwargs(**overrides) -> dict:
     return kwargs
 
 
-def train_tiny(
+def fit_tiny(
     dataset,
     out_dir: Path,
     *,
     max_steps: int = 4,
     feature_cache: Path | None = None,
     **model_overrides,
-) -> Path:
-    """Train a small CaptioningModule for ``max_steps`` steps and return its checkpoint path.
+):
+    """Train a small CaptioningModule for ``max_steps`` steps; returns (trainer, model, data).
 
-    Runs the real DataModule, LightningModule, validation (BLEU-4 / CIDEr) and atomic
-    checkpoint writer; everything is on CPU with one process.
+    Runs the real DataModule, LightningModule, validation (BLEU-4 / CIDEr on one batch) and
+    atomic checkpoint IO; everything is on CPU in one process.
     """
     import lightning as L
 
@@ -110,6 +110,12 @@ def train_tiny(
         default_root_dir=out_dir,
     )
     trainer.fit(model, datamodule=data)
+    return trainer, model, data
+
+
+def train_tiny(dataset, out_dir: Path, **kwargs) -> Path:
+    """:func:`fit_tiny`, then save the checkpoint as ``out_dir/tiny.ckpt`` and return its path."""
+    trainer, _, _ = fit_tiny(dataset, out_dir, **kwargs)
     path = Path(out_dir) / "tiny.ckpt"
-    trainer.save_checkpoint(path)
+    trainer.save_checkpoint(path, weights_only=False)
     return path
