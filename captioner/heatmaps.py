@@ -9,8 +9,9 @@ biased). This module draws exactly that and nothing more:
 * the image keeps its own aspect ratio; grid cell (i, j) covers rows [i*H/h, (i+1)*H/h) and
   columns [j*W/w, (j+1)*W/w) of the displayed image (the encoder saw the image stretched to a
   square, so the grid spans the whole image);
-* the grid is upsampled without blur: ``nearest`` (default, one flat block per cell) or
-  ``bilinear`` (pixel-centre aligned); never a Gaussian, which would hide exact zeros. With
+* the grid is upsampled without blur: ``nearest`` (default: each pixel takes the cell under
+  its centre, one flat block per cell) or ``bilinear`` (pixel-centre aligned, borders clamped,
+  as PIL and ``align_corners=False``); never a Gaussian, which would hide exact zeros. With
   either mode a pixel is zero exactly when every cell contributing to it is zero;
 * one colour scale for everything drawn together: weight w maps to the colour
   ``COLORMAP(clip(w / vmax, 0, 1))`` with vmax chosen by the caller (`shared_vmax`: the largest
@@ -86,8 +87,9 @@ def upsample_attention(
     height, width = size
     _, h, w = maps.shape
     if mode == "nearest":
-        rows = (np.arange(height) * h) // height
-        cols = (np.arange(width) * w) // width
+        # The cell under each pixel's centre: floor((y + 0.5) * h / H), in integers.
+        rows = ((2 * np.arange(height) + 1) * h) // (2 * height)
+        cols = ((2 * np.arange(width) + 1) * w) // (2 * width)
         out = maps[:, rows][:, :, cols]
     else:
         import torch
