@@ -1,0 +1,172 @@
+"""Reading images robustly and the paper's preprocessing.
+
+:func:`load_image` returns an 8-bit RGB image for every format COCO and Flickr contain and
+refuses everything else with an :class:`ImageLoadError` that names the file and the reason:
+
+* EXIF orientation is applied (phone photos are stored sideways with an orientation tag);
+* grayscale (``1``, ``L``) is replicated to three channels;
+* transparency (``LA``, ``RGBA``, ``PA``, palette images with a transparent colour) is
+  composited on a **white** background, which is what image viewers and browsers show, instead
+  of dropping the alpha channel and exposing whatever colour the transparent pixels hold;
+* ``CMYK`` and other colour spaces are converted by Pillow;
+* 16-bit grayscale (``I;16``, ``I;16B``, ``I;16L``, and ``I``, which Pillow uses for 16-bit
+  PNG/TIFF data) is scaled from [0, 65535] to [0, 255] (Pillow's own conversion would clip at
+  255 and turn most of the image white);
+* images of more than :data:`MAX_IMAGE_PIXELS` pixels are refused before they are decoded
+  (decompression bombs);
+* missing, unreadable, non-image, corrupt and truncated files are errors.
+
+:func:`imagenet_transform` is the paper's preprocessing (section 5: images resized to
+256x256, ImageNet normalisation).
+"""
+
+from __future__ import annotations
+
+import struct
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+# 64 megapixels: four times a 24-megapixel camera photo, far above any COCO/Flickr image
+# (at most 640 / 500 px per side), and below Pillow's own warning threshold (~89.5 Mpx).
+MAX_IMAGE_PIXELS = 64_000_000
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+_ALPHA_MODES = ("LA", "La", "PA", "RGBA", "RGBa")
+_BACKGROUND = (255, 255, 255)
+
+
+class ImageLoadError(ValueError):
+    """An image file that cannot be used; the message names the file and the reason."""
+
+
+class SkippedImagesWarning(UserWarning):
+    """Some images were skipped by :func:`check_images` with ``skip_bad=True``."""
+
+
+def load_image(path: str | Path, *, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
+    """Load ``path`` as an 8-bit RGB image (mode ``"RGB"``), fully decoded and detached from
+    the file, with EXIF orientation applied.
+
+    Raises:
+        ImageLoadError: the file is missing, unreadable, not an image, corrupt, truncated, of
+            an unsupported mode, or larger than ``max_pixels`` pixels.
+    """
+    path = Path(path)
+    try:
+        with warnings.catch_warnings():
+            # Our own, lower limit below gives the clearer message.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                width, height = image.size
+                if width * height > max_pixels:
+                    raise ImageLoadError(
+                        f"{path}: image of {width}x{height} = {width * height:,} pixels exceeds "
+                        f"the limit of {max_pixels:,} pixels (possible decompression bomb)"
+                    )
+                image.load()
+                image = ImageOps.exif_transpose(image)
+                return _to_rgb(image, path)
+    except ImageLoadError:
+        raise
+    except FileNotFoundError as exc:
+        raise ImageLoadError(f"{path}: file not found") from exc
+    except IsADirectoryError as exc:
+        raise ImageLoadError(f"{path}: is a directory, not an image file") from exc
+    except PermissionError as exc:
+        raise ImageLoadError(f"{path}: permission denied") from exc
+    except UnidentifiedImageError as exc:
+        raise ImageLoadError(f"{path}: not an image file (unrecognised format)") from exc
+    except Image.DecompressionBombError as exc:
+        raise ImageLoadError(f"{path}: refused as a decompression bomb ({exc})") from exc
+    except (OSError, SyntaxError, ValueError, EOFError, struct.error) as exc:
+        # Pillow reports corrupt and truncated data as OSError ("image file is truncated"),
+        # SyntaxError (broken headers) or ValueError/EOFError depending on the codec.
+        raise ImageLoadError(f"{path}: corrupt or truncated image ({exc})") from exc
+
+
+def _to_rgb(image: Image.Image, path: Path) -> Image.Image:
+    mode = image.mode
+    if mode == "RGB":
+        return image.copy()
+    if mode in _SIXTEEN_BIT_MODES:
+        return _sixteen_bit_to_rgb(image, path)
+    if mode == "P" and "transparency" in image.info:
+        image, mode = image.convert("RGBA"), "RGBA"
+    if mode in _ALPHA_MODES:
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (*_BACKGROUND, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    try:
+        return image.convert("RGB")
+    except (ValueError, OSError) as exc:
+        raise ImageLoadError(f"{path}: unsupported image mode {mode!r} ({exc})") from exc
+
+
+def _sixteen_bit_to_rgb(image: Image.Image, path: Path) -> Image.Image:
+    values = np.asarray(image, dtype=np.float64)
+    if values.size and (values.min() < 0 or values.max() > 65535):
+        raise ImageLoadError(
+            f"{path}: integer image (mode {image.mode!r}) with values outside the 16-bit range "
+            f"[0, 65535] (min {values.min():g}, max {values.max():g}); cannot map it to 8 bits"
+        )
+    gray = np.rint(values * (255.0 / 65535.0)).astype(np.uint8)
+    return Image.fromarray(gray).convert("RGB")
+
+
+def imagenet_transform(size: int = 256):
+    """The paper's preprocessing: ``Resize((size, size))``, ``ToTensor()``, ImageNet
+    ``Normalize``; maps an RGB PIL image to a float32 tensor (3, size, size)."""
+    from torchvision import transforms
+
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"size must be a positive integer, got {size!r}")
+    return transforms.Compose(
+        [
+            transforms.Resize((size, size), antialias=True),
+            transforms.ToTensor(),
+            transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
+
+
+def check_images(
+    paths: Iterable[str | Path],
+    *,
+    skip_bad: bool = False,
+    max_pixels: int = MAX_IMAGE_PIXELS,
+    progress: bool = False,
+) -> list[Path]:
+    """Decode every image in ``paths`` and return the usable ones, in order.
+
+    With ``skip_bad=False`` the first unusable image raises its :class:`ImageLoadError`. With
+    ``skip_bad=True`` unusable images are left out and one :class:`SkippedImagesWarning` lists
+    every skipped file with its reason.
+    """
+    from tqdm.auto import tqdm
+
+    paths = [Path(path) for path in paths]
+    good: list[Path] = []
+    skipped: list[str] = []
+    for path in tqdm(paths, desc="checking images", unit="img", disable=not progress):
+        try:
+            load_image(path, max_pixels=max_pixels)
+        except ImageLoadError as exc:
+            if not skip_bad:
+                raise
+            skipped.append(str(exc))
+            continue
+        good.append(path)
+    if skipped:
+        warnings.warn(
+            f"skipped {len(skipped)} of {len(paths)} images:\n  " + "\n  ".join(skipped),
+            SkippedImagesWarning,
+            stacklevel=2,
+        )
+    return good

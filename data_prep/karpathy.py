@@ -1,0 +1,189 @@
+"""Karpathy-split caption files: ``dataset_coco.json``, ``dataset_flickr30k.json``, ...
+
+The files of Karpathy & Fei-Fei (2015) are the standard splits used by the TVmax paper
+(section 5): ``{"images": [...], "dataset": "coco"}`` where each image is
+
+    {"filepath": "val2014",            # optional (absent in the Flickr files)
+     "filename": "COCO_val2014_000000391895.jpg",
+     "imgid": 0,                       # index of the image in the file
+     "cocoid": 391895,                 # COCO only: the id used by the COCO annotations
+     "split": "train" | "val" | "test" | "restval",
+     "sentences": [{"tokens": ["a", "man", ...], "raw": "A man ...", ...}, ...],
+     ...}
+
+COCO's ``restval`` images (the rest of the 2014 validation set) are used for training, as in
+the paper, so they are folded into ``"train"`` here (113,287 training images).
+Every problem is reported as a :class:`KarpathyFormatError` naming the file, the image's index
+in ``images`` and the offending field, because a silently dropped image or caption would change
+the published splits.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SPLITS: tuple[str, ...] = ("train", "val", "test")
+# Karpathy's split names -> the split an image is used in.
+_SPLIT_OF: dict[str, str] = {"train": "train", "restval": "train", "val": "val", "test": "test"}
+
+
+class KarpathyFormatError(ValueError):
+    """A Karpathy-split JSON file that does not have the expected structure."""
+
+
+@dataclass(frozen=True)
+class ImageEntry:
+    """One image of a Karpathy split with its reference captions.
+
+    ``image_id`` is ``cocoid`` when the file has it (so that it matches the COCO annotations and
+    the COCO results format), else ``imgid``. ``sentences`` holds the lower-cased tokens of each
+    reference caption and ``raws`` the original caption strings, in the same order.
+    """
+
+    image_id: int
+    path: Path
+    split: str
+    sentences: tuple[tuple[str, ...], ...]
+    raws: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class KarpathyDataset:
+    """A parsed Karpathy file: ``name`` is its ``"dataset"`` field, ``entries`` maps each of
+    ``"train"``, ``"val"``, ``"test"`` to its images in file order."""
+
+    name: str
+    entries: dict[str, list[ImageEntry]]
+
+    def split(self, name: str) -> list[ImageEntry]:
+        """The images of split ``name`` (``"train"`` includes COCO's ``restval``)."""
+        if name not in self.entries:
+            raise KeyError(
+                f"unknown split {name!r} of dataset {self.name!r}; expected one of "
+                f"{', '.join(self.entries)}"
+            )
+        return self.entries[name]
+
+    def __len__(self) -> int:
+        return sum(len(images) for images in self.entries.values())
+
+
+def load_karpathy(json_path: str | Path, image_root: str | Path) -> KarpathyDataset:
+    """Parse and validate a Karpathy-split JSON file.
+
+    Image paths are ``image_root / filepath / filename`` (``filepath`` omitted when absent);
+    they are not opened here (see :func:`data_prep.images.check_images`).
+
+    Raises:
+        FileNotFoundError: ``json_path`` does not exist.
+        KarpathyFormatError: invalid JSON, a missing or ill-typed field, an unknown split, an
+            image without captions, a caption without tokens, or a duplicate image id.
+    """
+    json_path = Path(json_path)
+    image_root = Path(image_root)
+    if not json_path.is_file():
+        raise FileNotFoundError(f"Karpathy split file not found: {json_path}")
+    try:
+        with json_path.open(encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise KarpathyFormatError(f"{json_path}: not valid JSON ({exc})") from exc
+
+    if not isinstance(data, Mapping):
+        raise KarpathyFormatError(
+            f"{json_path}: top level must be an object, got {type(data).__name__}"
+        )
+    name = data.get("dataset")
+    if not isinstance(name, str) or not name:
+        raise KarpathyFormatError(f"{json_path}: field 'dataset' must be a non-empty string")
+    images = data.get("images")
+    if not isinstance(images, list):
+        raise KarpathyFormatError(f"{json_path}: field 'images' must be a list")
+
+    entries: dict[str, list[ImageEntry]] = {split: [] for split in SPLITS}
+    first_index_of_id: dict[int, int] = {}
+    for index, record in enumerate(images):
+        entry = _parse_image(record, json_path, index, image_root)
+        if entry.image_id in first_index_of_id:
+            raise KarpathyFormatError(
+                f"{json_path}: images[{index}]: duplicate image id {entry.image_id} "
+                f"(already used by images[{first_index_of_id[entry.image_id]}])"
+            )
+        first_index_of_id[entry.image_id] = index
+        entries[entry.split].append(entry)
+    return KarpathyDataset(name=name, entries=entries)
+
+
+def _parse_image(record: Any, json_path: Path, index: int, image_root: Path) -> ImageEntry:
+    def fail(field: str, problem: str) -> KarpathyFormatError:
+        filename = record.get("filename") if isinstance(record, Mapping) else None
+        label = f" ({filename})" if isinstance(filename, str) else ""
+        return KarpathyFormatError(
+            f"{json_path}: images[{index}]{label}: field {field!r} {problem}"
+        )
+
+    if not isinstance(record, Mapping):
+        raise fail("images", f"entry must be an object, got {type(record).__name__}")
+
+    filename = _require(record, "filename", str, fail)
+    if not filename:
+        raise fail("filename", "is empty")
+    filepath = record.get("filepath", "")
+    if not isinstance(filepath, str):
+        raise fail("filepath", f"must be a string, got {type(filepath).__name__}")
+    imgid = _require(record, "imgid", int, fail)
+    image_id = imgid
+    if "cocoid" in record:
+        image_id = _require(record, "cocoid", int, fail)
+
+    split_name = _require(record, "split", str, fail)
+    if split_name not in _SPLIT_OF:
+        raise fail(
+            "split", f"has unknown value {split_name!r}; expected one of {', '.join(_SPLIT_OF)}"
+        )
+
+    sentences = _require(record, "sentences", list, fail)
+    if not sentences:
+        raise fail("sentences", "is empty: every image needs at least one caption")
+    token_lists: list[tuple[str, ...]] = []
+    raws: list[str] = []
+    for k, sentence in enumerate(sentences):
+        if not isinstance(sentence, Mapping):
+            raise fail(f"sentences[{k}]", f"must be an object, got {type(sentence).__name__}")
+        tokens = sentence.get("tokens")
+        if not isinstance(tokens, list):
+            raise fail(f"sentences[{k}].tokens", "is missing or not a list")
+        if not tokens:
+            raise fail(f"sentences[{k}].tokens", "is empty")
+        for j, token in enumerate(tokens):
+            if not isinstance(token, str) or not token.strip():
+                raise fail(
+                    f"sentences[{k}].tokens[{j}]", f"must be a non-empty string, got {token!r}"
+                )
+        raw = sentence.get("raw")
+        if not isinstance(raw, str):
+            raise fail(f"sentences[{k}].raw", "is missing or not a string")
+        token_lists.append(tuple(token.lower() for token in tokens))
+        raws.append(raw)
+
+    return ImageEntry(
+        image_id=image_id,
+        path=image_root / filepath / filename,
+        split=_SPLIT_OF[split_name],
+        sentences=tuple(token_lists),
+        raws=tuple(raws),
+    )
+
+
+def _require(record: Mapping, field: str, kind: type, fail) -> Any:
+    if field not in record:
+        raise fail(field, "is missing")
+    value = record[field]
+    # bool is an int subclass, but True is never a valid image id.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise fail(field, f"must be of type {kind.__name__}, got {value!r}")
+    return value
