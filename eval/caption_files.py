@@ -1,0 +1,105 @@
+"""Reading caption files for scoring: COCO results, COCO caption annotations, Karpathy JSON."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+
+class CaptionFileError(ValueError):
+    """A results or references file is malformed; the message names the file and entry."""
+
+
+def _read_json(path: Path, what: str) -> Any:
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} file not found: {path}")
+    try:
+        with path.open(encoding="utf-8") as handle:
+            return json.load(handle)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CaptionFileError(f"{path}: not valid JSON ({exc})") from exc
+
+
+def _image_id(value: Any, path: Path, index: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CaptionFileError(f"{path}: entry {index}: image_id must be an integer, got {value!r}")
+    return value
+
+
+def load_results(path: str | Path) -> dict[int, str]:
+    """``[{"image_id": int, "caption": str}, ...]`` (COCO results format) -> {id: caption}.
+
+    Raises CaptionFileError for a wrong structure, listing duplicate image ids if any."""
+    path = Path(path)
+    data = _read_json(path, "results")
+    if not isinstance(data, list):
+        raise CaptionFileError(
+            f"{path}: COCO results must be a list of {{'image_id', 'caption'}} objects, "
+            f"got {type(data).__name__}"
+        )
+    results: dict[int, str] = {}
+    for index, entry in enumerate(data):
+        if not isinstance(entry, dict) or "image_id" not in entry or "caption" not in entry:
+            raise CaptionFileError(
+                f"{path}: entry {index} must have 'image_id' and 'caption', got {entry!r:.200}"
+            )
+        if not isinstance(entry["caption"], str):
+            raise CaptionFileError(
+                f"{path}: entry {index}: caption must be a string, got {entry['caption']!r:.200}"
+            )
+        results.setdefault(_image_id(entry["image_id"], path, index), entry["caption"])
+    counts = Counter(entry["image_id"] for entry in data)
+    duplicates = sorted(image_id for image_id, n in counts.items() if n > 1)
+    if duplicates:
+        raise CaptionFileError(
+            f"{path}: {len(duplicates)} image ids have more than one caption "
+            f"(first: {duplicates[:10]}); keep one caption per image"
+        )
+    return results
+
+
+def _coco_references(path: Path, data: dict[str, Any]) -> dict[int, list[str]]:
+    references: dict[int, list[str]] = {}
+    for index, ann in enumerate(data["annotations"]):
+        if not isinstance(ann, dict) or "image_id" not in ann or "caption" not in ann:
+            raise CaptionFileError(
+                f"{path}: annotations[{index}] must have 'image_id' and 'caption'"
+            )
+        if not isinstance(ann["caption"], str):
+            raise CaptionFileError(f"{path}: annotations[{index}]: caption must be a string")
+        references.setdefault(_image_id(ann["image_id"], path, index), []).append(ann["caption"])
+    return references
+
+
+def load_references(path: str | Path, split: str | None = None) -> dict[int, list[str]]:
+    """{image_id: [reference caption, ...]} from a COCO captions annotation file
+    (``{"annotations": [{"image_id", "caption"}], ...}``) or, with ``split``, a Karpathy JSON
+    (``{"images": [{"sentences": ...}]}``, read by ``data_prep.karpathy.load_karpathy``; the
+    raw sentences are used, as pycocoevalcap tokenizes them itself)."""
+    path = Path(path)
+    data = _read_json(path, "references")
+    if isinstance(data, dict) and "annotations" in data:
+        if split is not None:
+            raise CaptionFileError(
+                f"{path}: a COCO captions file has no splits; drop --split {split}"
+            )
+        return _coco_references(path, data)
+    if isinstance(data, dict) and "images" in data:
+        if split is None:
+            raise CaptionFileError(f"{path}: a Karpathy JSON needs --split (train, val or test)")
+        from data_prep.karpathy import load_karpathy
+
+        return {
+            entry.image_id: list(entry.raws)
+            for entry in load_karpathy(path, path.parent).split(split)
+        }
+    raise CaptionFileError(
+        f"{path}: neither a COCO captions file ('annotations') nor a Karpathy JSON ('images')"
+    )
+
+
+def empty_caption_ids(captions: dict[int, str]) -> list[int]:
+    """Ids whose caption has no visible characters."""
+    return sorted(image_id for image_id, caption in captions.items() if not caption.strip())

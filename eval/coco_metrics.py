@@ -1,0 +1,136 @@
+"""The coco-caption metrics (Bleu_1..4, METEOR, ROUGE_L, CIDEr, SPICE) through pycocoevalcap.
+
+Follows ``pycocoevalcap.eval.COCOEvalCap.evaluate``: PTB-tokenize hypotheses and references
+(:mod:`eval.ptb`, sanitized, in a temporary directory), then call pycocoevalcap's scorers on
+the tokenized captions; SPICE runs through :mod:`eval.spice` (Java 17 ready). CIDEr here is
+pycocoevalcap's ``Cider`` (CIDEr-D, document frequencies from the evaluated references), so a
+single image scores 0 by construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+METRICS: tuple[str, ...] = ("Bleu", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
+BLEU_KEYS: tuple[str, ...] = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4")
+
+
+@dataclass
+class CaptionScores:
+    """``corpus[name]``: corpus score under pycocoevalcap's method name (Bleu_1..Bleu_4,
+    METEOR, ROUGE_L, CIDEr, SPICE), raw (not x100); ``per_image[image_id][name]``: the
+    per-image score; ``tokenized``: the PTB-tokenized hypotheses and references used."""
+
+    corpus: dict[str, float]
+    per_image: dict[int, dict[str, float]]
+    tokenized_hypotheses: dict[int, str] = field(default_factory=dict)
+    tokenized_references: dict[int, list[str]] = field(default_factory=dict)
+
+
+def _check_inputs(hypotheses: Mapping[int, str], references: Mapping[int, Sequence[str]]) -> None:
+    if not hypotheses:
+        raise ValueError("no hypotheses to score")
+    only_hyp = sorted(set(hypotheses) - set(references))
+    only_ref = sorted(set(references) - set(hypotheses))
+    if only_hyp or only_ref:
+        raise ValueError(
+            f"image ids differ: {len(only_hyp)} with a hypothesis but no references "
+            f"(first: {only_hyp[:5]}), {len(only_ref)} with references but no hypothesis "
+            f"(first: {only_ref[:5]})"
+        )
+    for image_id, refs in references.items():
+        if isinstance(refs, str) or len(refs) == 0:
+            raise ValueError(f"image {image_id}: references must be a non-empty list of str")
+
+
+def _check_metrics(metrics: Sequence[str]) -> None:
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown:
+        raise ValueError(f"unknown metrics {unknown}; valid: {', '.join(METRICS)}")
+
+
+def tokenize_for_scoring(
+    hypotheses: Mapping[int, str], references: Mapping[int, Sequence[str]]
+) -> tuple[dict[int, str], dict[int, list[str]]]:
+    """PTB-tokenize hypotheses and references in one JVM (image order of ``hypotheses``)."""
+    from eval.ptb import ptb_tokenize
+
+    joint = {("hyp", i): [hypotheses[i]] for i in hypotheses}
+    joint.update({("ref", i): list(references[i]) for i in hypotheses})
+    tokenized = ptb_tokenize(joint)
+    return (
+        {i: tokenized[("hyp", i)][0] for i in hypotheses},
+        {i: tokenized[("ref", i)] for i in hypotheses},
+    )
+
+
+def _meteor(gts: dict[int, list[str]], res: dict[int, list[str]]) -> tuple[float, list[float]]:
+    """pycocoevalcap's METEOR, with its JVM always stopped (its __del__ deadlocks on the lock
+    if scoring raised, which leaves the interpreter hanging at exit)."""
+    from pycocoevalcap.meteor.meteor import Meteor
+
+    meteor = Meteor()
+    try:
+        return meteor.compute_score(gts, res)
+    finally:
+        if meteor.lock.locked():
+            meteor.lock.release()
+        meteor.meteor_p.kill()
+        meteor.meteor_p.wait()
+
+
+def score_captions(
+    hypotheses: Mapping[int, str],
+    references: Mapping[int, Sequence[str]],
+    metrics: Sequence[str] = METRICS,
+    *,
+    spice_install=None,
+    spice_timeout: float | None = None,
+) -> CaptionScores:
+    """Score ``hypotheses[image_id]`` against ``references[image_id]`` (raw captions).
+
+    ``metrics`` picks among "Bleu" (gives Bleu_1..Bleu_4), "METEOR", "ROUGE_L", "CIDEr",
+    "SPICE". Both mappings must have the same ids and every image at least one reference.
+    SPICE needs ``captioner fetch-spice`` first (SpiceJarsError otherwise, checked before any
+    other metric runs). ``spice_install`` overrides the installation found in the cache."""
+    _check_metrics(metrics)
+    _check_inputs(hypotheses, references)
+    if "SPICE" in metrics and spice_install is None:
+        from eval.spice_jars import locate_spice
+
+        spice_install = locate_spice()
+    hyps, refs = tokenize_for_scoring(hypotheses, references)
+    res = {i: [hyps[i]] for i in hyps}
+    gts = {i: refs[i] for i in hyps}
+    ids = list(gts)
+    corpus: dict[str, float] = {}
+    per_image: dict[int, dict[str, float]] = {i: {} for i in ids}
+
+    def record(name: str, score: float, scores: Sequence[float]) -> None:
+        corpus[name] = float(score)
+        for image_id, value in zip(ids, scores, strict=True):
+            per_image[image_id][name] = float(value)
+
+    if "Bleu" in metrics:
+        from pycocoevalcap.bleu.bleu import Bleu
+
+        score, scores = Bleu(4).compute_score(gts, res, verbose=0)
+        for name, s, ss in zip(BLEU_KEYS, score, scores, strict=True):
+            record(name, s, ss)
+    if "METEOR" in metrics:
+        record("METEOR", *_meteor(gts, res))
+    if "ROUGE_L" in metrics:
+        from pycocoevalcap.rouge.rouge import Rouge
+
+        record("ROUGE_L", *Rouge().compute_score(gts, res))
+    if "CIDEr" in metrics:
+        from pycocoevalcap.cider.cider import Cider
+
+        record("CIDEr", *Cider().compute_score(gts, res))
+    if "SPICE" in metrics:
+        from eval.spice import spice_scores
+
+        score, details = spice_scores(hyps, gts, install=spice_install, timeout=spice_timeout)
+        record("SPICE", score, [details[i]["All"]["f"] for i in ids])
+    return CaptionScores(corpus, per_image, hyps, gts)

@@ -1,0 +1,45 @@
+"""``captioner fetch-spice``: install the jars SPICE needs on Java 17 (see eval.spice_jars)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HELP = "download and verify the Stanford CoreNLP and Nashorn jars that SPICE needs"
+
+
+def main(argv: list[str]) -> int:
+    from eval.spice_jars import SpiceJarsError, default_maven_repo, fetch_spice, spice_cache_dir
+
+    parser = argparse.ArgumentParser(prog="captioner fetch-spice", description=HELP)
+    parser.add_argument(
+        "--cache-dir",
+        help=f"where to install (default: $CAPTIONER_SPICE_DIR or {spice_cache_dir(None)})",
+    )
+    parser.add_argument(
+        "--maven-repo",
+        default=str(default_maven_repo()),
+        help="local Maven repository to take jars from first (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--no-mvn",
+        action="store_true",
+        help="never run 'mvn dependency:get'; download missing jars over HTTPS instead",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bars or log lines")
+    args = parser.parse_args(argv)
+
+    try:
+        install = fetch_spice(
+            args.cache_dir,
+            maven_repo=Path(args.maven_repo).expanduser(),
+            use_mvn=not args.no_mvn,
+            progress=not args.quiet,
+            log=(lambda _: None) if args.quiet else print,
+        )
+    except (SpiceJarsError, OSError) as exc:
+        print(f"captioner fetch-spice: {exc}", file=sys.stderr)
+        return 1
+    print(f"SPICE is ready in {install.root}")
+    return 0

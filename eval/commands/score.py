@@ -1,0 +1,126 @@
+"""``captioner score``: coco-caption metrics (SPICE included) and REP for a results file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HELP = "score a COCO results file: BLEU, METEOR, ROUGE_L, CIDEr, SPICE and REP"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="captioner score", description=HELP)
+    parser.add_argument(
+        "--results", required=True, help='COCO results JSON: [{"image_id": int, "caption": str}]'
+    )
+    parser.add_argument(
+        "--references",
+        required=True,
+        help="COCO captions annotation JSON, or a Karpathy JSON together with --split",
+    )
+    parser.add_argument("--split", help="split of a Karpathy references file (train/val/test)")
+    parser.add_argument(
+        "--metrics",
+        default="Bleu,METEOR,ROUGE_L,CIDEr,SPICE,REP",
+        help="comma-separated subset of Bleu,METEOR,ROUGE_L,CIDEr,SPICE,REP (default: all)",
+    )
+    parser.add_argument("--out", help="write METRICS.json here")
+    parser.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="score empty captions instead of refusing them (SPICE is then NaN for them)",
+    )
+    parser.add_argument(
+        "--spice-timeout", type=float, help="seconds before SPICE is stopped (default: scaled)"
+    )
+    return parser
+
+
+def check_coverage(hypotheses: dict[int, str], references: dict[int, list[str]]) -> list[str]:
+    """Problems that stop scoring: ids in one file and not the other."""
+    problems = []
+    only_results = sorted(set(hypotheses) - set(references))
+    only_refs = sorted(set(references) - set(hypotheses))
+    if only_results:
+        problems.append(
+            f"{len(only_results)} image ids are in the results but not in the references "
+            f"(first: {only_results[:10]})"
+        )
+    if only_refs:
+        problems.append(
+            f"{len(only_refs)} image ids of the references have no caption in the results "
+            f"(first: {only_refs[:10]})"
+        )
+    return problems
+
+
+def metrics_document(scores, *, results: str, references: str, split: str | None) -> dict:
+    """METRICS.json content: raw corpus scores under pycocoevalcap's names (+ REP), then
+    ``per_image`` (keys are image ids as strings) and ``info``."""
+    return {
+        **scores.corpus,
+        "per_image": {str(i): s for i, s in scores.per_image.items()},
+        "info": {
+            "results": results,
+            "references": references,
+            "split": split,
+            "num_images": len(scores.per_image),
+        },
+    }
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    from eval.caption_files import (
+        CaptionFileError,
+        empty_caption_ids,
+        load_references,
+        load_results,
+    )
+    from eval.java_tools import JavaToolError
+    from eval.scoring import compute_metrics, parse_metrics
+    from eval.spice_jars import SpiceJarsError
+    from eval.table import format_table1
+
+    try:
+        metrics = parse_metrics(args.metrics)
+        hypotheses = load_results(args.results)
+        references = load_references(args.references, args.split)
+    except (CaptionFileError, FileNotFoundError, KeyError, ValueError) as exc:
+        print(f"captioner score: {exc}", file=sys.stderr)
+        return 2
+    problems = check_coverage(hypotheses, references)
+    empty = empty_caption_ids(hypotheses)
+    if empty and not args.allow_empty:
+        problems.append(
+            f"{len(empty)} captions in {args.results} are empty (image ids {empty[:10]}); "
+            "pass --allow-empty to score them anyway"
+        )
+    if problems:
+        print(f"captioner score: cannot score {args.results}:", file=sys.stderr)
+        for problem in problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 2
+    if empty:
+        print(f"warning: scoring {len(empty)} empty captions (image ids {empty[:10]})")
+    try:
+        scores = compute_metrics(hypotheses, references, metrics, spice_timeout=args.spice_timeout)
+    except (SpiceJarsError, JavaToolError, RuntimeError, ValueError) as exc:
+        print(f"captioner score: {exc}", file=sys.stderr)
+        return 1
+    print(f"{len(hypotheses)} images")
+    for name, value in scores.corpus.items():
+        print(f"{name:>8}: {value:.4f}")
+    print()
+    print(format_table1({Path(args.results).stem: scores.corpus}))
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        document = metrics_document(
+            scores, results=args.results, references=args.references, split=args.split
+        )
+        out.write_text(json.dumps(document, indent=2, allow_nan=True) + "\n", encoding="utf-8")
+        print(f"\nwrote {out}")
+    return 0

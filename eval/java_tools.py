@@ -1,0 +1,68 @@
+"""Running the Java programs behind the coco-caption metrics (PTB tokenizer, SPICE)."""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+
+class JavaToolError(RuntimeError):
+    """A Java tool is missing, failed, or timed out; the message carries Java's stderr."""
+
+
+def java_executable() -> str:
+    """Path of ``java`` on PATH, or JavaToolError explaining how to get one."""
+    java = shutil.which("java")
+    if java is None:
+        raise JavaToolError(
+            "'java' was not found on PATH; the coco-caption metrics (PTB tokenizer, METEOR, "
+            "SPICE) need a Java runtime, e.g. 'apt-get install openjdk-17-jre-headless'."
+        )
+    return java
+
+
+@functools.cache
+def java_major_version() -> int:
+    """Feature version of the Java runtime on PATH (8 for 1.8.0_x, 17 for 17.0.x)."""
+    proc = subprocess.run(
+        [java_executable(), "-version"], capture_output=True, text=True, timeout=60
+    )
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', proc.stderr)
+    if proc.returncode != 0 or match is None:
+        raise JavaToolError(f"could not read the Java version from 'java -version':\n{proc.stderr}")
+    major, minor = int(match.group(1)), int(match.group(2) or 0)
+    return minor if major == 1 else major
+
+
+def _tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def run_java(
+    args: Sequence[str], *, tool: str, cwd: Path, timeout: float | None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``java ARGS`` in ``cwd`` and return the finished process (stdout/stderr as text).
+
+    Raises JavaToolError naming ``tool`` with the tail of Java's stderr when the exit status
+    is not 0, and when ``timeout`` seconds pass (the JVM is killed then)."""
+    cmd = [java_executable(), *args]
+    try:
+        proc = subprocess.run(
+            cmd, cwd=cwd, capture_output=True, text=True, encoding="utf-8", timeout=timeout
+        )
+    except subprocess.TimeoutExpired as exc:
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
+        raise JavaToolError(
+            f"{tool} did not finish within {timeout:.0f} s and was stopped.\n"
+            f"command: {' '.join(cmd)}\nJava stderr (last lines):\n{_tail(stderr or '')}"
+        ) from exc
+    if proc.returncode != 0:
+        raise JavaToolError(
+            f"{tool} failed with exit status {proc.returncode}.\n"
+            f"command: {' '.join(cmd)}\nJava stderr (last lines):\n{_tail(proc.stderr)}"
+        )
+    return proc

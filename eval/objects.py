@@ -1,0 +1,296 @@
+"""Object mentions and attention precision (paper section 4, "object detection").
+
+With COCO-format instance annotations (read with pycocotools), a caption *mentions* a
+category when it contains one of the category's words (:data:`COCO_CATEGORY_WORDS` for the 80
+COCO categories, ``data_prep.synthetic.CATEGORY_WORDS`` for the synthetic shapes), matched on
+lower-cased whitespace tokens, singular or regular plural (+s, +es, y -> ies); multi-word
+names ("teddy bear") match as consecutive tokens.
+
+- ``object_recall``: share of (image, annotated category) pairs whose category the caption
+  mentions.
+- ``object_precision``: share of (image, mentioned category) pairs that are annotated in the
+  image (1 - hallucination rate).
+- ``attention_precision``: for every word that names an annotated category (the last word of
+  a multi-word name), the share of that word's output attention mass inside the category's
+  mask (union of its instances), the mask downsampled to the attention grid by area (each
+  cell holds the fraction of its area covered, attention being spread evenly within a cell).
+  Averaged over all such words.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+# Words naming each COCO category: the category name plus common synonyms and hyponyms used in
+# COCO captions. Irregular plurals are listed; regular plurals are derived.
+COCO_CATEGORY_WORDS: dict[str, tuple[str, ...]] = {
+    "person": (
+        "person",
+        "people",
+        "man",
+        "men",
+        "woman",
+        "women",
+        "boy",
+        "girl",
+        "child",
+        "children",
+        "kid",
+        "player",
+        "guy",
+        "lady",
+        "ladies",
+        "baby",
+        "babies",
+        "skier",
+        "surfer",
+        "skateboarder",
+        "snowboarder",
+        "rider",
+        "adult",
+        "teenager",
+        "toddler",
+        "pedestrian",
+        "biker",
+        "batter",
+        "catcher",
+        "pitcher",
+        "umpire",
+    ),
+    "bicycle": ("bicycle", "bike", "cycle"),
+    "car": ("car", "taxi", "sedan", "suv", "automobile", "vehicle"),
+    "motorcycle": ("motorcycle", "motorbike", "motor bike", "scooter", "moped"),
+    "airplane": ("airplane", "plane", "jet", "aircraft", "airliner"),
+    "bus": ("bus", "buses", "busses"),
+    "train": ("train", "locomotive", "tram", "subway"),
+    "truck": ("truck", "pickup", "lorry"),
+    "boat": ("boat", "ship", "sailboat", "canoe", "kayak", "yacht", "ferry"),
+    "traffic light": ("traffic light", "stop light", "stoplight", "traffic signal"),
+    "fire hydrant": ("fire hydrant", "hydrant"),
+    "stop sign": ("stop sign",),
+    "parking meter": ("parking meter", "meter"),
+    "bench": ("bench", "benches"),
+    "bird": ("bird", "pigeon", "seagull", "gull", "duck", "goose", "geese", "parrot"),
+    "cat": ("cat", "kitten", "kitty"),
+    "dog": ("dog", "puppy", "puppies", "pup"),
+    "horse": ("horse", "pony", "ponies", "foal"),
+    "sheep": ("sheep", "lamb", "ram"),
+    "cow": ("cow", "cattle", "bull", "calf", "calves", "ox", "oxen"),
+    "elephant": ("elephant",),
+    "bear": ("bear", "grizzly"),
+    "zebra": ("zebra",),
+    "giraffe": ("giraffe",),
+    "backpack": ("backpack", "back pack", "rucksack"),
+    "umbrella": ("umbrella", "parasol"),
+    "handbag": ("handbag", "purse", "bag"),
+    "tie": ("tie", "necktie"),
+    "suitcase": ("suitcase", "luggage", "suit case"),
+    "frisbee": ("frisbee",),
+    "skis": ("skis", "ski"),
+    "snowboard": ("snowboard", "snow board"),
+    "sports ball": ("ball", "baseball", "football", "soccer ball", "tennis ball", "basketball"),
+    "kite": ("kite",),
+    "baseball bat": ("baseball bat", "bat"),
+    "baseball glove": ("baseball glove", "glove", "mitt"),
+    "skateboard": ("skateboard", "skate board"),
+    "surfboard": ("surfboard", "surf board", "board"),
+    "tennis racket": ("tennis racket", "racket", "racquet"),
+    "bottle": ("bottle",),
+    "wine glass": ("wine glass", "wine glasses", "glass", "glasses"),
+    "cup": ("cup", "mug"),
+    "fork": ("fork",),
+    "knife": ("knife", "knives"),
+    "spoon": ("spoon",),
+    "bowl": ("bowl",),
+    "banana": ("banana",),
+    "apple": ("apple",),
+    "sandwich": ("sandwich", "burger", "sub"),
+    "orange": ("orange",),
+    "broccoli": ("broccoli",),
+    "carrot": ("carrot",),
+    "hot dog": ("hot dog", "hotdog"),
+    "pizza": ("pizza",),
+    "donut": ("donut", "doughnut"),
+    "cake": ("cake", "cupcake"),
+    "chair": ("chair", "stool"),
+    "couch": ("couch", "sofa"),
+    "potted plant": ("potted plant", "plant", "houseplant", "flower pot"),
+    "bed": ("bed",),
+    "dining table": ("dining table", "table", "desk"),
+    "toilet": ("toilet",),
+    "tv": ("tv", "television", "monitor", "screen"),
+    "laptop": ("laptop", "computer", "notebook"),
+    "mouse": ("mouse", "mice"),
+    "remote": ("remote", "controller", "remote control"),
+    "keyboard": ("keyboard",),
+    "cell phone": ("cell phone", "phone", "cellphone", "smartphone", "mobile phone"),
+    "microwave": ("microwave",),
+    "oven": ("oven", "stove"),
+    "toaster": ("toaster",),
+    "sink": ("sink",),
+    "refrigerator": ("refrigerator", "fridge"),
+    "book": ("book", "novel"),
+    "clock": ("clock",),
+    "vase": ("vase",),
+    "scissors": ("scissors",),
+    "teddy bear": ("teddy bear", "teddy", "stuffed animal", "stuffed bear"),
+    "hair drier": ("hair drier", "hair dryer", "hairdryer", "blow dryer"),
+    "toothbrush": ("toothbrush", "tooth brush"),
+}
+
+
+def _inflections(word: str) -> set[str]:
+    forms = {word, word + "s", word + "es"}
+    if word.endswith("y") and len(word) > 1 and word[-2] not in "aeiou":
+        forms.add(word[:-1] + "ies")
+    return forms
+
+
+def category_words_for(names: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """Synonym lists for the categories ``names`` (COCO or synthetic); KeyError naming those
+    without one."""
+    from data_prep.synthetic import CATEGORY_WORDS
+
+    tables = {**CATEGORY_WORDS, **COCO_CATEGORY_WORDS}
+    missing = [n for n in names if n not in tables]
+    if missing:
+        raise KeyError(f"no synonym list for categories {missing} (known: COCO and synthetic)")
+    return {n: tables[n] for n in names}
+
+
+def mentions(
+    tokens: Sequence[str], category_words: Mapping[str, Sequence[str]]
+) -> dict[str, list[int]]:
+    """Categories named in ``tokens`` (lower-cased words) -> positions of the naming words
+    (the last word of a multi-word name). Longer names win over their parts ("teddy bear"
+    is not also a "bear")."""
+    phrases = sorted(
+        (
+            (tuple(form.split()[:-1]) + (last,), category)
+            for category, words in category_words.items()
+            for form in words
+            for last in _inflections(form.split()[-1])
+        ),
+        key=lambda item: -len(item[0]),
+    )
+    lowered = [t.lower() for t in tokens]
+    taken = [False] * len(lowered)
+    found: dict[str, list[int]] = {}
+    for phrase, category in phrases:
+        n = len(phrase)
+        for start in range(len(lowered) - n + 1):
+            span = range(start, start + n)
+            if tuple(lowered[start : start + n]) == phrase and not any(taken[i] for i in span):
+                for i in span:
+                    taken[i] = True
+                found.setdefault(category, []).append(start + n - 1)
+    return {category: sorted(positions) for category, positions in found.items()}
+
+
+def area_weights(n_out: int, n_in: int) -> np.ndarray:
+    """(n_out, n_in) matrix: row i holds the fraction of output cell i covered by each input
+    pixel (cells of n_in / n_out pixels, fractional at their borders); rows sum to 1."""
+    edges = np.linspace(0.0, n_in, n_out + 1)
+    pixel = np.arange(n_in)
+    overlap = np.clip(
+        np.minimum(edges[1:, None], pixel[None, :] + 1)
+        - np.maximum(edges[:-1, None], pixel[None, :]),
+        0.0,
+        None,
+    )
+    return overlap / (n_in / n_out)
+
+
+def downsample_mask(mask: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """Fraction of each cell of an (h, w) grid covered by the binary (H, W) ``mask``."""
+    rows = area_weights(grid[0], mask.shape[0])
+    cols = area_weights(grid[1], mask.shape[1])
+    return rows @ mask.astype(np.float64) @ cols.T
+
+
+@dataclass
+class InstanceAnnotations:
+    """COCO instance annotations: annotated categories and their masks per image."""
+
+    coco: object  # pycocotools.coco.COCO
+    path: Path
+
+    @classmethod
+    def load(cls, path: str | Path) -> InstanceAnnotations:
+        from pycocotools.coco import COCO
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"instances file not found: {path}")
+        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
+            coco = COCO(str(path))
+        return cls(coco, path)
+
+    @property
+    def category_names(self) -> list[str]:
+        return [c["name"] for c in self.coco.loadCats(self.coco.getCatIds())]
+
+    def has_image(self, image_id: int) -> bool:
+        return image_id in self.coco.imgs
+
+    def categories(self, image_id: int) -> set[str]:
+        anns = self.coco.loadAnns(self.coco.getAnnIds(imgIds=[image_id], iscrowd=None))
+        return {self.coco.cats[a["category_id"]]["name"] for a in anns}
+
+    def mask(self, image_id: int, category: str, grid: tuple[int, int]) -> np.ndarray:
+        """Area fraction (h, w) float64 of each grid cell covered by ``category`` in the image."""
+        cat_ids = self.coco.getCatIds(catNms=[category])
+        anns = self.coco.loadAnns(self.coco.getAnnIds(imgIds=[image_id], catIds=cat_ids))
+        info = self.coco.imgs[image_id]
+        union = np.zeros((info["height"], info["width"]), dtype=bool)
+        for ann in anns:
+            union |= self.coco.annToMask(ann).astype(bool)
+        return downsample_mask(union, grid)
+
+
+def object_statistics(
+    captions: Mapping[int, Sequence[str]],
+    attention: Mapping[int, Tensor],
+    annotations: InstanceAnnotations,
+) -> dict[str, float]:
+    """Object recall/precision and attention precision (see the module docstring) over
+    ``captions[image_id]`` (token lists) with their output ``attention[image_id]`` (T, h, w),
+    T = len(tokens). Images missing from the annotations raise KeyError naming the file."""
+    words = category_words_for(annotations.category_names)
+    annotated_total = mentioned_total = hits_recall = hits_precision = 0
+    inside: list[float] = []
+    for image_id, tokens in captions.items():
+        if not annotations.has_image(image_id):
+            raise KeyError(f"image {image_id} is not in the instances file {annotations.path}")
+        maps = attention[image_id]
+        if maps.shape[0] != len(tokens):
+            raise ValueError(
+                f"image {image_id}: {maps.shape[0]} attention maps for {len(tokens)} tokens"
+            )
+        truth = annotations.categories(image_id)
+        named = mentions(tokens, words)
+        annotated_total += len(truth)
+        mentioned_total += len(named)
+        hits_recall += len(truth & named.keys())
+        hits_precision += len(named.keys() & truth)
+        grid = (int(maps.shape[-2]), int(maps.shape[-1]))
+        for category in named.keys() & truth:
+            mask = torch.from_numpy(annotations.mask(image_id, category, grid))
+            positions = named[category]
+            mass = (maps[positions].to(torch.float64) * mask).sum(dim=(-2, -1))
+            inside.extend(mass.tolist())
+    nan = float("nan")
+    return {
+        "object_recall": hits_recall / annotated_total if annotated_total else nan,
+        "object_precision": hits_precision / mentioned_total if mentioned_total else nan,
+        "attention_precision": float(np.mean(inside)) if inside else nan,
+        "attention_precision_words": float(len(inside)),
+    }
