@@ -300,8 +300,8 @@ def beam_search(
         pool.add(
             image_idx,
             history[rows],
-            output_next[rows],
-            input_next[rows],
+            output_history[rows],
+            input_history[rows],
             top_scores[image_idx, cand_idx],
             t + 1,
         )

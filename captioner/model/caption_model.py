@@ -36,19 +36,21 @@ class CaptionModel(nn.Module):
                 (float16 from the cache is promoted to float32).
         """
         channels = self.decoder.feature_channels
-        if inputs.dim() == 4 and inputs.shape[-1] == channels and inputs.shape[1] != 3:
-            return inputs.float()
-        if inputs.dim() == 4 and inputs.shape[1] == 3:
+        if inputs.dim() != 4 or (inputs.shape[1] != 3 and inputs.shape[-1] != channels):
+            raise ValueError(
+                f"CaptionModel expects images (B, 3, H, W) or cached features "
+                f"(B, h, w, {channels}), got shape {tuple(inputs.shape)}"
+            )
+        # (B, 3, X, channels) fits both layouts. ResNets downsample by 32, so a grid dimension
+        # X >= 32 would need an image over 1000 pixels wide: such a tensor is an image batch.
+        if inputs.shape[1] == 3 and (inputs.shape[-1] != channels or inputs.shape[2] >= 32):
             if self.encoder is None:
                 raise ValueError(
                     "CaptionModel was built without an encoder and got images of shape "
                     f"{tuple(inputs.shape)}; pass cached features (B, h, w, {channels})"
                 )
             return self.encoder(inputs)
-        raise ValueError(
-            f"CaptionModel expects images (B, 3, H, W) or cached features (B, h, w, {channels}), "
-            f"got shape {tuple(inputs.shape)}"
-        )
+        return inputs.float()
 
     def forward(self, inputs: Tensor, captions: Tensor) -> DecoderOutput:
         """Teacher-forced decoding of ``captions`` ``(B, L)`` long; see AttentionDecoder.forward."""

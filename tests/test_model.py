@@ -1,0 +1,194 @@
+"""Decoder, additive attention and CaptionModel: shapes, attention weights, teacher forcing."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from captioner.losses import caption_loss
+from captioner.model import (
+    AdditiveAttention,
+    AttentionDecoder,
+    CaptionModel,
+    DecoderOutput,
+    build_encoder,
+)
+
+VOCAB, CHANNELS, GRID = 30, 24, (3, 4)
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    """Tiny models run faster on one thread, and the test machine's cores are shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tvmax_available() -> bool:
+    try:
+        importlib.import_module("captioner.attention.tvmax")
+    except ImportError:
+        return False
+    return True
+
+
+ATTENTION_PAIRS = [
+    ("softmax", "softmax"),
+    ("softmax", "sparsemax"),
+    ("sparsemax", "entmax15"),
+    pytest.param(
+        "softmax",
+        "tvmax",
+        marks=pytest.mark.skipif(not tvmax_available(), reason="tvmax not installed yet"),
+    ),
+]
+
+
+def small_decoder(
+    input_attention="softmax", output_attention="softmax", channels=CHANNELS, **kwargs
+):
+    torch.manual_seed(0)
+    settings = dict(feature_dim=16, embed_dim=8, hidden_dim=16, attention_dim=12, dropout=0.0)
+    settings.update(kwargs)
+    return AttentionDecoder(
+        VOCAB,
+        channels,
+        input_attention=input_attention,
+        output_attention=output_attention,
+        **settings,
+    )
+
+
+def random_batch(batch=3, length=6, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    features = torch.randn(batch, *GRID, CHANNELS, generator=generator)
+    captions = torch.randint(3, VOCAB, (batch, length), generator=generator)
+    captions[:, 0] = 1
+    return features, captions
+
+
+class GridSoftmax(torch.nn.Module):
+    """Softmax over a flattened grid, written here so the test does not rely on the registry."""
+
+    def forward(self, scores, mask=None):
+        return torch.softmax(scores.flatten(-2), -1).view_as(scores)
+
+
+def test_additive_attention_matches_concatenated_affine_form():
+    # Paper Sec. 3: z_i = w^T tanh(W [v_i; h] + b), computed here with an explicit
+    # concatenation and the two halves of W put side by side.
+    torch.manual_seed(0)
+    module = AdditiveAttention(5, 7, 4, GridSoftmax())
+    values, query = torch.randn(2, 6, 5), torch.randn(2, 7)
+    context, weights = module(module.keys(values), values, query, (2, 3))
+
+    weight = torch.cat([module.key_projection.weight, module.query_projection.weight], dim=1)
+    joint = torch.cat([values, query.unsqueeze(1).expand(2, 6, 7)], dim=-1)
+    scores = torch.tanh(joint @ weight.T + module.key_projection.bias) @ module.score.weight[0]
+    expected = torch.softmax(scores, dim=-1)
+    torch.testing.assert_close(weights, expected.view(2, 2, 3))
+    torch.testing.assert_close(context, torch.einsum("bk,bkg->bg", expected, values))
+
+
+@pytest.mark.parametrize(("input_attention", "output_attention"), ATTENTION_PAIRS)
+def test_decoder_shapes_and_attention_weights(input_attention, output_attention):
+    decoder = small_decoder(input_attention, output_attention)
+    features, captions = random_batch()
+    output = decoder(features, captions)
+    assert isinstance(output, DecoderOutput)
+    assert output.scores.shape == (3, 6, VOCAB)
+    for maps in (output.output_attention, output.input_attention):
+        assert maps.shape == (3, 6, *GRID)
+        assert (maps >= 0).all()
+        torch.testing.assert_close(maps.sum(dim=(-2, -1)), torch.ones(3, 6))
+    assert decoder.input_attention.mapping.is_sparse == (input_attention != "softmax")
+    assert decoder.output_attention.mapping.is_sparse == (output_attention != "softmax")
+
+
+def test_sparse_attention_gives_exact_zeros_and_softmax_none():
+    decoder = small_decoder("softmax", "sparsemax")
+    # Large features make the scores spread widely, so sparsemax leaves cells out.
+    features, captions = random_batch(batch=4)
+    output = decoder(features * 20, captions)
+    assert (output.output_attention == 0).any()
+    assert (output.input_attention > 0).all()
+
+
+def test_step_by_step_equals_teacher_forcing():
+    decoder = small_decoder("softmax", "sparsemax").eval()
+    features, captions = random_batch()
+    output = decoder(features, captions)
+    encoded = decoder.encode(features)
+    state = decoder.initial_state(encoded)
+    for t in range(captions.shape[1]):
+        step = decoder.step(encoded, state, captions[:, t])
+        state = step.state
+        torch.testing.assert_close(step.scores, output.scores[:, t])
+        torch.testing.assert_close(step.output_attention, output.output_attention[:, t])
+        torch.testing.assert_close(step.input_attention, output.input_attention[:, t])
+
+
+def test_decoder_rejects_bad_shapes_and_names():
+    decoder = small_decoder()
+    features, captions = random_batch()
+    with pytest.raises(ValueError, match=r"grid features \(B, H, W, 24\)"):
+        decoder(features[..., :5], captions)
+    with pytest.raises(ValueError, match="captions"):
+        decoder(features, captions[0])
+    with pytest.raises(ValueError, match="torch.long"):
+        decoder(features, captions.float())
+    with pytest.raises(ValueError, match="unknown attention mapping 'nope'"):
+        small_decoder(output_attention="nope")
+    with pytest.raises(ValueError, match="dropout"):
+        small_decoder(dropout=1.5)
+
+
+@pytest.mark.parametrize(
+    ("input_attention", "output_attention", "output_mapping"),
+    [
+        ("softmax", "softmax", "softmax"),
+        ("softmax", "sparsemax", "sparsemax"),
+        ("sparsemax", "entmax15", "entmax15"),
+    ],
+)
+def test_teacher_forced_loss_decreases(input_attention, output_attention, output_mapping):
+    decoder = small_decoder(input_attention, output_attention)
+    features, captions = random_batch(batch=4, length=7)
+    captions[2:, 5:] = 0  # padded captions
+    optimizer = torch.optim.Adam(decoder.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(40):
+        output = decoder(features, captions[:, :-1])
+        loss = caption_loss(output.scores, captions[:, 1:], output_mapping=output_mapping)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.25 * losses[0], losses
+
+
+def test_caption_model_accepts_images_and_cached_features():
+    encoder = build_encoder("resnet18", weights=None)
+    decoder = small_decoder(channels=encoder.channels)
+    model = CaptionModel(encoder, decoder).eval()
+    images = torch.randn(2, 3, 96, 128)
+    captions = torch.randint(3, VOCAB, (2, 4))
+    from_images = model(images, captions)
+    assert from_images.output_attention.shape == (2, 4, 3, 4)
+
+    cached = encoder(images).half()
+    from_cache = model(cached, captions)
+    assert from_cache.scores.dtype == torch.float32
+    torch.testing.assert_close(
+        from_cache.output_attention, from_images.output_attention, atol=2e-3, rtol=0
+    )
+    with pytest.raises(ValueError, match=r"images \(B, 3, H, W\) or cached features"):
+        model(torch.randn(2, 4, 4, 7), captions)
+    with pytest.raises(ValueError, match="without an encoder"):
+        CaptionModel(None, decoder)(images, captions)
+    with pytest.raises(ValueError, match="512 channels"):
+        CaptionModel(encoder, small_decoder())
