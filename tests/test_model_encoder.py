@@ -1,0 +1,125 @@
+"""ResNet grid encoder: grid shapes, frozen/fine-tuned modes, weights from files, cache, offline."""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+
+import pytest
+import torch
+import torchvision
+
+from captioner.model import EncoderWeightsError, build_encoder
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    """ResNet-18 on one thread is quick, and the test machine's cores are shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def hub_dir(tmp_path, monkeypatch):
+    """An empty torch hub cache; downloads fail as on an offline machine."""
+    previous = torch.hub.get_dir()
+    torch.hub.set_dir(str(tmp_path / "hub"))
+
+    def offline(url, *args, **kwargs):
+        raise urllib.error.URLError("network is unreachable")
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
+    yield tmp_path / "hub"
+    torch.hub.set_dir(previous)
+
+
+def resnet18_state(seed: int) -> dict[str, torch.Tensor]:
+    torch.manual_seed(seed)
+    return torchvision.models.resnet18(weights=None).state_dict()
+
+
+def test_grid_shape_and_channels():
+    encoder = build_encoder("resnet18")
+    features = encoder(torch.randn(1, 3, 256, 256))
+    assert features.shape == (1, 8, 8, 512) and encoder.channels == 512
+    assert build_encoder("resnet50").channels == 2048
+
+
+def test_frozen_encoder_keeps_batch_norm_in_eval_and_builds_no_graph():
+    encoder = build_encoder("resnet18", trainable=False).train()
+    assert not any(m.training for m in encoder.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    assert not any(p.requires_grad for p in encoder.parameters())
+    assert not encoder(torch.randn(1, 3, 64, 64)).requires_grad
+
+
+def test_trainable_encoder_gets_gradients():
+    encoder = build_encoder("resnet18", trainable=True).train()
+    encoder(torch.randn(2, 3, 64, 64)).sum().backward()
+    assert encoder.trunk[0].weight.grad is not None
+    assert encoder.trunk[1].training
+
+
+def test_local_state_dict_file_is_loaded(tmp_path):
+    state = resnet18_state(seed=3)
+    path = tmp_path / "resnet18.pth"
+    torch.save(state, path)
+    encoder = build_encoder("resnet18", weights=str(path))
+    torch.testing.assert_close(encoder.trunk[0].weight, state["conv1.weight"])
+    torch.testing.assert_close(
+        encoder.trunk[7][1].bn2.running_var, state["layer4.1.bn2.running_var"]
+    )
+
+    without_classifier = {k: v for k, v in state.items() if not k.startswith("fc.")}
+    torch.save(without_classifier, tmp_path / "trunk.pt")
+    encoder = build_encoder("resnet18", weights=tmp_path / "trunk.pt")
+    torch.testing.assert_close(encoder.trunk[0].weight, state["conv1.weight"])
+
+
+def test_bad_local_files_are_named(tmp_path):
+    with pytest.raises(EncoderWeightsError, match="missing.pt does not exist"):
+        build_encoder("resnet18", weights=str(tmp_path / "missing.pt"))
+    torch.save(resnet18_state(seed=0), tmp_path / "r18.pt")
+    with pytest.raises(EncoderWeightsError, match="r18.pt do not fit this architecture"):
+        build_encoder("resnet34", weights=str(tmp_path / "r18.pt"))
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(EncoderWeightsError, match="cannot read encoder weights file .*junk.pt"):
+        build_encoder("resnet18", weights=str(tmp_path / "junk.pt"))
+    torch.save([1, 2, 3], tmp_path / "list.pt")
+    with pytest.raises(EncoderWeightsError, match="list.pt does not hold a state_dict"):
+        build_encoder("resnet18", weights=str(tmp_path / "list.pt"))
+
+
+def test_named_weights_come_from_the_hub_cache(hub_dir):
+    url = torchvision.models.ResNet18_Weights.IMAGENET1K_V1.url
+    cached = hub_dir / "checkpoints" / os.path.basename(url)
+    cached.parent.mkdir(parents=True)
+    state = resnet18_state(seed=5)
+    torch.save(state, cached)
+    for name in ("IMAGENET1K_V1", "ResNet18_Weights.IMAGENET1K_V1", "DEFAULT"):
+        encoder = build_encoder("resnet18", weights=name)
+        torch.testing.assert_close(encoder.trunk[0].weight, state["conv1.weight"])
+
+
+def test_offline_without_cache_says_where_to_put_the_file(hub_dir):
+    url = torchvision.models.ResNet18_Weights.IMAGENET1K_V1.url
+    expected_path = hub_dir / "checkpoints" / os.path.basename(url)
+    with pytest.raises(EncoderWeightsError) as error:
+        build_encoder("resnet18", weights="ResNet18_Weights.IMAGENET1K_V1")
+    message = str(error.value)
+    assert str(expected_path) in message
+    assert url in message
+    assert "local state_dict file" in message
+    assert "network is unreachable" in message
+
+
+def test_unknown_names_are_rejected():
+    with pytest.raises(ValueError, match="unknown encoder arch 'resnet7'"):
+        build_encoder("resnet7")
+    with pytest.raises(ValueError, match="unknown weights 'IMAGENET9' for resnet18; valid: "):
+        build_encoder("resnet18", weights="IMAGENET9")
+    with pytest.raises(ValueError, match="do not belong to resnet18"):
+        build_encoder("resnet18", weights="ResNet50_Weights.IMAGENET1K_V2")
+    with pytest.raises(ValueError, match=r"images \(B, 3, H, W\)"):
+        build_encoder("resnet18")(torch.randn(1, 4, 32, 32))
