@@ -188,7 +188,7 @@ def render_strip(
                 parse_math=False)
     colorbar_ax = fig.add_subplot(grid[0, count])
     fig.colorbar(ScalarMappable(Normalize(0.0, vmax), COLORMAP), cax=colorbar_ax,
-                 label="attention weight (0: no colour)")
+                 label="attention weight (exactly 0: not coloured)")
     if title:
         fig.suptitle(title, parse_math=False)
     fig.savefig(path, bbox_inches="tight")
@@ -271,14 +271,18 @@ def sanitize(text: str, max_length: int = 60) -> str:
 
 
 def unique_stems(paths: Sequence[Path]) -> list[str]:
-    """Sanitized file stems, made unique deterministically by a short hash of the full path."""
-    stems = [sanitize(Path(p).stem) for p in paths]
-    counts: dict[str, int] = {}
-    for stem in stems:
-        counts[stem] = counts.get(stem, 0) + 1
+    """Sanitized file stems, made unique deterministically: a stem shared by several paths
+    gets its parent folder's name in front (``a/1.jpg`` -> ``a_1``), and if that is still
+    shared, a short hash of the full path behind."""
+    paths = [Path(p) for p in paths]
+    stems = [sanitize(p.stem) for p in paths]
+    stems = [
+        sanitize(f"{p.parent.name}_{p.stem}") if stems.count(stem) > 1 else stem
+        for stem, p in zip(stems, paths, strict=True)
+    ]
     return [
-        stem if counts[stem] == 1
-        else f"{stem}-{hashlib.sha1(str(p).encode()).hexdigest()[:8]}"
+        f"{stem}-{hashlib.sha1(str(p).encode()).hexdigest()[:8]}" if stems.count(stem) > 1
+        else stem
         for stem, p in zip(stems, paths, strict=True)
     ]
 

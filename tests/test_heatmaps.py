@@ -155,7 +155,9 @@ def test_record_rejects_mismatched_tokens(tmp_path):
 def test_file_names_are_sanitized_and_deterministic(tmp_path):
     assert sanitize('<script>alert("x")</script>') == "script_alert_x_script"
     assert word_figure_name(3, "dog's") == "03_dog_s.png"
-    paths = [tmp_path / "a" / "1.jpg", tmp_path / "b" / "1.jpg", tmp_path / "c d.png"]
+    paths = [tmp_path / "a" / "1.jpg", tmp_path / "b" / "1.jpg", tmp_path / "c d.png",
+             tmp_path / "a" / "1.png"]
     stems = unique_stems(paths)
     assert stems == unique_stems(paths)
-    assert stems[2] == "c_d" and stems[0] != stems[1] and stems[0].startswith("1-")
+    assert stems[1:3] == ["b_1", "c_d"]
+    assert stems[0].startswith("a_1-") and stems[3].startswith("a_1-") and stems[0] != stems[3]
