@@ -108,7 +108,8 @@ class FeatureCacheWriter:
         duplicates = sorted(i for i, n in counts.items() if n > 1 or i in self._ids)
         if duplicates:
             raise ValueError(f"image ids already written to {self.path}: {duplicates[:10]}")
-        half = feats.astype(np.float16)
+        with np.errstate(over="ignore"):  # overflow is reported below, naming the images
+            half = feats.astype(np.float16)
         finite = np.isfinite(half).reshape(len(ids), -1).all(axis=1)
         if not finite.all():
             bad = [ids[i] for i in np.flatnonzero(~finite)]

@@ -84,7 +84,7 @@ def load_image(path: str | Path, *, max_pixels: int = MAX_IMAGE_PIXELS) -> Image
     except UnidentifiedImageError as exc:
         raise ImageLoadError(f"{path}: not an image file (unrecognised format)") from exc
     except Image.DecompressionBombError as exc:
-        raise ImageLoadError(f"{path}: refused as a decompression bomb ({exc})") from exc
+        raise ImageLoadError(f"{path}: refused as a decompression bomb: {exc}") from exc
     except (OSError, SyntaxError, ValueError, EOFError, struct.error) as exc:
         # Pillow reports corrupt and truncated data as OSError ("image file is truncated"),
         # SyntaxError (broken headers) or ValueError/EOFError depending on the codec.

@@ -1,0 +1,126 @@
+"""HDF5 feature cache: round trip, atomic writes, validation, missing keys."""
+
+from __future__ import annotations
+
+import pickle
+
+import h5py
+import numpy as np
+import pytest
+
+from data_prep.features import FeatureCache, FeatureCacheWriter
+
+GRID = (2, 3)
+CHANNELS = 4
+ENCODER = {"arch": "resnet18", "weights": None, "image_size": 64}
+
+
+def _features(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(n, *GRID, CHANNELS)).astype(np.float16)
+
+
+def _writer(path):
+    return FeatureCacheWriter(path, grid=GRID, channels=CHANNELS, encoder=ENCODER)
+
+
+def test_round_trip(tmp_path):
+    path = tmp_path / "features.h5"
+    first, second = _features(3, 0), _features(2, 1)
+    with _writer(path) as writer:
+        writer.add([10, 20, 30], first)
+        writer.add(np.array([7, 5]), second.astype(np.float32))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["features.h5"]
+
+    cache = FeatureCache(path)
+    assert cache.encoder == ENCODER
+    assert cache.grid == GRID and cache.channels == CHANNELS
+    assert len(cache) == 5 and 20 in cache and 11 not in cache
+    assert cache.image_ids == [10, 20, 30, 7, 5]
+    got = cache.get(20)
+    assert got.dtype == np.float16 and got.shape == (*GRID, CHANNELS)
+    assert np.array_equal(got, first[1])
+    assert np.array_equal(cache.get(5), second[1])
+    many = cache.get_many([5, 10, 5, 30])
+    assert np.array_equal(many, np.stack([second[1], first[0], second[1], first[2]]))
+    assert cache.get_many([]).shape == (0, *GRID, CHANNELS)
+    # A copy handed to a DataLoader worker reopens the file itself.
+    assert np.array_equal(pickle.loads(pickle.dumps(cache)).get(30), first[2])
+    cache.close()
+
+
+def test_file_is_plain_hdf5_with_documented_layout(tmp_path):
+    path = tmp_path / "features.h5"
+    with _writer(path) as writer:
+        writer.add([4], _features(1, 2))
+    with h5py.File(path, "r") as file:
+        assert file["features"].dtype == np.float16
+        assert file["features"].shape == (1, *GRID, CHANNELS)
+        assert file["image_ids"][:].tolist() == [4]
+        assert tuple(file.attrs["grid"]) == GRID
+
+
+def test_missing_id_names_id_and_file(tmp_path):
+    path = tmp_path / "features.h5"
+    with _writer(path) as writer:
+        writer.add([1], _features(1, 0))
+    with FeatureCache(path) as cache, pytest.raises(KeyError, match=r"image id 99 .*features.h5"):
+        cache.get(99)
+
+
+def test_no_file_is_left_after_an_exception(tmp_path):
+    path = tmp_path / "features.h5"
+    with pytest.raises(RuntimeError, match="encoder crashed"), _writer(path) as writer:
+        writer.add([1, 2], _features(2, 0))
+        raise RuntimeError("encoder crashed")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_existing_cache_survives_a_failed_rewrite(tmp_path):
+    path = tmp_path / "features.h5"
+    with _writer(path) as writer:
+        writer.add([1], _features(1, 0))
+    with pytest.raises(ValueError), _writer(path) as writer:
+        writer.add([2], _features(2, 0))  # wrong batch size
+    assert FeatureCache(path).image_ids == [1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["features.h5"]
+
+
+@pytest.mark.parametrize(
+    ("ids", "feats", "error", "message"),
+    [
+        ([1, 2], np.zeros((2, 3, 2, CHANNELS), np.float16), ValueError, r"shape"),
+        ([1], np.zeros((1, *GRID, CHANNELS), np.int32), TypeError, "floating point"),
+        ([1, 1], np.zeros((2, *GRID, CHANNELS), np.float16), ValueError, r"already.*\[1\]"),
+        ([3], np.zeros((1, *GRID, CHANNELS), np.float16), ValueError, r"already.*\[3\]"),
+        ([8], np.full((1, *GRID, CHANNELS), 1e6, np.float32), ValueError, r"\[8\].*finite"),
+        (["x"], np.zeros((1, *GRID, CHANNELS), np.float16), TypeError, "integers"),
+    ],
+)
+def test_add_validates(tmp_path, ids, feats, error, message):
+    with _writer(tmp_path / "f.h5") as writer:
+        writer.add([3], _features(1, 0))
+        with pytest.raises(error, match=message):
+            writer.add(ids, feats)
+
+
+def test_constructor_validates():
+    with pytest.raises(ValueError, match="grid"):
+        FeatureCacheWriter("x.h5", grid=(8,), channels=4, encoder={})
+    with pytest.raises(ValueError, match="channels"):
+        FeatureCacheWriter("x.h5", grid=(8, 8), channels=0, encoder={})
+    with pytest.raises(ValueError, match="JSON"):
+        FeatureCacheWriter("x.h5", grid=(8, 8), channels=4, encoder={"f": object()})
+    with pytest.raises(RuntimeError, match="with"):
+        FeatureCacheWriter("x.h5", grid=(8, 8), channels=4, encoder={}).add([1], np.zeros(1))
+
+
+def test_reading_bad_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="absent.h5"):
+        FeatureCache(tmp_path / "absent.h5")
+    (tmp_path / "text.h5").write_text("not hdf5")
+    with pytest.raises(ValueError, match="text.h5.*not a readable HDF5"):
+        FeatureCache(tmp_path / "text.h5")
+    with h5py.File(tmp_path / "other.h5", "w") as file:
+        file["x"] = np.zeros(3)
+    with pytest.raises(ValueError, match="other.h5.*not a feature cache"):
+        FeatureCache(tmp_path / "other.h5")
