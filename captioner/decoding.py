@@ -21,9 +21,10 @@ Conventions shared by both searches:
   end token when present); 0 disables the normalization, 1 is the mean log-prob. Default
   :data:`DEFAULT_LENGTH_NORMALIZATION` = 0.7 (a mild preference for longer captions, in the
   range commonly used for neural generation; Wu et al. 2016 use 0.6-0.7).
-* Only end tokens among the ``beam_size`` best candidates of a step finish a hypothesis (as in
-  fairseq), so beam size 1 is exactly greedy search. An image is done when it has
-  ``beam_size`` finished hypotheses or no live beam.
+* Only end tokens among the ``beam_size`` best candidates of a step finish a hypothesis, and
+  an image is done when it has ``beam_size`` finished hypotheses or no live beam (fairseq's
+  rule). Beam size 1 is then exactly greedy search, whatever the length normalization; the
+  price is that a longer caption found after that point could have ranked higher.
 
 Call ``decoder.eval()`` first: decoding with dropout active is rarely what is wanted.
 """
