@@ -265,7 +265,7 @@ def object_statistics(
     ``captions[image_id]`` (token lists) with their output ``attention[image_id]`` (T, h, w),
     T = len(tokens). Images missing from the annotations raise KeyError naming the file."""
     words = category_words_for(annotations.category_names)
-    annotated_total = mentioned_total = hits_recall = hits_precision = 0
+    annotated_total = mentioned_total = hits = 0
     inside: list[float] = []
     for image_id, tokens in captions.items():
         if not annotations.has_image(image_id):
@@ -279,8 +279,7 @@ def object_statistics(
         named = mentions(tokens, words)
         annotated_total += len(truth)
         mentioned_total += len(named)
-        hits_recall += len(truth & named.keys())
-        hits_precision += len(named.keys() & truth)
+        hits += len(truth & named.keys())
         grid = (int(maps.shape[-2]), int(maps.shape[-1]))
         for category in named.keys() & truth:
             mask = torch.from_numpy(annotations.mask(image_id, category, grid))
@@ -289,8 +288,8 @@ def object_statistics(
             inside.extend(mass.tolist())
     nan = float("nan")
     return {
-        "object_recall": hits_recall / annotated_total if annotated_total else nan,
-        "object_precision": hits_precision / mentioned_total if mentioned_total else nan,
+        "object_recall": hits / annotated_total if annotated_total else nan,
+        "object_precision": hits / mentioned_total if mentioned_total else nan,
         "attention_precision": float(np.mean(inside)) if inside else nan,
         "attention_precision_words": float(len(inside)),
     }

@@ -1,0 +1,126 @@
+"""Object mentions, area-downsampled masks and attention precision on a hand-made instances file."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from pycocotools import mask as mask_utils
+
+from eval.objects import (
+    COCO_CATEGORY_WORDS,
+    InstanceAnnotations,
+    area_weights,
+    category_words_for,
+    downsample_mask,
+    mentions,
+    object_statistics,
+)
+
+
+def _rle(mask: np.ndarray) -> dict:
+    rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
+    return {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
+
+
+@pytest.fixture
+def instances(tmp_path):
+    square = np.zeros((8, 8), dtype=bool)
+    square[:4, :4] = True  # top-left quarter
+    circle = np.zeros((8, 8), dtype=bool)
+    circle[6:, 6:] = True
+    star = np.zeros((8, 8), dtype=bool)
+    star[:2, :] = True
+    data = {
+        "images": [
+            {"id": 1, "width": 8, "height": 8, "file_name": "a.png"},
+            {"id": 2, "width": 8, "height": 8, "file_name": "b.png"},
+        ],
+        "categories": [
+            {"id": 1, "name": "square"},
+            {"id": 2, "name": "circle"},
+            {"id": 3, "name": "star"},
+        ],
+        "annotations": [
+            {
+                "id": 1,
+                "image_id": 1,
+                "category_id": 1,
+                "segmentation": _rle(square),
+                "area": 16.0,
+                "bbox": [0, 0, 4, 4],
+                "iscrowd": 0,
+            },
+            {
+                "id": 2,
+                "image_id": 1,
+                "category_id": 2,
+                "segmentation": _rle(circle),
+                "area": 4.0,
+                "bbox": [6, 6, 2, 2],
+                "iscrowd": 0,
+            },
+            {
+                "id": 3,
+                "image_id": 2,
+                "category_id": 3,
+                "segmentation": _rle(star),
+                "area": 16.0,
+                "bbox": [0, 0, 8, 2],
+                "iscrowd": 0,
+            },
+        ],
+    }
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps(data))
+    return InstanceAnnotations.load(path)
+
+
+def test_coco_table_covers_the_80_categories():
+    assert len(COCO_CATEGORY_WORDS) == 80
+    assert all(words for words in COCO_CATEGORY_WORDS.values())
+
+
+def test_mentions_plurals_multiword_and_longest_match():
+    words = category_words_for(["person", "teddy bear", "bear", "dog", "bus"])
+    found = mentions("Two men hug a teddy bear near the bears and puppies on buses".split(), words)
+    assert found == {"person": [1], "teddy bear": [5], "bear": [8], "dog": [10], "bus": [12]}
+    with pytest.raises(KeyError, match="no synonym list"):
+        category_words_for(["unicorn"])
+
+
+def test_area_weights_and_downsampled_mask_by_hand():
+    weights = area_weights(3, 8)
+    np.testing.assert_allclose(weights.sum(axis=1), 1.0)
+    mask = np.zeros((8, 8), dtype=bool)
+    mask[:4, :4] = True
+    # cells span 8/3 px: cell 0 fully inside; cell 1 covers [2.67, 5.33), half inside.
+    expected = np.array([[1.0, 0.5, 0.0], [0.5, 0.25, 0.0], [0.0, 0.0, 0.0]])
+    np.testing.assert_allclose(downsample_mask(mask, (3, 3)), expected, atol=1e-12)
+    np.testing.assert_allclose(downsample_mask(mask, (2, 2)), [[1.0, 0.0], [0.0, 0.0]])
+
+
+def test_object_statistics_by_hand(instances):
+    captions = {1: "a red square and two circles".split(), 2: "a blue square".split()}
+    attention = {1: torch.full((6, 2, 2), 0.25), 2: torch.full((3, 2, 2), 0.25)}
+    attention[1][2] = torch.tensor([[0.6, 0.2], [0.1, 0.1]])  # "square": 0.6 inside
+    attention[1][5] = torch.tensor([[0.0, 0.0], [0.2, 0.8]])  # "circles": 0.8 * 1/4 inside
+    stats = object_statistics(captions, attention, instances)
+    # annotated: {square, circle}, {star}; mentioned: {square, circle}, {square}
+    assert stats["object_recall"] == pytest.approx(2 / 3)
+    assert stats["object_precision"] == pytest.approx(2 / 3)
+    assert stats["attention_precision"] == pytest.approx((0.6 + 0.8 * 0.25) / 2)
+    assert stats["attention_precision_words"] == 2
+
+
+def test_missing_image_and_length_mismatch_are_named(instances):
+    with pytest.raises(KeyError, match="image 9 is not in the instances file"):
+        object_statistics({9: ["a"]}, {9: torch.ones(1, 2, 2)}, instances)
+    with pytest.raises(ValueError, match="image 1: 2 attention maps for 1 tokens"):
+        object_statistics({1: ["a"]}, {1: torch.ones(2, 2, 2)}, instances)
+    assert math.isnan(
+        object_statistics({2: ["nothing"]}, {2: torch.ones(1, 2, 2)}, instances)[
+            "attention_precision"
+        ]
+    )
