@@ -1,0 +1,226 @@
+"""``captioner bench model``: training-step and beam-search time per output attention mapping.
+
+Every mapping runs on the same random cached-feature batch (float16 features promoted to
+float32, as read from a feature cache) and the same random captions, with decoders built from
+the same seed, so the rows differ only in the output attention mapping (the input attention is
+softmax, as in the TVmax paper, Sec. 3). Two timings per mapping, medians over ``--repeats``:
+
+* training step: teacher-forced forward, cross-entropy, backward and an Adam step;
+* inference: batched beam search over the whole batch (all images x beams in one tensor).
+
+The paper reports inference 1.1x (sparsemax) and 1.3x (TVmax) slower than softmax (Sec. 4).
+A mapping that fails (for example, one whose module is not installed) gets its error in its
+row; the others are still measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+HELP = "time a training step and batched beam search per attention mapping, as ratios"
+
+DEFAULT_MAPPINGS = ("softmax", "sparsemax", "tvmax")
+START_ID, END_ID = 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="captioner bench model", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--mappings",
+        default=",".join(DEFAULT_MAPPINGS),
+        help="comma-separated output attention mappings (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--input-attention",
+        default="softmax",
+        help="input attention mapping of every decoder (default: %(default)s)",
+    )
+    parser.add_argument("--lam", type=float, default=0.01, help="TVmax lambda (default: 0.01)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--grid", type=int, default=8, help="feature grid side (default: 8)")
+    parser.add_argument(
+        "--channels",
+        type=int,
+        default=2048,
+        help="feature channels: 2048 (ResNet-50/101/152) or 512 (ResNet-18/34)",
+    )
+    parser.add_argument("--vocab-size", type=int, default=10000)
+    parser.add_argument(
+        "--caption-length",
+        type=int,
+        default=16,
+        help="teacher-forced caption length, start token included",
+    )
+    parser.add_argument("--beam-size", type=int, default=3)
+    parser.add_argument("--max-length", type=int, default=16, help="beam search max words")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per measurement")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs first")
+    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    return parser
+
+
+def _positive(args: argparse.Namespace, *names: str) -> None:
+    for name in names:
+        value = getattr(args, name)
+        if value < 1:
+            raise SystemExit(
+                f"captioner bench model: --{name.replace('_', '-')} must be >= 1, got {value}"
+            )
+
+
+def _median_ms(run: Callable[[], None], repeats: int, warmup: int, synchronize) -> float:
+    for _ in range(warmup):
+        run()
+    synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        synchronize()
+        times.append((time.perf_counter() - start) * 1000.0)
+    return statistics.median(times)
+
+
+def _measure(mapping: str, args: argparse.Namespace, features, captions, synchronize) -> dict:
+    import torch
+
+    from captioner.decoding import beam_search
+    from captioner.losses import caption_loss
+    from captioner.model import AttentionDecoder
+
+    kwargs = {"lam": args.lam} if mapping == "tvmax" else {}
+    input_attention = mapping if args.input_attention == "same" else args.input_attention
+    input_kwargs = {"lam": args.lam} if input_attention == "tvmax" else {}
+    torch.manual_seed(args.seed)
+    decoder = AttentionDecoder(
+        args.vocab_size,
+        args.channels,
+        input_attention=input_attention,
+        input_attention_kwargs=input_kwargs,
+        output_attention=mapping,
+        output_attention_kwargs=kwargs,
+    ).to(features.device)
+    optimizer = torch.optim.Adam(decoder.parameters(), lr=1e-4, betas=(0.8, 0.999))
+
+    def train_step() -> None:
+        output = decoder(features, captions[:, :-1])
+        loss = caption_loss(output.scores, captions[:, 1:])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    lengths: list[int] = []
+
+    def decode() -> None:
+        hypotheses = beam_search(
+            decoder,
+            features,
+            start_id=START_ID,
+            end_id=END_ID,
+            beam_size=args.beam_size,
+            max_length=args.max_length,
+        )
+        lengths[:] = [len(h.token_ids) for h in hypotheses]
+
+    decoder.train()
+    train_ms = _median_ms(train_step, args.repeats, args.warmup, synchronize)
+    decoder.eval()
+    beam_ms = _median_ms(decode, args.repeats, args.warmup, synchronize)
+    return {
+        "train_step_ms": train_ms,
+        "beam_search_ms": beam_ms,
+        "mean_caption_length": sum(lengths) / len(lengths),
+    }
+
+
+def _table(results: dict[str, dict]) -> str:
+    base = results.get("softmax", {})
+    header = (
+        f"{'mapping':<12}{'train step ms':>15}{'x softmax':>11}"
+        f"{'beam search ms':>16}{'x softmax':>11}{'words':>7}"
+    )
+    lines = [header, "-" * len(header)]
+    for mapping, row in results.items():
+        if "error" in row:
+            lines.append(f"{mapping:<12}error: {row['error']}")
+            continue
+        ratios = [
+            f"{row[key] / base[key]:.2f}x" if key in base else "n/a"
+            for key in ("train_step_ms", "beam_search_ms")
+        ]
+        lines.append(
+            f"{mapping:<12}{row['train_step_ms']:>15.1f}{ratios[0]:>11}"
+            f"{row['beam_search_ms']:>16.1f}{ratios[1]:>11}{row['mean_caption_length']:>7.1f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    _positive(
+        args,
+        "batch_size",
+        "grid",
+        "channels",
+        "vocab_size",
+        "caption_length",
+        "beam_size",
+        "max_length",
+        "repeats",
+    )
+    if args.caption_length < 2:
+        raise SystemExit("captioner bench model: --caption-length must be >= 2")
+    if args.vocab_size < 4:
+        raise SystemExit("captioner bench model: --vocab-size must be >= 4 (special tokens)")
+    mappings = [name.strip() for name in args.mappings.split(",") if name.strip()]
+
+    import torch
+    from tqdm import tqdm
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    generator = torch.Generator().manual_seed(args.seed)
+    features = (
+        torch.randn(args.batch_size, args.grid, args.grid, args.channels, generator=generator)
+        .half()
+        .to(device)
+        .float()
+    )
+    captions = torch.randint(
+        4, args.vocab_size, (args.batch_size, args.caption_length), generator=generator
+    )
+    captions[:, 0] = START_ID
+    captions = captions.to(device)
+
+    print(
+        f"batch {args.batch_size}, grid {args.grid}x{args.grid}x{args.channels}, vocab "
+        f"{args.vocab_size}, caption length {args.caption_length}, beam {args.beam_size}, "
+        f"max length {args.max_length}, input attention {args.input_attention}, device "
+        f"{device}, {torch.get_num_threads()} CPU threads, median of {args.repeats}"
+    )
+    results: dict[str, dict] = {}
+    for mapping in tqdm(mappings, desc="bench model", unit="mapping", file=sys.stderr):
+        try:
+            results[mapping] = _measure(mapping, args, features, captions, synchronize)
+        except Exception as exc:  # a missing or broken mapping must not hide the others
+            results[mapping] = {"error": f"{type(exc).__name__}: {exc}"}
+    print(_table(results))
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    failed = [name for name, row in results.items() if "error" in row]
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0

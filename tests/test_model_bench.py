@@ -1,0 +1,34 @@
+"""``captioner bench model`` runs end to end on tiny sizes and reports a failing mapping's error."""
+
+from __future__ import annotations
+
+import json
+
+from test_model import single_thread  # noqa: F401  (autouse: restores the thread count)
+
+from captioner.benchmarks import model as bench
+
+TINY = [
+    "--batch-size", "2", "--grid", "3", "--channels", "8", "--vocab-size", "20",
+    "--caption-length", "4", "--beam-size", "2", "--max-length", "3", "--repeats", "1",
+    "--warmup", "0", "--threads", "1",
+]  # fmt: skip
+
+
+def test_bench_model_prints_ratios_to_softmax(capsys, tmp_path):
+    out = tmp_path / "bench.json"
+    assert bench.main([*TINY, "--mappings", "softmax,sparsemax", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "train step ms" in printed and "beam search ms" in printed
+    rows = {line.split()[0]: line.split() for line in printed.splitlines()[3:]}
+    assert rows["softmax"][2] == "1.00x" and rows["softmax"][4] == "1.00x"
+    results = json.loads(out.read_text())
+    assert set(results) == {"softmax", "sparsemax"}
+    assert all(row["train_step_ms"] > 0 and row["beam_search_ms"] > 0 for row in results.values())
+
+
+def test_bench_model_reports_a_failing_mapping_and_measures_the_rest(capsys):
+    assert bench.main([*TINY, "--mappings", "softmax,nope"]) == 1
+    printed = capsys.readouterr().out
+    assert "nope        error: ValueError: unknown attention mapping 'nope'" in printed
+    assert "softmax" in printed.splitlines()[3]
