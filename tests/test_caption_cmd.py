@@ -1,0 +1,109 @@
+"""``captioner caption``: inputs, output formats, COCO ids and unreadable files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from captioner.commands import caption as command
+from captioner.commands.caption import coco_image_ids, collect_images
+
+FAST = ["--beam-size", "1", "--max-length", "5", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def photo_dir(synthetic_data, tmp_path_factory):
+    """Ordinary photos of every kind next to two synthetic test images, plus a broken file."""
+    folder = tmp_path_factory.mktemp("photos")
+    rng = np.random.default_rng(0)
+    tests = sorted((synthetic_data.image_root).rglob("*test*.png"))[:2]
+    for number, path in zip((101, 102), tests, strict=True):
+        shutil.copy(path, folder / f"{number}.png")
+    Image.fromarray(rng.integers(0, 255, (40, 300), dtype=np.uint8), "L").save(folder / "103.jpg")
+    Image.fromarray(rng.integers(0, 255, (50, 60, 4), dtype=np.uint8), "RGBA").save(
+        folder / "104.png")
+    Image.fromarray(rng.integers(0, 255, (3, 5, 3), dtype=np.uint8)).save(folder / "105.png")
+    Image.fromarray(rng.integers(0, 255, (1500, 2000, 3), dtype=np.uint8)).save(
+        folder / "106.jpg", quality=70)
+    (folder / "107.jpg").write_bytes(b"this is not a JPEG")
+    (folder / "notes.txt").write_text("not an image, not collected from a folder")
+    return folder
+
+
+def test_collect_images_expands_folders_sorted_by_suffix(tmp_path):
+    (tmp_path / "sub").mkdir()
+    for name in ("b.png", "a.JPG", "sub/c.jpeg", "skip.txt"):
+        (tmp_path / name).write_bytes(b"")
+    explicit = tmp_path / "skip.txt"
+    assert collect_images([tmp_path, explicit]) == [
+        tmp_path / "a.JPG", tmp_path / "b.png", tmp_path / "sub" / "c.jpeg", explicit]
+    with pytest.raises(FileNotFoundError, match="nowhere.png"):
+        collect_images([tmp_path / "nowhere.png"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="empty: folder holds no image files"):
+        collect_images([tmp_path / "empty"])
+
+
+def test_coco_ids_from_names_or_positions(tmp_path):
+    named = [tmp_path / "391895.jpg", tmp_path / "COCO_val2014_000000000042.jpg"]
+    assert coco_image_ids(named) == ([391895, 42], True)
+    assert coco_image_ids([*named, tmp_path / "cat.jpg"]) == ([1, 2, 3], False)
+    assert coco_image_ids([tmp_path / "a" / "7.jpg", tmp_path / "b" / "7.jpg"]) == ([1, 2], False)
+
+
+def test_text_output_skips_unreadable_files_and_keeps_the_rest(
+    tiny_checkpoint, photo_dir, tmp_path, capsys
+):
+    out = tmp_path / "captions.txt"
+    code = command.main([str(photo_dir), "--ckpt", str(tiny_checkpoint), "--out", str(out),
+                         "--batch-size", "3", *FAST])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "107.jpg" in err and "1 of 7 images could not be read" in err
+    lines = out.read_text().splitlines()
+    assert [line.split("\t")[0] for line in lines] == \
+        [str(photo_dir / f"{n}.{'jpg' if n in (103, 106) else 'png'}") for n in range(101, 107)]
+    assert all(line.split("\t")[1] for line in lines)
+
+
+def test_jsonl_carries_tokens_and_attention_maps(tiny_checkpoint, photo_dir, capsys):
+    from captioner.inference import Captioner
+
+    images = [photo_dir / "101.png", photo_dir / "104.png"]
+    assert command.main([*map(str, images), "--ckpt", str(tiny_checkpoint), "--format",
+                         "jsonl", *FAST]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    captioner = Captioner.load(tiny_checkpoint)
+    expected = captioner.caption(images, beam_size=1, max_length=5)
+    assert [r["image"] for r in records] == list(map(str, images))
+    for record, caption in zip(records, expected, strict=True):
+        assert record["caption"] == caption.text == " ".join(record["tokens"])
+        assert record["mapping"] == captioner.output_attention_name
+        attention = np.array(record["attention"])
+        assert attention.shape == (len(record["tokens"]), *captioner.grid)
+        assert record["grid"] == list(captioner.grid)
+        np.testing.assert_allclose(attention, caption.attention.numpy(), atol=1e-6)
+
+
+def test_coco_results_use_numeric_file_names(tiny_checkpoint, photo_dir, tmp_path, capsys):
+    out = tmp_path / "results" / "coco.json"
+    code = command.main([str(photo_dir), "--ckpt", str(tiny_checkpoint), "--format", "coco",
+                         "--out", str(out), *FAST])
+    assert code == 1 and "107.jpg" in capsys.readouterr().err
+    results = json.loads(out.read_text())
+    assert [r["image_id"] for r in results] == [101, 102, 103, 104, 105, 106]
+    assert all(set(r) == {"image_id", "caption"} and r["caption"] for r in results)
+
+
+def test_bad_arguments_are_clear_errors(tiny_checkpoint, tmp_path, capsys):
+    assert command.main([str(tmp_path / "missing.png"), "--ckpt", str(tiny_checkpoint)]) == 2
+    assert "missing.png: no such file" in capsys.readouterr().err
+    image = tmp_path / "1.png"
+    Image.new("RGB", (8, 8)).save(image)
+    assert command.main([str(image), "--ckpt", str(tmp_path / "none.ckpt")]) == 2
+    assert "none.ckpt" in capsys.readouterr().err
+    assert command.main([str(image), "--ckpt", str(tiny_checkpoint), "--beam-size", "0"]) == 2
