@@ -8,7 +8,8 @@ refuses everything else with an :class:`ImageLoadError` that names the file and 
 * transparency (``LA``, ``RGBA``, ``PA``, palette images with a transparent colour) is
   composited on a **white** background, which is what image viewers and browsers show, instead
   of dropping the alpha channel and exposing whatever colour the transparent pixels hold;
-* ``CMYK`` and other colour spaces are converted by Pillow;
+* ``CMYK`` and other colour spaces are converted by Pillow; floating-point (``F``) images,
+  which have no standard range, are refused;
 * 16-bit grayscale (``I;16``, ``I;16B``, ``I;16L``, and ``I``, which Pillow uses for 16-bit
   PNG/TIFF data) is scaled from [0, 65535] to [0, 255] (Pillow's own conversion would clip at
   255 and turn most of the image white);
@@ -16,8 +17,9 @@ refuses everything else with an :class:`ImageLoadError` that names the file and 
   (decompression bombs);
 * missing, unreadable, non-image, corrupt and truncated files are errors.
 
-:func:`imagenet_transform` is the paper's preprocessing (section 5: images resized to
-256x256, ImageNet normalisation).
+:func:`imagenet_transform` is the TVmax paper's preprocessing: images resized to 256x256
+(section 4, "Settings"), normalised with the ImageNet mean and standard deviation that the
+ImageNet-pretrained ResNet (section 3) was trained with.
 """
 
 from __future__ import annotations
@@ -97,6 +99,9 @@ def _to_rgb(image: Image.Image, path: Path) -> Image.Image:
         return image.copy()
     if mode in _SIXTEEN_BIT_MODES:
         return _sixteen_bit_to_rgb(image, path)
+    if mode == "F":
+        # No standard range to map to 8 bits; clipping would hide the problem.
+        raise ImageLoadError(f"{path}: floating-point images (mode 'F') are not supported")
     if mode == "P" and "transparency" in image.info:
         image, mode = image.convert("RGBA"), "RGBA"
     if mode in _ALPHA_MODES:

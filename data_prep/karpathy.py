@@ -1,7 +1,7 @@
 """Karpathy-split caption files: ``dataset_coco.json``, ``dataset_flickr30k.json``, ...
 
 The files of Karpathy & Fei-Fei (2015) are the standard splits used by the TVmax paper
-(section 5): ``{"images": [...], "dataset": "coco"}`` where each image is
+(section 4): ``{"images": [...], "dataset": "coco"}`` where each image is
 
     {"filepath": "val2014",            # optional (absent in the Flickr files)
      "filename": "COCO_val2014_000000391895.jpg",

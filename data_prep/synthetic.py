@@ -35,6 +35,7 @@ from PIL import Image, ImageDraw
 from data_prep.karpathy import SPLITS
 from data_prep.synthetic_captions import (
     BACKGROUND_WORDS,
+    CAPTIONS_PER_IMAGE,
     CATEGORY_WORDS,
     DescribedObject,
     describe_scene,
@@ -62,6 +63,10 @@ COLOURS: dict[str, tuple[int, int, int]] = {
 # Object extent (side of its bounding square) as a fraction of the image side.
 SIZE_FRACTIONS: dict[str, tuple[float, float]] = {"small": (0.17, 0.24), "large": (0.31, 0.43)}
 BACKGROUNDS: tuple[str, ...] = tuple(BACKGROUND_WORDS)
+_COCO_CATEGORIES = [
+    {"id": index + 1, "name": name, "supercategory": "shape"}
+    for index, name in enumerate(CATEGORIES)
+]
 KARPATHY_FILENAME = "dataset_synthetic.json"
 MIN_IMAGE_SIZE = 64
 
@@ -116,7 +121,6 @@ def generate(
 ) -> SyntheticDataset:
     """Render the synthetic dataset into ``out_dir`` (created if needed; files of an earlier
     run are overwritten) and return its paths. Deterministic from ``seed``."""
-    from pycocotools import mask as mask_utils
     from tqdm.auto import tqdm
 
     counts = {"train": n_train, "val": n_val, "test": n_test}
@@ -130,13 +134,11 @@ def generate(
         raise ValueError(f"image_size must be at least {MIN_IMAGE_SIZE}, got {image_size}")
 
     dataset = _paths(Path(out_dir))
+    # The Karpathy file marks a complete dataset: remove an earlier one until this run ends.
+    dataset.karpathy_json.unlink(missing_ok=True)
+    info = _info(seed, image_size, counts)
     karpathy_images: list[dict[str, Any]] = []
-    categories = [
-        {"id": index + 1, "name": name, "supercategory": "shape"}
-        for index, name in enumerate(CATEGORIES)
-    ]
-    category_id = {entry["name"]: entry["id"] for entry in categories}
-    annotation_id = 0
+    annotation_count = 0
     with tqdm(
         total=sum(counts.values()),
         desc="rendering synthetic images",
@@ -146,6 +148,7 @@ def generate(
         for split_index, split in enumerate(SPLITS):
             split_dir = dataset.image_root / split
             split_dir.mkdir(parents=True, exist_ok=True)
+            stale = {path.name for path in split_dir.glob("synthetic_*.png")}
             coco_images: list[dict[str, Any]] = []
             annotations: list[dict[str, Any]] = []
             for index in range(counts[split]):
@@ -156,70 +159,80 @@ def generate(
                 background, objects = _sample_scene(rng, image_size)
                 pixels, masks = _render(rng, background, objects, image_size)
                 Image.fromarray(pixels).save(split_dir / filename, compress_level=1)
-                captions = describe_scene(
-                    [_described(obj, image_size) for obj in objects], background, rng
-                )
-                karpathy_images.append(
-                    {
-                        "filepath": split,
-                        "filename": filename,
-                        "imgid": imgid,
-                        "cocoid": cocoid,
-                        "split": split,
-                        "sentids": list(range(5 * imgid, 5 * imgid + len(captions))),
-                        "sentences": [
-                            {
-                                "tokens": tokenize(raw),
-                                "raw": raw,
-                                "imgid": imgid,
-                                "sentid": 5 * imgid + k,
-                            }
-                            for k, raw in enumerate(captions)
-                        ],
-                    }
-                )
+                stale.discard(filename)
+                described = [_described(obj, image_size) for obj in objects]
+                captions = describe_scene(described, background, rng)
+                karpathy_images.append(_karpathy_record(split, filename, imgid, cocoid, captions))
                 coco_images.append(
                     {"id": cocoid, "file_name": filename, "width": image_size, "height": image_size}
                 )
-                for obj, mask in zip(objects, masks, strict=True):
-                    annotation_id += 1
-                    rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
-                    annotations.append(
-                        {
-                            "id": annotation_id,
-                            "image_id": cocoid,
-                            "category_id": category_id[obj.category],
-                            "segmentation": {
-                                "size": [int(v) for v in rle["size"]],
-                                "counts": rle["counts"].decode("ascii"),
-                            },
-                            "area": float(mask_utils.area(rle)),
-                            "bbox": [float(v) for v in mask_utils.toBbox(rle)],
-                            "iscrowd": 0,
-                            "colour": obj.colour,
-                            "size": obj.size,
-                        }
-                    )
+                annotations += _annotations(objects, masks, cocoid, first_id=annotation_count + 1)
+                annotation_count += len(objects)
                 bar.update()
+            for name in stale:  # images of an earlier, larger run
+                (split_dir / name).unlink()
             _write_json_atomically(
                 dataset.instances[split],
                 {
-                    "info": _info(seed, image_size, counts),
+                    "info": info,
                     "licenses": [],
                     "images": coco_images,
                     "annotations": annotations,
-                    "categories": categories,
+                    "categories": _COCO_CATEGORIES,
                 },
             )
     _write_json_atomically(
         dataset.karpathy_json,
-        {
-            "images": karpathy_images,
-            "dataset": "synthetic",
-            "info": _info(seed, image_size, counts),
-        },
+        {"images": karpathy_images, "dataset": "synthetic", "info": info},
     )
     return dataset
+
+
+def _karpathy_record(
+    split: str, filename: str, imgid: int, cocoid: int, captions: list[str]
+) -> dict[str, Any]:
+    """One image of the Karpathy file, with the same fields as ``dataset_coco.json``."""
+    sentids = [CAPTIONS_PER_IMAGE * imgid + k for k in range(len(captions))]
+    return {
+        "filepath": split,
+        "filename": filename,
+        "imgid": imgid,
+        "cocoid": cocoid,
+        "split": split,
+        "sentids": sentids,
+        "sentences": [
+            {"tokens": tokenize(raw), "raw": raw, "imgid": imgid, "sentid": sentid}
+            for raw, sentid in zip(captions, sentids, strict=True)
+        ],
+    }
+
+
+def _annotations(
+    objects: list[_Object], masks: list[np.ndarray], image_id: int, *, first_id: int
+) -> list[dict[str, Any]]:
+    """COCO instance annotations with compressed-RLE masks, as pycocotools writes them."""
+    from pycocotools import mask as mask_utils
+
+    annotations = []
+    for offset, (obj, mask) in enumerate(zip(objects, masks, strict=True)):
+        rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
+        annotations.append(
+            {
+                "id": first_id + offset,
+                "image_id": image_id,
+                "category_id": CATEGORIES.index(obj.category) + 1,
+                "segmentation": {
+                    "size": [int(v) for v in rle["size"]],
+                    "counts": rle["counts"].decode("ascii"),
+                },
+                "area": float(mask_utils.area(rle)),
+                "bbox": [float(v) for v in mask_utils.toBbox(rle)],
+                "iscrowd": 0,
+                "colour": obj.colour,
+                "size": obj.size,
+            }
+        )
+    return annotations
 
 
 def _paths(out_dir: Path) -> SyntheticDataset:

@@ -107,6 +107,12 @@ def test_integer_image_beyond_sixteen_bits_is_refused(tmp_path):
         load_image(tmp_path / "wide.tif")
 
 
+def test_floating_point_image_is_refused(tmp_path):
+    Image.fromarray(np.array([[0.5, 2.0]], dtype=np.float32)).save(tmp_path / "float.tif")
+    with pytest.raises(ImageLoadError, match="float.tif.*mode 'F'"):
+        load_image(tmp_path / "float.tif")
+
+
 # Orientation tag -> where the stored top-left corner appears once displayed (EXIF 2.3).
 ORIENTATIONS = {
     1: ("top", "left", False),

@@ -237,3 +237,23 @@ def test_prepare_synthetic_command(tmp_path, capsys):
 def test_from_dir_names_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="dataset_synthetic.json"):
         SyntheticDataset.from_dir(tmp_path)
+
+
+def test_rerun_in_the_same_folder_replaces_the_dataset(tmp_path, monkeypatch):
+    import data_prep.synthetic as synthetic
+
+    generate(tmp_path, n_train=3, n_val=1, n_test=0, progress=False)
+    generate(tmp_path, n_train=1, n_val=1, n_test=0, progress=False)
+    assert [p.name for p in (tmp_path / "images" / "train").iterdir()] == [
+        "synthetic_train_000001.png"
+    ]
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(synthetic, "_render", crash)
+    with pytest.raises(RuntimeError, match="disk full"):
+        generate(tmp_path, n_train=1, n_val=1, n_test=0, progress=False)
+    # An interrupted run does not leave a Karpathy file that claims a complete dataset.
+    with pytest.raises(FileNotFoundError, match="dataset_synthetic.json"):
+        SyntheticDataset.from_dir(tmp_path)
