@@ -1,0 +1,137 @@
+"""TVmax: sparse attention fused over 2-D regions of the image grid (Martins et al., TVmax paper).
+
+TVmax(z) = argmin_{p in simplex} 1/2 ||p - z||^2 + lam * TV2D(p) over the H x W grid, with
+TV2D(p) = sum_ij |p_ij - p_i,j+1| + |p_ij - p_i+1,j| (anisotropic, 4-neighbour). By Proposition 1
+it is sparsemax(prox_{lam TV2D}(z)). The prox is solved exactly (see ``_tv2d_kernels``); its
+Jacobian averages over the fused groups (Proposition 2, Eq. 9; Algorithm 1) and its derivative in
+lam is each group's signed boundary count over its size (Eq. 8), so lam can be learned.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import numba
+import torch
+from torch import Tensor, nn
+
+from ._checks import check_lam, check_mask, check_scores
+from ._grouped import grouped_prox, is_zero
+from ._tv2d_kernels import tv2d_prox_rows
+from .sparsemax import sparsemax
+
+
+def _solve_rows(z, lam, x, group, sign, dlam, *, height: int, width: int) -> None:
+    tv2d_prox_rows(z, lam, x, group, sign, dlam, height, width, numba.get_num_threads())
+
+
+def _check_grid(z: Tensor, func: str) -> None:
+    check_scores(z, -1, func, min_dim=2)
+    if z.shape[-2] == 0:
+        raise ValueError(f"{func}: scores have an empty grid dimension (shape {tuple(z.shape)})")
+
+
+def tv2d_prox(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
+    """prox_{lam TV2D}(z) = argmin_w 1/2 ||w - z||^2 + lam * TV2D(w), per H x W grid, exact.
+
+    Exact divide and conquer by parametric min-cut: fused groups are found as min-cuts, never
+    by comparing floats, and each group's value is the closed form of Eq. 8, so all cells of a
+    group hold bitwise identical values and 4-neighbours are equal iff they are fused.
+    Backward: the mean of the incoming gradient over each fused group (Eq. 9); d/dlam from
+    Eq. 8 when ``lam`` is a tensor that requires grad.
+
+    Args:
+        z: scores (..., H, W), float32 or float64, any number of leading dimensions. The solver
+            runs on the CPU (numba, float64, parallel over the grids); CUDA tensors make a host
+            round trip and come back on their device.
+        lam: TV strength >= 0, a float or a 0-dim tensor; lam = 0 is the identity.
+        mask: optional bool tensor broadcastable to ``z``, True = cell takes part. Masked cells
+            and ``-inf`` scores leave the grid graph (no edges to them) and come out as
+            ``-inf`` with zero gradient.
+
+    Returns:
+        The prox, same shape, dtype and device as ``z``.
+
+    Raises:
+        ValueError: rank < 2, NaN or ``+inf`` scores, lam < 0, a grid with every cell masked.
+    """
+    _check_grid(z, "tv2d_prox")
+    height, width = z.shape[-2:]
+    flat_mask = None if mask is None else check_mask(mask, z.shape, "tv2d_prox").flatten(-2)
+    solver = partial(_solve_rows, height=height, width=width)
+    out = grouped_prox(z.flatten(-2), lam, -1, flat_mask, "tv2d_prox", solver)
+    return out.unflatten(-1, (height, width))
+
+
+def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
+    """TVmax(z) = sparsemax over the H*W cells of prox_{lam TV2D}(z) (Proposition 1).
+
+    Sparse attention weights that are constant on connected regions of the grid. Backward:
+    the sparsemax Jacobian-vector product at the prox output, then its mean over each fused
+    group (Proposition 2, Algorithm 1); differentiable in ``lam`` (Eq. 8).
+
+    Args:
+        z: scores (..., H, W), float32 or float64. The prox runs on the CPU (numba); CUDA
+            tensors give correct results through a host round trip.
+        lam: TV strength >= 0 (float or 0-dim tensor); lam = 0 is exactly sparsemax.
+        mask: optional bool tensor broadcastable to ``z``, True = cell may receive attention.
+            Masked cells (and ``-inf`` scores) take no part in the grid graph and get exactly
+            0 weight and 0 gradient.
+
+    Returns:
+        Weights (..., H, W) summing to 1 over each grid, same dtype and device as ``z``; cells
+        of one fused group hold bitwise identical weights.
+
+    Raises:
+        ValueError: rank < 2, NaN or ``+inf`` scores, lam < 0, a grid with every cell masked.
+    """
+    _check_grid(z, "tvmax")
+    lam = check_lam(lam, "tvmax")
+    if is_zero(lam):
+        flat_mask = None if mask is None else check_mask(mask, z.shape, "tvmax").flatten(-2)
+        return sparsemax(z.flatten(-2), dim=-1, mask=flat_mask).unflatten(-1, z.shape[-2:])
+    prox = tv2d_prox(z, lam, mask)
+    return sparsemax(prox.flatten(-2), dim=-1).unflatten(-1, z.shape[-2:])
+
+
+class TVMax(nn.Module):
+    """TVmax attention over the grid: ``forward(scores (..., H, W), mask=None)``.
+
+    Args:
+        lam: TV strength >= 0 (the paper uses 0.01).
+        learn_lam: learn lam by gradient descent. lam is then softplus(raw) with an
+            unconstrained parameter ``raw``, so it stays > 0 whatever the optimizer does
+            (lam must then start > 0).
+    """
+
+    is_sparse = True
+
+    def __init__(self, lam: float = 0.01, learn_lam: bool = False) -> None:
+        super().__init__()
+        lam = check_lam(lam, "TVMax")
+        if isinstance(lam, Tensor):
+            lam = float(lam.detach())
+        self.learn_lam = bool(learn_lam)
+        if self.learn_lam:
+            if lam <= 0:
+                raise ValueError(f"TVMax: a learnable lam must start > 0, got lam={lam}")
+            # Inverse softplus, written to stay accurate for large lam.
+            raw = lam + math.log(-math.expm1(-lam))
+            self.raw_lam = nn.Parameter(torch.tensor(raw, dtype=torch.get_default_dtype()))
+        else:
+            self.fixed_lam = lam
+
+    @property
+    def lam(self) -> float | Tensor:
+        """The current lam: a float, or a 0-dim tensor carrying the gradient when learned."""
+        if self.learn_lam:
+            return nn.functional.softplus(self.raw_lam)
+        return self.fixed_lam
+
+    def forward(self, scores: Tensor, mask: Tensor | None = None) -> Tensor:
+        return tvmax(scores, self.lam, mask)
+
+    def extra_repr(self) -> str:
+        lam = self.lam.detach() if isinstance(self.lam, Tensor) else self.lam
+        return f"lam={float(lam):.4g}, learn_lam={self.learn_lam}"
