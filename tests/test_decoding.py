@@ -186,3 +186,12 @@ def test_empty_batch_gives_no_hypotheses():
     features = torch.zeros(0, 3, 4, 24)
     options = dict(start_id=START, end_id=END, max_length=4)
     assert beam_search(small_decoder(), features, beam_size=2, **options) == []
+
+
+def test_float16_cached_features_decode_like_their_float32_values():
+    decoder = ending_decoder()
+    features = random_batch(batch=3)[0].half()
+    options = dict(start_id=START, end_id=END, beam_size=2, max_length=MAX_LENGTH)
+    from_half = beam_search(decoder, features, **options)
+    from_float = beam_search(decoder, features.float(), **options)
+    assert [h.token_ids for h in from_half] == [h.token_ids for h in from_float]

@@ -153,7 +153,11 @@ class AttentionDecoder(nn.Module):
         self.word_scores = nn.Linear(feature_dim + hidden_dim, vocab_size)
 
     def encode(self, features: Tensor) -> EncodedImages:
-        """Project grid features ``(B, H, W, C)`` float to V and precompute attention keys."""
+        """Project grid features ``(B, H, W, C)`` to V and precompute attention keys.
+
+        Features of another floating dtype (float16 from a feature cache) are cast to the
+        parameters' dtype.
+        """
         if features.dim() != 4 or features.shape[-1] != self.feature_channels:
             raise ValueError(
                 f"decoder expects grid features (B, H, W, {self.feature_channels}), got "
@@ -162,7 +166,8 @@ class AttentionDecoder(nn.Module):
         if not features.is_floating_point():
             raise ValueError(f"decoder expects floating-point features, got {features.dtype}")
         grid = (features.shape[1], features.shape[2])
-        values = self.feature_projection(features.flatten(1, 2))
+        weight = self.feature_projection.weight
+        values = self.feature_projection(features.flatten(1, 2).to(weight.dtype))
         return EncodedImages(
             values,
             self.input_attention.keys(values),
