@@ -1,0 +1,73 @@
+"""``captioner evaluate``: decode a split with a checkpoint and report every metric."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HELP = "caption a Karpathy split with a checkpoint; metrics, attention statistics, objects"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="captioner evaluate", description=HELP)
+    parser.add_argument("--ckpt", required=True, help="checkpoint written by 'captioner fit'")
+    parser.add_argument("--data", required=True, help="Karpathy split JSON")
+    parser.add_argument("--images", required=True, help="image root of the Karpathy file")
+    parser.add_argument("--split", default="test", help="split to evaluate (default: %(default)s)")
+    parser.add_argument("--instances", help="COCO instances JSON for object mentions")
+    parser.add_argument("--beam-size", type=int, default=3, help="default: %(default)s")
+    parser.add_argument("--max-length", type=int, default=20, help="default: %(default)s")
+    parser.add_argument("--batch-size", type=int, default=16, help="default: %(default)s")
+    parser.add_argument(
+        "--metrics",
+        default="Bleu,METEOR,ROUGE_L,CIDEr,SPICE,REP",
+        help="comma-separated subset of Bleu,METEOR,ROUGE_L,CIDEr,SPICE,REP (default: all)",
+    )
+    parser.add_argument("--out", default="evaluation", help="output folder (default: %(default)s)")
+    return parser
+
+
+def format_report(report) -> str:
+    from eval.table import format_table1
+
+    name = f"{report.info['output_attention']} ({report.info['split']})"
+    lines = [format_table1({name: report.metrics}), "", "attention statistics:"]
+    lines += [f"  {key:<20} {value:.4f}" for key, value in report.attention.items()]
+    if report.objects:
+        lines += ["objects:"]
+        lines += [f"  {key:<26} {value:.4f}" for key, value in report.objects.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    from eval.evaluation import evaluate_checkpoint
+    from eval.java_tools import JavaToolError
+    from eval.scoring import parse_metrics
+    from eval.spice_jars import SpiceJarsError
+
+    try:
+        metrics = parse_metrics(args.metrics)
+        if "SPICE" in metrics:
+            from eval.spice_jars import locate_spice
+
+            locate_spice()  # fail before decoding, not after
+        report = evaluate_checkpoint(
+            args.ckpt, args.data, args.images, split=args.split, instances=args.instances,
+            beam_size=args.beam_size, max_length=args.max_length, batch_size=args.batch_size,
+            metrics=metrics,
+        )  # fmt: skip
+    except (SpiceJarsError, JavaToolError, FileNotFoundError, KeyError, ValueError) as exc:
+        print(f"captioner evaluate: {exc}", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / f"results_{args.split}.json"
+    results.write_text(json.dumps(report.results, indent=1) + "\n", encoding="utf-8")
+    metrics_file = out / f"metrics_{args.split}.json"
+    metrics_file.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+    print(format_report(report))
+    print(f"\nwrote {results} and {metrics_file}")
+    return 0

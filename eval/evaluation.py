@@ -1,0 +1,98 @@
+"""Evaluate a trained checkpoint on a Karpathy split: decode, score, analyse attention."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eval.scoring import ALL_METRICS
+
+
+@dataclass
+class EvaluationReport:
+    """``metrics``: corpus scores (pycocoevalcap names + REP); ``attention``: see
+    :func:`eval.attention_stats.attention_statistics`; ``objects``: see
+    :func:`eval.objects.object_statistics` (empty without instances); ``results``: COCO results
+    entries; ``per_image``: per-image metric scores; ``info``: what was evaluated."""
+
+    metrics: dict[str, float]
+    attention: dict[str, float]
+    objects: dict[str, float]
+    results: list[dict]
+    per_image: dict[int, dict[str, float]]
+    info: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            **self.metrics,
+            "attention": self.attention,
+            "objects": self.objects,
+            "per_image": {str(i): s for i, s in self.per_image.items()},
+            "info": self.info,
+        }
+
+
+def evaluate_checkpoint(
+    checkpoint: str | Path,
+    karpathy_json: str | Path,
+    image_root: str | Path,
+    *,
+    split: str = "test",
+    instances: str | Path | None = None,
+    beam_size: int = 3,
+    max_length: int = 20,
+    batch_size: int = 16,
+    metrics: Sequence[str] = ALL_METRICS,
+    progress: bool = True,
+) -> EvaluationReport:
+    """Caption every image of ``split`` with ``captioner.inference.Captioner`` and report the
+    caption metrics against the split's raw references, the output-attention statistics and,
+    with a COCO ``instances`` file, object mentions and attention precision."""
+    from captioner.inference import Captioner
+    from data_prep.karpathy import load_karpathy
+    from eval.attention_stats import attention_statistics
+    from eval.objects import InstanceAnnotations, object_statistics
+    from eval.scoring import compute_metrics
+
+    entries = load_karpathy(karpathy_json, image_root).split(split)
+    if not entries:
+        raise ValueError(f"{karpathy_json}: split {split!r} has no images")
+    annotations = InstanceAnnotations.load(instances) if instances is not None else None
+    captioner = Captioner.load(checkpoint)
+    captions = captioner.caption(
+        [entry.path for entry in entries],
+        beam_size=beam_size,
+        max_length=max_length,
+        batch_size=batch_size,
+        progress=progress,
+    )
+    ids = [entry.image_id for entry in entries]
+    hypotheses = {i: c.text for i, c in zip(ids, captions, strict=True)}
+    references = {entry.image_id: list(entry.raws) for entry in entries}
+    scores = compute_metrics(hypotheses, references, metrics)
+    objects = (
+        object_statistics(
+            {i: c.tokens for i, c in zip(ids, captions, strict=True)},
+            {i: c.attention for i, c in zip(ids, captions, strict=True)},
+            annotations,
+        )
+        if annotations is not None
+        else {}
+    )
+    return EvaluationReport(
+        metrics=scores.corpus,
+        attention=attention_statistics([c.attention for c in captions]),
+        objects=objects,
+        results=[{"image_id": i, "caption": hypotheses[i]} for i in ids],
+        per_image=scores.per_image,
+        info={
+            "checkpoint": str(checkpoint),
+            "data": str(karpathy_json),
+            "split": split,
+            "num_images": len(ids),
+            "output_attention": captioner.output_attention_name,
+            "beam_size": beam_size,
+            "instances": None if instances is None else str(instances),
+        },
+    )
