@@ -11,6 +11,10 @@ FUNCS = {
     "sparsemax": att.sparsemax,
     "entmax15": att.entmax15,
     "entmax_bisect": lambda z, dim=-1, mask=None: att.entmax_bisect(z, 1.3, dim=dim, mask=mask),
+    "fusedmax": lambda z, dim=-1, mask=None: att.fusedmax(z, 0.1, dim=dim, mask=mask),
+    "oscarmax": lambda z, dim=-1, mask=None: att.oscarmax(z, 0.1, dim=dim, mask=mask),
+    "tv1d_prox": lambda z, dim=-1, mask=None: att.tv1d_prox(z, 0.1, dim=dim, mask=mask),
+    "oscar_prox": lambda z, dim=-1, mask=None: att.oscar_prox(z, 0.1, dim=dim, mask=mask),
 }
 
 
@@ -54,3 +58,15 @@ def test_bad_rank_dim_dtype_and_mask(func):
         func(torch.zeros(2, 3), mask=torch.ones(3, 2, dtype=torch.bool))
     with pytest.raises(TypeError, match="torch.Tensor"):
         func([0.0, 1.0])
+
+
+@pytest.mark.parametrize("func", [att.fusedmax, att.oscarmax, att.tv1d_prox, att.oscar_prox])
+def test_bad_lam_rejected(func):
+    z = torch.zeros(2, 3)
+    for bad in (-0.1, float("nan"), float("inf"), torch.tensor(-1.0)):
+        with pytest.raises(ValueError, match="lam must be finite and >= 0"):
+            func(z, bad)
+    with pytest.raises(ValueError, match="0-dim tensor"):
+        func(z, torch.tensor([0.1, 0.2]))
+    with pytest.raises(TypeError, match="lam must be a float"):
+        func(z, "0.1")

@@ -5,6 +5,8 @@ Functional API (``z`` scores, ``mask`` bool with True = may attend):
 * :func:`softmax`, :func:`sparsemax` (Martins & Astudillo, 2016)
 * :func:`entmax15` (exact) and :func:`entmax_bisect` (any alpha > 1, differentiable in
   alpha) (Peters et al., 2019; Correia et al., 2019)
+* :func:`fusedmax` and :func:`oscarmax` (Niculae & Blondel, 2017), built on the exact
+  proximal operators :func:`tv1d_prox` (Condat, 2013) and :func:`oscar_prox`
 
 Every mapping validates its input (ValueError on NaN, ``+inf`` or fully masked rows).
 Modules share ``forward(scores (..., H, W), mask=None) -> weights (..., H, W)``;
@@ -12,19 +14,28 @@ Modules share ``forward(scores (..., H, W), mask=None) -> weights (..., H, W)``;
 """
 
 from .entmax import Entmax, Entmax15, entmax15, entmax_bisect
+from .fusedmax import Fusedmax, fusedmax
+from .oscarmax import Oscarmax, oscar_prox, oscarmax
 from .registry import MAPPINGS, build
 from .softmax import Softmax, softmax
 from .sparsemax import Sparsemax, sparsemax
+from .tv1d import tv1d_prox
 
 __all__ = [
     "MAPPINGS",
     "Entmax",
     "Entmax15",
+    "Fusedmax",
+    "Oscarmax",
     "Softmax",
     "Sparsemax",
     "build",
     "entmax15",
     "entmax_bisect",
+    "fusedmax",
+    "oscar_prox",
+    "oscarmax",
     "softmax",
     "sparsemax",
+    "tv1d_prox",
 ]

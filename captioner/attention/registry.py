@@ -14,6 +14,8 @@ _CLASSES = {
     "sparsemax": (".sparsemax", "Sparsemax"),
     "entmax15": (".entmax", "Entmax15"),
     "entmax": (".entmax", "Entmax"),
+    "fusedmax": (".fusedmax", "Fusedmax"),
+    "oscarmax": (".oscarmax", "Oscarmax"),
     "tvmax": (".tvmax", "TVMax"),
 }
 
