@@ -68,8 +68,9 @@ def upsample_attention(
     Args:
         attention: float array (T, h, w) or (h, w), non-negative.
         size: target (H, W).
-        mode: ``nearest`` (cell (i, j) fills its block exactly) or ``bilinear`` (pixel-centre
-            aligned interpolation, borders clamped).
+        mode: ``nearest`` (each pixel takes the cell under its centre, computed in integers;
+            a centre exactly on a border goes to the lower/right cell) or ``bilinear``
+            (pixel-centre aligned interpolation, borders clamped; meant for enlarging).
 
     Returns:
         float32 array (T, H, W) or (H, W), same leading shape as the input.

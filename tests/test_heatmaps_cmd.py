@@ -1,0 +1,64 @@
+"""``captioner heatmaps`` on a real checkpoint: files, white mask pixels, shared scale."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+from PIL import Image
+
+from captioner.commands import heatmaps as command
+from captioner.heatmaps import AttentionRecord
+
+FAST = ["--beam-size", "1", "--max-length", "4", "--no-progress"]
+
+
+def test_heatmaps_for_two_models_share_one_scale(tiny_checkpoint, synthetic_data, tmp_path):
+    second = tmp_path / "second.ckpt"
+    shutil.copy(tiny_checkpoint, second)
+    image = sorted(synthetic_data.image_root.rglob("*test*.png"))[0]
+    wide = tmp_path / "wide photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 200, (32, 96, 3), dtype=np.uint8)).save(
+        wide)
+    out = tmp_path / "out"
+    code = command.main([str(image), str(wide), "--ckpt", str(tiny_checkpoint), "--ckpt",
+                         str(second), "--out", str(out), "--zero-style", "white", "--size", "96",
+                         *FAST])
+    assert code == 0
+    index = json.loads((out / "index.json").read_text())
+    model = tiny_checkpoint.stem
+    records = {
+        (m, stem): AttentionRecord.load(out / m / stem / "attention.npz")
+        for m in (model, "second") for stem in (image.stem, "wide_photo")
+    }
+    # One colour scale: the largest weight over both images and both models.
+    assert index["vmax"] == max(float(r.attention.max()) for r in records.values())
+    record = records[model, "wide_photo"]
+    assert record.vmax == index["vmax"] and record.source == str(wide)
+    names = sorted(p.name for p in (out / model / "wide_photo").iterdir())
+    words = [f"{i:02d}_{w}.png" for i, w in enumerate(record.tokens)]
+    assert names == sorted([*words, "strip.png", "attention.npz", "attention.json"])
+
+    # Pixels of the first word: white exactly where the nearest grid cell has zero weight.
+    figure = np.asarray(Image.open(out / model / "wide_photo" / words[0]).convert("RGB"))
+    assert figure.shape == (32, 96, 3)  # the photo's own aspect ratio
+    # (No pixel centre of a 32 x 96 image lies on a cell border of a 2^k grid: no ties.)
+    cells = Image.fromarray(record.attention[0], mode="F").resize((96, 32),
+                                                                  Image.Resampling.NEAREST)
+    zero = np.asarray(cells) == 0
+    assert (figure[zero] == 255).all()
+    assert not (figure[~zero] == 255).all(axis=-1).any()
+
+
+def test_unreadable_image_is_skipped_with_error_status(tiny_checkpoint, tmp_path, capsys):
+    good, bad = tmp_path / "good.png", tmp_path / "bad.png"
+    Image.new("RGB", (20, 20), (10, 120, 30)).save(good)
+    bad.write_bytes(b"\x89PNG broken")
+    out = tmp_path / "out"
+    code = command.main([str(good), str(bad), "--ckpt", str(tiny_checkpoint), "--out", str(out),
+                         *FAST])
+    assert code == 1
+    assert "bad.png" in capsys.readouterr().err
+    model = tiny_checkpoint.stem
+    assert (out / model / "good" / "strip.png").exists() and not (out / model / "bad").exists()
