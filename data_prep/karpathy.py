@@ -154,20 +154,10 @@ def _parse_image(record: Any, json_path: Path, index: int, image_root: Path) -> 
     for k, sentence in enumerate(sentences):
         if not isinstance(sentence, Mapping):
             raise fail(f"sentences[{k}]", f"must be an object, got {type(sentence).__name__}")
-        tokens = sentence.get("tokens")
-        if not isinstance(tokens, list):
-            raise fail(f"sentences[{k}].tokens", "is missing or not a list")
-        if not tokens:
-            raise fail(f"sentences[{k}].tokens", "is empty")
-        for j, token in enumerate(tokens):
-            if not isinstance(token, str) or not token.strip():
-                raise fail(
-                    f"sentences[{k}].tokens[{j}]", f"must be a non-empty string, got {token!r}"
-                )
         raw = sentence.get("raw")
         if not isinstance(raw, str):
             raise fail(f"sentences[{k}].raw", "is missing or not a string")
-        token_lists.append(tuple(token.lower() for token in tokens))
+        token_lists.append(_lower_tokens(sentence.get("tokens"), f"sentences[{k}].tokens", fail))
         raws.append(raw)
 
     return ImageEntry(
@@ -177,6 +167,30 @@ def _parse_image(record: Any, json_path: Path, index: int, image_root: Path) -> 
         sentences=tuple(token_lists),
         raws=tuple(raws),
     )
+
+
+def _lower_tokens(tokens: Any, field: str, fail) -> tuple[str, ...]:
+    """Lower-cased tokens; each must be a non-empty string without whitespace."""
+    if not isinstance(tokens, list):
+        raise fail(field, "is missing or not a list")
+    if not tokens:
+        raise fail(field, "is empty")
+    # Fast path in C for the ~6 million tokens of COCO: joining with single spaces and splitting
+    # on any whitespace gives the tokens back exactly when none is empty or holds whitespace.
+    try:
+        joined = " ".join(tokens).lower()
+    except TypeError:
+        joined = None
+    if joined is not None:
+        words = joined.split()
+        if len(words) == len(tokens) and " ".join(words) == joined:
+            return tuple(words)
+    for j, token in enumerate(tokens):
+        if not isinstance(token, str) or not token.strip():
+            raise fail(f"{field}[{j}]", f"must be a non-empty string, got {token!r}")
+        if token.split() != [token]:
+            raise fail(f"{field}[{j}]", f"must not contain whitespace, got {token!r}")
+    raise AssertionError(f"{field}: tokens rejected by the fast path passed every check")
 
 
 def _require(record: Mapping, field: str, kind: type, fail) -> Any:

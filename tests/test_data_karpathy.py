@@ -139,6 +139,22 @@ MALFORMED = {
         _set(("images", 2, "sentences", 0, "tokens", 3), " "),
         r"images\[2\].*'sentences\[0\].tokens\[3\]'",
     ),
+    "tab token": (
+        _set(("images", 2, "sentences", 0, "tokens", 1), "\t"),
+        r"images\[2\].*'sentences\[0\].tokens\[1\]'.*non-empty",
+    ),
+    "token with a space": (
+        _set(("images", 2, "sentences", 0, "tokens", 0), "hot dog"),
+        r"images\[2\].*'sentences\[0\].tokens\[0\]'.*whitespace.*'hot dog'",
+    ),
+    "number token": (
+        _set(("images", 1, "sentences", 1, "tokens", 2), 7),
+        r"images\[1\].*'sentences\[1\].tokens\[2\]'.*got 7",
+    ),
+    "tokens not a list": (
+        _set(("images", 1, "sentences", 0, "tokens"), "a dog"),
+        r"images\[1\].*'sentences\[0\].tokens' is missing or not a list",
+    ),
     "missing raw": (
         _delete(("images", 0, "sentences", 1, "raw")),
         r"images\[0\].*'sentences\[1\].raw'",
