@@ -236,12 +236,15 @@ def locate_spice(cache_dir: str | os.PathLike[str] | None = None) -> SpiceInstal
     return install
 
 
-def _place(source: Path, target: Path) -> None:
-    """Hard-link ``source`` to ``target`` (same file system), else copy; atomic for readers."""
+def _place(source: Path, target: Path, *, link: bool) -> None:
+    """Put a copy of ``source`` at ``target`` atomically (never writing through an existing
+    hard link); with ``link``, hard-link instead of copying when on the same file system."""
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".part")
     partial.unlink(missing_ok=True)
     try:
+        if not link:
+            raise OSError("copy requested")
         os.link(source, partial)
     except OSError:
         shutil.copyfile(source, partial)
@@ -303,8 +306,7 @@ def fetch_spice(
     for source in _bundled_jars():
         target = install.root / source.relative_to(PYCOCOEVALCAP_SPICE_DIR)
         if not target.is_file() or target.stat().st_size != source.stat().st_size:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, target)
+            _place(source, target, link=False)
     for artifact in ARTIFACTS:
         target = install.root / artifact.folder / artifact.filename
         if _jar_problem(target, artifact, check_digest=True) is None:
@@ -320,7 +322,7 @@ def fetch_spice(
                     log(f"         mvn failed, falling back to HTTPS: {str(exc).splitlines()[0]}")
         if _jar_problem(local, artifact, check_digest=True) is None:
             log(f"copy     {artifact.coordinates} from {local}")
-            _place(local, target)
+            _place(local, target, link=True)
         else:
             url = f"{MAVEN_CENTRAL}/{artifact.repo_path}"
             log(f"download {url}")

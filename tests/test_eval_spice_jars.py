@@ -109,3 +109,10 @@ def test_fetch_spice_command(seeded, tmp_path, capsys, no_network):
     argv = ["--cache-dir", str(seeded), "--no-mvn", "--maven-repo", str(tmp_path / "m2")]
     assert fetch_command.main(argv) == 0
     assert f"SPICE is ready in {seeded}" in capsys.readouterr().out
+
+
+def test_missing_copy_of_a_pycocoevalcap_jar_is_restored(seeded, tmp_path, no_network):
+    jar = seeded / "lib" / "json-simple-1.1.1.jar"
+    jar.unlink()
+    fetch_spice(seeded, maven_repo=tmp_path / "m2", use_mvn=False, log=lambda _: None)
+    assert jar.read_bytes() == (spice_jars.PYCOCOEVALCAP_SPICE_DIR / "lib" / jar.name).read_bytes()
