@@ -5,24 +5,46 @@ import torch
 
 import captioner.attention as att
 
+EXPECTED = {
+    "softmax": (att.Softmax, {}, False),
+    "sparsemax": (att.Sparsemax, {}, True),
+    "entmax15": (att.Entmax15, {}, True),
+    "entmax": (att.Entmax, {"alpha": 1.3, "learn_alpha": True}, True),
+    "fusedmax": (att.Fusedmax, {"lam": 0.2}, True),
+    "oscarmax": (att.Oscarmax, {"lam": 0.05}, True),
+    "tvmax": (att.TVMax, {"lam": 0.1, "learn_lam": True}, True),
+}
 
-def test_mappings_list_is_the_contract():
-    assert set(att.MAPPINGS) >= {"softmax", "sparsemax"}
+
+def test_mappings_are_the_contract_names():
+    assert att.MAPPINGS == tuple(EXPECTED)
 
 
-@pytest.mark.parametrize(("name", "cls"), [("softmax", att.Softmax), ("sparsemax", att.Sparsemax)])
-def test_build_returns_module_with_shared_signature(name, cls):
-    module = att.build(name)
-    assert type(module) is cls and isinstance(module, torch.nn.Module)
-    weights = module(torch.randn(2, 3, 4), torch.ones(2, 3, 4, dtype=torch.bool))
-    torch.testing.assert_close(weights.sum((-2, -1)), torch.ones(2))
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_build_returns_module_with_the_shared_signature(name):
+    cls, kwargs, sparse = EXPECTED[name]
+    module = att.build(name, **kwargs)
+    assert type(module) is cls and module.is_sparse is sparse
+    assert type(att.build(name)) is cls  # defaults suffice
+    scores = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(4, 5, dtype=torch.bool)
+    mask[0, :3] = False
+    weights = module(scores, mask)
+    assert weights.shape == scores.shape and (weights >= 0).all()
+    assert (weights[..., ~mask] == 0).all()
+    torch.testing.assert_close(weights.sum((-2, -1)), torch.ones(2, 3))
+    for key, value in kwargs.items():
+        if not key.startswith("learn"):
+            assert f"{key}={value}" in repr(module)
 
 
 def test_unknown_name_lists_valid_names():
-    with pytest.raises(ValueError, match="valid names: softmax, sparsemax"):
+    with pytest.raises(ValueError, match="valid names: softmax, sparsemax, entmax15, entmax"):
         att.build("sparsmax")
 
 
 def test_unexpected_keyword_is_named():
-    with pytest.raises(TypeError, match="unexpected keyword.*lam"):
+    with pytest.raises(TypeError, match="unexpected keyword.*lam.*takes: no keywords"):
         att.build("sparsemax", lam=0.1)
+    with pytest.raises(TypeError, match="unexpected keyword.*alpha.*takes: lam"):
+        att.build("fusedmax", alpha=1.5)

@@ -7,6 +7,7 @@ Functional API (``z`` scores, ``mask`` bool with True = may attend):
   alpha) (Peters et al., 2019; Correia et al., 2019)
 * :func:`fusedmax` and :func:`oscarmax` (Niculae & Blondel, 2017), built on the exact
   proximal operators :func:`tv1d_prox` (Condat, 2013) and :func:`oscar_prox`
+* :func:`tvmax` and its prox :func:`tv2d_prox` over (..., H, W) grids (Martins et al.)
 
 Every mapping validates its input (ValueError on NaN, ``+inf`` or fully masked rows).
 Modules share ``forward(scores (..., H, W), mask=None) -> weights (..., H, W)``;
@@ -20,6 +21,7 @@ from .registry import MAPPINGS, build
 from .softmax import Softmax, softmax
 from .sparsemax import Sparsemax, sparsemax
 from .tv1d import tv1d_prox
+from .tvmax import TVMax, tv2d_prox, tvmax
 
 __all__ = [
     "MAPPINGS",
@@ -29,6 +31,7 @@ __all__ = [
     "Oscarmax",
     "Softmax",
     "Sparsemax",
+    "TVMax",
     "build",
     "entmax15",
     "entmax_bisect",
@@ -38,4 +41,6 @@ __all__ = [
     "softmax",
     "sparsemax",
     "tv1d_prox",
+    "tv2d_prox",
+    "tvmax",
 ]

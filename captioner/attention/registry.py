@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 
 from torch import nn
 
-# name -> (module, class); imported on demand so that the registry stays importable while
-# a mapping's module is absent or broken, and the error names the mapping asked for.
-_CLASSES = {
-    "softmax": (".softmax", "Softmax"),
-    "sparsemax": (".sparsemax", "Sparsemax"),
-    "entmax15": (".entmax", "Entmax15"),
-    "entmax": (".entmax", "Entmax"),
-    "fusedmax": (".fusedmax", "Fusedmax"),
-    "oscarmax": (".oscarmax", "Oscarmax"),
-    "tvmax": (".tvmax", "TVMax"),
+from .entmax import Entmax, Entmax15
+from .fusedmax import Fusedmax
+from .oscarmax import Oscarmax
+from .softmax import Softmax
+from .sparsemax import Sparsemax
+from .tvmax import TVMax
+
+_CLASSES: dict[str, type[nn.Module]] = {
+    "softmax": Softmax,
+    "sparsemax": Sparsemax,
+    "entmax15": Entmax15,
+    "entmax": Entmax,
+    "fusedmax": Fusedmax,
+    "oscarmax": Oscarmax,
+    "tvmax": TVMax,
 }
 
 MAPPINGS: tuple[str, ...] = tuple(_CLASSES)
@@ -28,21 +32,28 @@ def mapping_class(name: str) -> type[nn.Module]:
         raise ValueError(
             f"unknown attention mapping {name!r}; valid names: {', '.join(MAPPINGS)}"
         )
-    module, cls = _CLASSES[name]
-    return getattr(importlib.import_module(module, __package__), cls)
+    return _CLASSES[name]
 
 
 def build(name: str, **kwargs) -> nn.Module:
     """Construct the attention module registered under ``name`` with ``kwargs``.
 
-    >>> build("entmax", alpha=1.3, learn_alpha=True)  # doctest: +SKIP
+    Keywords: entmax takes ``alpha`` and ``learn_alpha``; fusedmax and oscarmax ``lam``;
+    tvmax ``lam`` and ``learn_lam``; the others none.
+
+    >>> build("tvmax", lam=0.01, learn_lam=True)  # doctest: +SKIP
 
     Raises:
         ValueError: unknown ``name`` (the message lists :data:`MAPPINGS`) or a bad value.
         TypeError: a keyword the mapping does not take (the message lists those it takes).
     """
     cls = mapping_class(name)
-    accepted = list(inspect.signature(cls).parameters)
+    # nn.Module.__init__(*args, **kwargs) stands for "no keywords" in classes without their own
+    accepted = [
+        p.name
+        for p in inspect.signature(cls).parameters.values()
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
     unknown = sorted(set(kwargs) - set(accepted))
     if unknown:
         raise TypeError(
