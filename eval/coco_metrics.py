@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from eval.spice_jars import SpiceInstall
 
 METRICS: tuple[str, ...] = ("Bleu", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
 BLEU_KEYS: tuple[str, ...] = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4")
@@ -85,7 +89,7 @@ def score_captions(
     references: Mapping[int, Sequence[str]],
     metrics: Sequence[str] = METRICS,
     *,
-    spice_install=None,
+    spice_install: SpiceInstall | None = None,
     spice_timeout: float | None = None,
 ) -> CaptionScores:
     """Score ``hypotheses[image_id]`` against ``references[image_id]`` (raw captions).

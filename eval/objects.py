@@ -256,6 +256,39 @@ class InstanceAnnotations:
         return downsample_mask(union, grid)
 
 
+def attention_precision(
+    tokens: Sequence[str],
+    maps: Tensor,
+    image_id: int,
+    annotations: InstanceAnnotations,
+    category_words: Mapping[str, Sequence[str]] | None = None,
+) -> dict[int, float]:
+    """Share of output attention mass inside the named object's mask, for every word of
+    ``tokens`` that names a category annotated in the image: {word position: share}.
+
+    ``maps``: (T, h, w) output attention, T = len(tokens). ``category_words`` defaults to the
+    synonym lists of the annotation file's categories. KeyError/ValueError name the image."""
+    if not annotations.has_image(image_id):
+        raise KeyError(f"image {image_id} is not in the instances file {annotations.path}")
+    if maps.dim() != 3 or maps.shape[0] != len(tokens):
+        raise ValueError(
+            f"image {image_id}: attention of shape {tuple(maps.shape)} for {len(tokens)} tokens; "
+            "expected (T, h, w) with T = number of tokens"
+        )
+    words = (
+        category_words_for(annotations.category_names) if category_words is None else category_words
+    )
+    named = mentions(tokens, words)
+    grid = (int(maps.shape[-2]), int(maps.shape[-1]))
+    shares: dict[int, float] = {}
+    for category in named.keys() & annotations.categories(image_id):
+        mask = torch.from_numpy(annotations.mask(image_id, category, grid))
+        positions = named[category]
+        mass = (maps[positions].to(torch.float64) * mask).sum(dim=(-2, -1))
+        shares.update(zip(positions, mass.tolist(), strict=True))
+    return dict(sorted(shares.items()))
+
+
 def object_statistics(
     captions: Mapping[int, Sequence[str]],
     attention: Mapping[int, Tensor],
@@ -268,24 +301,14 @@ def object_statistics(
     annotated_total = mentioned_total = hits = 0
     inside: list[float] = []
     for image_id, tokens in captions.items():
-        if not annotations.has_image(image_id):
-            raise KeyError(f"image {image_id} is not in the instances file {annotations.path}")
-        maps = attention[image_id]
-        if maps.shape[0] != len(tokens):
-            raise ValueError(
-                f"image {image_id}: {maps.shape[0]} attention maps for {len(tokens)} tokens"
-            )
+        inside.extend(
+            attention_precision(tokens, attention[image_id], image_id, annotations, words).values()
+        )
         truth = annotations.categories(image_id)
-        named = mentions(tokens, words)
+        named = mentions(tokens, words).keys()
         annotated_total += len(truth)
         mentioned_total += len(named)
-        hits += len(truth & named.keys())
-        grid = (int(maps.shape[-2]), int(maps.shape[-1]))
-        for category in named.keys() & truth:
-            mask = torch.from_numpy(annotations.mask(image_id, category, grid))
-            positions = named[category]
-            mass = (maps[positions].to(torch.float64) * mask).sum(dim=(-2, -1))
-            inside.extend(mass.tolist())
+        hits += len(truth & named)
     nan = float("nan")
     return {
         "object_recall": hits / annotated_total if annotated_total else nan,

@@ -12,6 +12,7 @@ from eval.objects import (
     COCO_CATEGORY_WORDS,
     InstanceAnnotations,
     area_weights,
+    attention_precision,
     category_words_for,
     downsample_mask,
     mentions,
@@ -112,12 +113,14 @@ def test_object_statistics_by_hand(instances):
     assert stats["object_precision"] == pytest.approx(2 / 3)
     assert stats["attention_precision"] == pytest.approx((0.6 + 0.8 * 0.25) / 2)
     assert stats["attention_precision_words"] == 2
+    shares = attention_precision(captions[1], attention[1], 1, instances)
+    assert shares == pytest.approx({2: 0.6, 5: 0.2})
 
 
 def test_missing_image_and_length_mismatch_are_named(instances):
     with pytest.raises(KeyError, match="image 9 is not in the instances file"):
         object_statistics({9: ["a"]}, {9: torch.ones(1, 2, 2)}, instances)
-    with pytest.raises(ValueError, match="image 1: 2 attention maps for 1 tokens"):
+    with pytest.raises(ValueError, match=r"image 1: attention of shape \(2, 2, 2\) for 1 tokens"):
         object_statistics({1: ["a"]}, {1: torch.ones(2, 2, 2)}, instances)
     assert math.isnan(
         object_statistics({2: ["nothing"]}, {2: torch.ones(1, 2, 2)}, instances)[
