@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--allow-empty",
         action="store_true",
-        help="score empty captions instead of refusing them (SPICE is then NaN for them)",
+        help="score empty captions (every metric gives them 0) instead of refusing them",
     )
     parser.add_argument(
         "--spice-timeout", type=float, help="seconds before SPICE is stopped (default: scaled)"
