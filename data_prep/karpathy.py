@@ -120,13 +120,13 @@ def load_karpathy(json_path: str | Path, image_root: str | Path) -> KarpathyData
 
 def _parse_image(record: Any, json_path: Path, index: int, image_root: Path) -> ImageEntry:
     def fail(field: str, problem: str) -> KarpathyFormatError:
-        filename = record.get("filename") if isinstance(record, Mapping) else None
+        filename = record.get("filename") if isinstance(record, dict) else None
         label = f" ({filename})" if isinstance(filename, str) else ""
         return KarpathyFormatError(
             f"{json_path}: images[{index}]{label}: field {field!r} {problem}"
         )
 
-    if not isinstance(record, Mapping):
+    if not isinstance(record, dict):
         raise fail("images", f"entry must be an object, got {type(record).__name__}")
 
     filename = _require(record, "filename", str, fail)
@@ -152,7 +152,7 @@ def _parse_image(record: Any, json_path: Path, index: int, image_root: Path) -> 
     token_lists: list[tuple[str, ...]] = []
     raws: list[str] = []
     for k, sentence in enumerate(sentences):
-        if not isinstance(sentence, Mapping):
+        if not isinstance(sentence, dict):
             raise fail(f"sentences[{k}]", f"must be an object, got {type(sentence).__name__}")
         raw = sentence.get("raw")
         if not isinstance(raw, str):
