@@ -67,18 +67,17 @@ def test_tokenizer_matches_pycocoevalcap_on_clean_captions():
 
 _SCORE_SCRIPT = textwrap.dedent(
     """
-    import json, sys
+    import json
     from eval.coco_metrics import score_captions
     refs = {1: ["a dog runs on the grass", "a brown dog running"],
             2: ["a cat sleeps on a sofa", "a cat lying on a couch"],
             3: ["two people ride bikes", "cyclists on a road"]}
-    dirty = {1: "a dog\\nruns\\u2028on grass", 2: "a cat\\r\\non a\\x0csofa",
-             3: "two people on bikes"}
-    clean = {1: "a dog runs on grass", 2: "a cat on a sofa", 3: "two people on bikes"}
-    metrics = ("Bleu", "METEOR", "ROUGE_L", "CIDEr")
-    out = {name: score_captions(hyps, refs, metrics).per_image
-           for name, hyps in (("dirty", dirty), ("clean", clean))}
-    print(json.dumps(out))
+    # image 10 + k carries the clean twin of image k (same references)
+    refs.update({10 + k: v for k, v in refs.items() if k < 3})
+    hyps = {1: "a dog\\nruns\\u2028on grass", 2: "a cat\\r\\non a\\x0csofa",
+            3: "two people on bikes", 11: "a dog runs on grass", 12: "a cat on a sofa"}
+    scores = score_captions(hyps, refs, ("Bleu", "METEOR", "ROUGE_L", "CIDEr"))
+    print(json.dumps(scores.per_image))
     """
 )
 
@@ -91,10 +90,12 @@ def test_newlines_in_hypotheses_score_like_clean_captions_and_meteor_exits():
     )
     assert proc.returncode == 0, proc.stderr
     scores = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert scores["dirty"] == scores["clean"]
-    # the neighbour (image 3) was scored on its own caption, not a shifted one
-    assert scores["clean"]["3"]["METEOR"] > 0.1
-    assert scores["clean"]["1"]["METEOR"] != scores["clean"]["3"]["METEOR"]
+    # CIDEr's document frequencies count both twins' references alike, so all metrics match
+    assert scores["1"] == scores["11"]
+    assert scores["2"] == scores["12"]
+    # the neighbour after the broken captions was scored on its own caption, not a shifted one
+    assert scores["3"]["METEOR"] > 0.1
+    assert scores["3"]["Bleu_1"] == pytest.approx(1.0)
 
 
 @pytest.mark.java
