@@ -1,0 +1,327 @@
+"""TVmax and the 2-D TV prox against prox_tv (Barbero & Sra) and closed forms built here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from captioner.attention.tvmax import TVMax, tv2d_prox, tvmax
+
+ptv = pytest.importorskip("prox_tv")
+entmax = pytest.importorskip("entmax")
+
+SHAPES = [(1, 9), (9, 1), (1, 1), (7, 7), (8, 8), (14, 14), (5, 11), (11, 4)]
+LAMS = [0.001, 0.01, 0.1, 0.3, 1.0]
+FUSED = 1e-9  # the reference (converged to ~1e-13) puts fused cells closer than this
+APART = 1e-5  # inputs whose neighbours differ by (FUSED, APART) are too close to a group change
+
+
+def reference_prox(z: np.ndarray, lam: float) -> np.ndarray:
+    """prox_tv's Yang et al. solver, run long enough to agree with the exact prox to ~1e-13."""
+    return ptv.tv1_2d(np.asarray(z, dtype=np.float64), lam, max_iters=5000, method="yang")
+
+
+def neighbour_pairs(height: int, width: int, active: np.ndarray | None = None):
+    """Row-major flat index pairs of the 4-neighbour grid edges (both cells active)."""
+    idx = np.arange(height * width).reshape(height, width)
+    pairs = np.concatenate(
+        [
+            np.stack([idx[:, :-1].ravel(), idx[:, 1:].ravel()], 1),
+            np.stack([idx[:-1, :].ravel(), idx[1:, :].ravel()], 1),
+        ]
+    )
+    if active is not None:
+        flat = active.ravel()
+        pairs = pairs[flat[pairs[:, 0]] & flat[pairs[:, 1]]]
+    return pairs
+
+
+def components(n: int, pairs: np.ndarray, joined: np.ndarray) -> np.ndarray:
+    """Connected-component label of each of n nodes, joining the pairs where joined is True."""
+    parent = list(range(n))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for (a, b), j in zip(pairs, joined, strict=True):
+        if j:
+            parent[root(a)] = root(b)
+    roots = [root(i) for i in range(n)]
+    return np.unique(roots, return_inverse=True)[1]
+
+
+def reference_groups(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Fused groups of a reference prox solution w (H, W) and the grid's edge list."""
+    pairs = neighbour_pairs(*w.shape)
+    flat = w.ravel()
+    return components(
+        flat.size, pairs, np.abs(flat[pairs[:, 0]] - flat[pairs[:, 1]]) < FUSED
+    ), pairs
+
+
+def well_separated(w: np.ndarray) -> bool:
+    pairs = neighbour_pairs(*w.shape)
+    diff = np.abs(w.ravel()[pairs[:, 0]] - w.ravel()[pairs[:, 1]])
+    return not np.any((diff > FUSED) & (diff < APART))
+
+
+def sparsemax_jacobian(p: np.ndarray) -> np.ndarray:
+    """Martins & Astudillo's J = diag(s) - s s^T / |S| at p (flat)."""
+    s = (p > 0).astype(np.float64)
+    return np.diag(s) - np.outer(s, s) / s.sum()
+
+
+def group_average_matrix(labels: np.ndarray) -> np.ndarray:
+    same = (labels[:, None] == labels[None, :]).astype(np.float64)
+    return same / same.sum(1, keepdims=True)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_prox_and_tvmax_match_prox_tv(shape):
+    rng = np.random.default_rng(sum(shape))
+    for lam in LAMS:
+        z = rng.normal(size=(2, *shape)) * rng.choice([0.3, 1.0, 3.0])
+        ours = tv2d_prox(torch.from_numpy(z), lam).numpy()
+        probs = tvmax(torch.from_numpy(z), lam).numpy()
+        for b in range(2):
+            ref = reference_prox(z[b], lam)
+            np.testing.assert_allclose(ours[b], ref, atol=1e-6, rtol=0, err_msg=f"lam={lam}")
+            ref_p = entmax.sparsemax(torch.from_numpy(ref).flatten(), dim=-1).numpy()
+            np.testing.assert_allclose(probs[b].ravel(), ref_p, atol=1e-6, rtol=0)
+
+
+def test_groups_are_exact_and_bitwise_constant():
+    """Cells fused in the reference share one bit pattern; neighbours across groups differ."""
+    rng = np.random.default_rng(1)
+    checked = 0
+    for lam in [0.05, 0.2, 0.5]:
+        z = rng.normal(size=(6, 8, 8))
+        out = tv2d_prox(torch.from_numpy(z), lam).numpy()
+        for b in range(6):
+            ref = reference_prox(z[b], lam)
+            if not well_separated(ref):
+                continue
+            labels, pairs = reference_groups(ref)
+            assert labels.max() + 1 < 64, "the test needs fused groups"
+            flat = out[b].ravel()
+            same = labels[pairs[:, 0]] == labels[pairs[:, 1]]
+            equal = flat[pairs[:, 0]] == flat[pairs[:, 1]]
+            np.testing.assert_array_equal(equal, same)
+            checked += 1
+    assert checked >= 12
+
+
+def test_float32_groups_bitwise_constant_and_close_to_float64():
+    z = torch.randn(16, 8, 8, generator=torch.Generator().manual_seed(2))
+    out32 = tvmax(z, 0.1)
+    out64 = tvmax(z.double(), 0.1)
+    assert out32.dtype == torch.float32
+    torch.testing.assert_close(out32.double(), out64, atol=1e-6, rtol=0)
+    prox32 = tv2d_prox(z, 0.1)
+    prox64 = tv2d_prox(z.double(), 0.1)
+    # The float32 output is the float64 solution rounded: equal neighbours stay equal.
+    torch.testing.assert_close(prox32, prox64.float(), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("lam", [0.02, 0.1, 0.4])
+def test_backward_matches_group_average_of_sparsemax_jacobian(lam):
+    """dz = M J_sp^T g with groups and support taken from the reference solution."""
+    rng = np.random.default_rng(int(lam * 100))
+    height, width = 7, 6
+    tested = 0
+    for _ in range(12):
+        z = rng.normal(size=(height, width))
+        ref = reference_prox(z, lam)
+        if not well_separated(ref):
+            continue
+        labels, _ = reference_groups(ref)
+        ref_p = entmax.sparsemax(torch.from_numpy(ref).flatten(), dim=-1).numpy()
+        if np.any((ref_p > 0) & (ref_p < APART)):
+            continue
+        g = rng.normal(size=height * width)
+        expected = group_average_matrix(labels) @ sparsemax_jacobian(ref_p).T @ g
+
+        zt = torch.from_numpy(z).requires_grad_()
+        tvmax(zt, lam).backward(torch.from_numpy(g).view(height, width))
+        np.testing.assert_allclose(zt.grad.numpy().ravel(), expected, atol=1e-5, rtol=0)
+
+        zt = torch.from_numpy(z).requires_grad_()
+        tv2d_prox(zt, lam).backward(torch.from_numpy(g).view(height, width))
+        np.testing.assert_allclose(
+            zt.grad.numpy().ravel(), group_average_matrix(labels) @ g, atol=1e-5, rtol=0
+        )
+        tested += 1
+    assert tested >= 6
+
+
+def test_lam_gradient_matches_finite_differences_of_prox_tv():
+    rng = np.random.default_rng(5)
+    tested = 0
+    for lam in [0.05, 0.15, 0.4]:
+        for _ in range(4):
+            z = rng.normal(size=(6, 7))
+            h = 1e-4
+            lo, mid, hi = (reference_prox(z, lam + d) for d in (-h, 0.0, h))
+            if (
+                not well_separated(mid)
+                or reference_groups(lo)[0].max() != reference_groups(hi)[0].max()
+            ):
+                continue
+            g = rng.normal(size=z.shape)
+            fd = np.sum(g * (hi - lo)) / (2 * h)
+            lam_t = torch.tensor(lam, dtype=torch.float64, requires_grad=True)
+            (tv2d_prox(torch.from_numpy(z), lam_t) * torch.from_numpy(g)).sum().backward()
+            assert lam_t.grad.item() == pytest.approx(fd, abs=1e-6 + 1e-4 * abs(fd))
+            tested += 1
+    assert tested >= 6
+
+
+def test_gradcheck_z_and_lam():
+    gen = torch.Generator().manual_seed(3)
+    for shape, lam in [((4, 5), 0.1), ((2, 3, 4), 0.3), ((1, 6), 0.05)]:
+        z = (torch.randn(*shape, generator=gen, dtype=torch.float64) * 2).requires_grad_()
+        lam_t = torch.tensor(lam, dtype=torch.float64, requires_grad=True)
+        assert torch.autograd.gradcheck(lambda z, lam: tvmax(z, lam), (z, lam_t))
+        assert torch.autograd.gradcheck(lambda z, lam: tv2d_prox(z, lam), (z, lam_t))
+
+
+def test_mask_splits_the_grid_and_gets_zero_weight_and_gradient():
+    """A masked column cuts the grid: each side is an independent prox problem."""
+    rng = np.random.default_rng(7)
+    z = rng.normal(size=(6, 7))
+    mask = np.ones((6, 7), dtype=bool)
+    mask[:, 3] = False
+    lam = 0.2
+    zt = torch.from_numpy(z).requires_grad_()
+    prox = tv2d_prox(zt, lam, torch.from_numpy(mask)).detach().numpy()
+    assert np.all(np.isneginf(prox[~mask]))
+    np.testing.assert_allclose(prox[:, :3], reference_prox(z[:, :3], lam), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(prox[:, 4:], reference_prox(z[:, 4:], lam), atol=1e-6, rtol=0)
+
+    weights = tvmax(zt, lam, torch.from_numpy(mask))
+    assert torch.all(weights[~torch.from_numpy(mask)] == 0)
+    assert weights.sum().item() == pytest.approx(1.0)
+    weights.backward(torch.from_numpy(rng.normal(size=(6, 7))))
+    assert torch.all(zt.grad[~torch.from_numpy(mask)] == 0)
+
+    # -inf scores are the same as masked cells.
+    z_inf = torch.from_numpy(np.where(mask, z, -np.inf))
+    torch.testing.assert_close(tvmax(z_inf, lam), weights.detach(), atol=0, rtol=0)
+
+
+def test_masked_corner_equals_prox_tv_on_remaining_l_shape():
+    """Masking a corner cell removes its two edges: compare with prox_tv on a 1-D chain."""
+    rng = np.random.default_rng(8)
+    z = rng.normal(size=(2, 2))
+    mask = torch.tensor([[False, True], [True, True]])
+    # The remaining cells (0,1), (1,1), (1,0) form the chain (0,1) - (1,1) - (1,0).
+    chain = np.array([z[0, 1], z[1, 1], z[1, 0]])
+    for lam in [0.05, 0.3, 2.0]:
+        ref = ptv.tv1_1d(chain, lam)
+        out = tv2d_prox(torch.from_numpy(z), lam, mask).numpy()
+        np.testing.assert_allclose([out[0, 1], out[1, 1], out[1, 0]], ref, atol=1e-9, rtol=0)
+
+
+def test_lam_zero_is_sparsemax_and_small_lam_is_close():
+    z = torch.randn(5, 6, 7, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    expected = entmax.sparsemax(z.flatten(-2), dim=-1).view_as(z)
+    torch.testing.assert_close(tvmax(z, 0.0), expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(tv2d_prox(z, 0.0), z, atol=0, rtol=0)
+    torch.testing.assert_close(tvmax(z, 1e-9), expected, atol=1e-8, rtol=0)
+
+
+def test_translation_invariance():
+    z = torch.randn(4, 8, 8, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    torch.testing.assert_close(tv2d_prox(z + 5.0, 0.1), tv2d_prox(z, 0.1) + 5.0)
+    torch.testing.assert_close(tvmax(z + 5.0, 0.1), tvmax(z, 0.1), atol=1e-12, rtol=0)
+
+
+def test_all_equal_scores_are_one_group():
+    z = torch.full((3, 4, 5), 0.7, dtype=torch.float64, requires_grad=True)
+    prox = tv2d_prox(z, 0.1)
+    assert torch.all(prox == prox[0, 0, 0]) and prox[0, 0, 0].item() == pytest.approx(
+        0.7, abs=1e-15
+    )
+    weights = tvmax(z, 0.1)
+    assert torch.all(weights == weights[0, 0, 0])
+    assert weights[0, 0, 0].item() == pytest.approx(1 / 20)
+    g = torch.randn(3, 4, 5, dtype=torch.float64)
+    tv2d_prox(z, 0.1).backward(g)
+    torch.testing.assert_close(z.grad, g.mean((-2, -1), keepdim=True).expand_as(g))
+
+
+def test_huge_and_tiny_magnitudes():
+    rng = np.random.default_rng(9)
+    big = rng.normal(size=(5, 6)) * 1e8
+    out = tv2d_prox(torch.from_numpy(big), 0.1).numpy()
+    np.testing.assert_allclose(out, reference_prox(big, 0.1), rtol=1e-12, atol=0)
+    weights = tvmax(torch.from_numpy(big), 0.1)
+    assert weights.max().item() == 1.0 and (weights > 0).sum().item() == 1
+    tiny = rng.normal(size=(5, 6)) * 1e-12
+    out = tv2d_prox(torch.from_numpy(tiny), 0.1)
+    assert torch.all(out == out[0, 0]) and out[0, 0].item() == pytest.approx(tiny.mean(), abs=1e-25)
+    torch.testing.assert_close(
+        tvmax(torch.from_numpy(tiny), 0.1), torch.full((5, 6), 1 / 30.0, dtype=torch.float64)
+    )
+
+
+def test_leading_dims_and_batch_independence():
+    z = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(10))
+    out = tvmax(z, 0.2)
+    assert out.shape == z.shape
+    for i in range(2):
+        for j in range(3):
+            torch.testing.assert_close(tvmax(z[i, j], 0.2), out[i, j], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: tvmax(torch.randn(5), 0.1), "dimension"),
+        (lambda: tv2d_prox(torch.randn(5), 0.1), "dimension"),
+        (lambda: tvmax(torch.tensor([[0.0, float("nan")]]), 0.1), "NaN"),
+        (lambda: tv2d_prox(torch.tensor([[0.0, float("inf")]]), 0.1), "inf"),
+        (lambda: tvmax(torch.randn(2, 3), -0.1), "lam"),
+        (lambda: tv2d_prox(torch.randn(2, 3), float("nan")), "lam"),
+        (lambda: tvmax(torch.randn(2, 3), 0.1, torch.zeros(2, 3, dtype=torch.bool)), "masked"),
+        (lambda: tvmax(torch.randn(2, 3), 0.1, torch.ones(3, 2, dtype=torch.bool)), "mask"),
+        (lambda: TVMax(lam=-1.0), "lam"),
+        (lambda: TVMax(lam=0.0, learn_lam=True), "lam"),
+    ],
+)
+def test_bad_input_raises_value_error(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_module_fixed_and_learnable_lam():
+    z = torch.randn(3, 4, 4, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
+    fixed = TVMax(lam=0.2)
+    assert fixed.is_sparse and "lam=0.2" in repr(fixed) and not list(fixed.parameters())
+    torch.testing.assert_close(fixed(z), tvmax(z, 0.2), atol=0, rtol=0)
+
+    learned = TVMax(lam=0.2, learn_lam=True)
+    lam = float(learned.lam.detach())
+    assert lam == pytest.approx(0.2)
+    torch.testing.assert_close(learned(z), tvmax(z, lam), atol=1e-12, rtol=0)
+    learned(z).pow(2).sum().backward()
+    assert learned.raw_lam.grad is not None and learned.raw_lam.grad.item() != 0
+    # Softplus keeps lam positive even after a huge step.
+    with torch.no_grad():
+        learned.raw_lam -= 1000.0
+    assert float(learned.lam.detach()) >= 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_round_trip():
+    z = torch.randn(4, 8, 8, dtype=torch.float64, requires_grad=True)
+    zc = z.detach().cuda().requires_grad_()
+    out = tvmax(zc, 0.1)
+    assert out.device == zc.device
+    torch.testing.assert_close(out.cpu(), tvmax(z, 0.1))
+    out.sum().backward()
+    assert zc.grad.device == zc.device
