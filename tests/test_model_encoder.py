@@ -8,17 +8,9 @@ import urllib.error
 import pytest
 import torch
 import torchvision
+from test_model import single_thread  # noqa: F401  (autouse fixture, applies here too)
 
 from captioner.model import EncoderWeightsError, build_encoder
-
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    """ResNet-18 on one thread is quick, and the test machine's cores are shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture
