@@ -69,10 +69,15 @@ def test_beam_size_one_equals_greedy(output_mapping, block_trigrams):
         torch.testing.assert_close(g.input_attention, b.input_attention)
 
 
-@pytest.mark.parametrize("output_mapping", ["softmax", "sparsemax"])
+@pytest.mark.parametrize(
+    ("output_attention", "output_mapping"),
+    [("sparsemax", "softmax"), ("sparsemax", "sparsemax"), ("tvmax", "softmax")],
+)
 @pytest.mark.parametrize("search", ["greedy", "beam"])
-def test_attention_and_log_prob_match_a_teacher_forced_rerun(output_mapping, search):
-    decoder = ending_decoder(output_attention="sparsemax")
+def test_attention_and_log_prob_match_a_teacher_forced_rerun(
+    output_attention, output_mapping, search
+):
+    decoder = ending_decoder(output_attention=output_attention)
     features, _ = random_batch(batch=5, seed=3)
     options = dict(start_id=START, end_id=END, max_length=MAX_LENGTH, output_mapping=output_mapping)
     if search == "beam":

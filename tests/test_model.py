@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
@@ -28,23 +26,11 @@ def single_thread():
     torch.set_num_threads(threads)
 
 
-def tvmax_available() -> bool:
-    try:
-        importlib.import_module("captioner.attention.tvmax")
-    except ImportError:
-        return False
-    return True
-
-
 ATTENTION_PAIRS = [
     ("softmax", "softmax"),
     ("softmax", "sparsemax"),
     ("sparsemax", "entmax15"),
-    pytest.param(
-        "softmax",
-        "tvmax",
-        marks=pytest.mark.skipif(not tvmax_available(), reason="tvmax not installed yet"),
-    ),
+    ("softmax", "tvmax"),
 ]
 
 
@@ -153,6 +139,7 @@ def test_decoder_rejects_bad_shapes_and_names():
         ("softmax", "softmax", "softmax"),
         ("softmax", "sparsemax", "sparsemax"),
         ("sparsemax", "entmax15", "entmax15"),
+        ("softmax", "tvmax", "softmax"),
     ],
 )
 def test_teacher_forced_loss_decreases(input_attention, output_attention, output_mapping):
