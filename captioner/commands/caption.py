@@ -161,12 +161,8 @@ def main(argv: list[str]) -> int:
             return 2
     try:
         paths = collect_images(args.inputs)
-    except (OSError, ValueError) as exc:
-        print(f"captioner caption: {exc}", file=sys.stderr)
-        return 2
-    try:
         captioner = open_captioner(args.ckpt)
-    except ValueError as exc:
+    except (OSError, ValueError) as exc:
         print(f"captioner caption: {exc}", file=sys.stderr)
         return 2
     ids, from_names = coco_image_ids(paths) if args.format == "coco" else ([], True)
