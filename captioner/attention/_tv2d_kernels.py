@@ -29,6 +29,8 @@ from numba import njit, prange
 
 # Relative rounding tolerance of the flow (per cell of the set, times the scores' magnitude).
 _REL_TOL = 1e-13
+# Merge rounds the fast path may take before it leaves the grid to the divide and conquer.
+_MAX_MERGE_ROUNDS = 40
 
 
 @njit(cache=True)
@@ -153,22 +155,208 @@ def _emit_groups(z, cnt, lam, nbr, order, lo, hi, sid, setid, queue, w, label, d
     return ngroups
 
 
+@njit(cache=True, inline="always")
+def _sign(x):
+    return (x > 0.0) - (x < 0.0)
+
+
+@njit(cache=True)
+def _merge_groups(a, b, lab, head, nxt, size, zsum, nv):
+    """Merge groups a and b (roots); the merged value estimate is their size-weighted mean."""
+    if size[a] < size[b]:
+        a, b = b, a
+    nv[a] = (nv[a] * size[a] + nv[b] * size[b]) / (size[a] + size[b])
+    u = head[b]
+    last = u
+    while u >= 0:
+        lab[u] = a
+        last = u
+        u = nxt[u]
+    nxt[last] = head[a]
+    head[a] = head[b]
+    size[a] += size[b]
+    zsum[a] += zsum[b]
+
+
+@njit(cache=True)
+def _split_group(r, q, side_stamp, z, nbr, members, setid, visited, val, eps, lab, head, nxt,
+                 size, zsum, queue):
+    """Split group r (cells members[:q]) into the connected parts of A (visited == side_stamp)
+    and of the rest, with value estimates just above / below the group's for the next signs."""
+    value = val[r]
+    for t in range(q):
+        lab[members[t]] = -1
+    for t in range(q):
+        root = members[t]
+        if lab[root] != -1:
+            continue
+        upper = visited[root] == side_stamp
+        lab[root] = root
+        head[root] = root
+        nxt[root] = -1
+        size[root] = 1
+        zsum[root] = z[root]
+        val[root] = value + eps if upper else value - eps
+        queue[0] = root
+        qh = 0
+        qt = 1
+        while qh < qt:
+            u = queue[qh]
+            qh += 1
+            for d in range(4):
+                v = nbr[u, d]
+                if v < 0 or setid[v] != r or lab[v] != -1 or (visited[v] == side_stamp) != upper:
+                    continue
+                lab[v] = root
+                nxt[v] = head[root]
+                head[root] = v
+                size[root] += 1
+                zsum[root] += z[v]
+                queue[qt] = v
+                qt += 1
+
+
+@njit(cache=True)
+def _guess_and_verify(z, lam, nbr, order, m, eps, max_rounds, w, label, dlam, lab, head, nxt,
+                      size, zsum, bsum, val, nv, cnt, members, roots, setid, exc, cap,
+                      visited, parent, pdir, queue):
+    """Fast path: guess the groups by merging and splitting, certify them by the optimality
+    conditions, and write the result; False when no certified guess came within max_rounds.
+
+    Start from singletons. Each round computes every group's Eq. 8 value with the signs of the
+    current estimates and merges neighbouring groups whose order flips (or nearly ties). At a
+    fixed point the values agree with the signs they were computed from; they are then the
+    exact prox iff every group also admits edge duals in [-1, 1] (Eq. 16-17 of the paper): a
+    feasible flow of the residuals z_i + lam c_i - value over the group's inner edges, capacity
+    lam each, i.e. a trivial min-cut. A group whose min-cut is not trivial is split along it
+    and the rounds go on.
+    """
+    for k in range(m):
+        i = order[k]
+        lab[i] = i
+        head[i] = i
+        nxt[i] = -1
+        size[i] = 1
+        zsum[i] = z[i]
+        val[i] = z[i]
+        visited[i] = 0
+    stamp = 0
+    for _ in range(max_rounds):
+        for k in range(m):
+            bsum[order[k]] = 0
+        for k in range(m):
+            i = order[k]
+            a = lab[i]
+            for d in range(1, 4, 2):  # right and down: each edge once
+                j = nbr[i, d]
+                if j >= 0 and lab[j] != a:
+                    b = lab[j]
+                    sg = _sign(val[a] - val[b])
+                    bsum[a] -= sg
+                    bsum[b] += sg
+        for k in range(m):
+            i = order[k]
+            if lab[i] == i:
+                nv[i] = (zsum[i] + lam * bsum[i]) / size[i]
+        merged = False
+        for k in range(m):
+            i = order[k]
+            for d in range(1, 4, 2):
+                j = nbr[i, d]
+                if j < 0:
+                    continue
+                a = lab[i]
+                b = lab[j]
+                if a == b:
+                    continue
+                new = nv[a] - nv[b]
+                if (val[a] - val[b]) * new > 0.0 and abs(new) > eps:
+                    continue
+                _merge_groups(a, b, lab, head, nxt, size, zsum, nv)
+                merged = True
+        for k in range(m):
+            i = order[k]
+            if lab[i] == i:
+                val[i] = nv[i]
+        if merged:
+            continue
+
+        # Certify every group of two or more cells: its residuals must route inside it.
+        nroots = 0
+        for k in range(m):
+            i = order[k]
+            cnt[i] = 0
+            setid[i] = lab[i]
+            if lab[i] == i and size[i] > 1:
+                roots[nroots] = i
+                nroots += 1
+        for k in range(m):
+            i = order[k]
+            for d in range(1, 4, 2):
+                j = nbr[i, d]
+                if j >= 0 and lab[j] != lab[i]:
+                    sg = _sign(val[lab[i]] - val[lab[j]])
+                    cnt[i] -= sg
+                    cnt[j] += sg
+        split = False
+        for t in range(nroots):
+            r = roots[t]
+            u = head[r]
+            q = 0
+            while u >= 0:
+                members[q] = u
+                exc[u] = z[u] + lam * cnt[u] - val[r]
+                for d in range(4):
+                    cap[u, d] = lam
+                q += 1
+                u = nxt[u]
+            if q == 2:
+                if abs(exc[members[0]]) <= lam + eps:
+                    continue
+                stamp += 1
+                visited[members[0] if exc[members[0]] > 0 else members[1]] = stamp
+            else:
+                stamp, na = _min_cut(0, q, r, members, nbr, setid, exc, cap, eps, stamp,
+                                     visited, parent, pdir, queue)
+                if na == 0:
+                    continue
+            _split_group(r, q, stamp, z, nbr, members, setid, visited, val, eps, lab, head, nxt,
+                         size, zsum, queue)
+            split = True
+        if split:
+            continue
+
+        ngroups = 0
+        for k in range(m):
+            i = order[k]
+            if lab[i] == i:
+                head[i] = ngroups
+                ngroups += 1
+        for k in range(m):
+            i = order[k]
+            r = lab[i]
+            w[i] = val[r]
+            label[i] = head[r]
+            dlam[i] = bsum[r] / size[r]
+        return True
+    return False
+
+
 @njit(cache=True)
 def _prox_one(z, active, lam, H, W, w, label, dlam, nbr, cnt, setid, order, seg, exc, cap,
-              visited, parent, pdir, queue):
+              visited, parent, pdir, queue, lab, head, nxt, size, zsum, bsum, val, nv, members,
+              roots):
     n = H * W
     _neighbours(active, H, W, nbr)
     ngroups = 0
     m = 0
+    amax = 0.0
     for i in range(n):
-        cnt[i] = 0
-        visited[i] = 0
         if active[i]:
-            setid[i] = 0
             order[m] = i
             m += 1
+            amax = max(amax, abs(z[i]))
         else:
-            setid[i] = -1
             w[i] = z[i]
             dlam[i] = 0.0
     if m == 0:
@@ -191,20 +379,27 @@ def _prox_one(z, active, lam, H, W, w, label, dlam, nbr, cnt, setid, order, seg,
                         g -= 1.0
             dlam[i] = g
         return
-    # The whole active grid at its mean level, no flow yet.
+    # Residuals at or below eps count as saturated (and values closer than eps as tied), so
+    # rounding noise never splits a group.
+    eps = _REL_TOL * m * (amax + lam * 4 * m)
+    if _guess_and_verify(z, lam, nbr, order, m, eps, _MAX_MERGE_ROUNDS, w, label, dlam, lab,
+                         head, nxt, size, zsum, bsum, val, nv, cnt, members, roots,
+                         setid, exc, cap, visited, parent, pdir, queue):
+        return
+    # Divide and conquer, from the whole active grid at its mean level with no flow yet.
     s = 0.0
-    amax = 0.0
     for k in range(m):
-        s += z[order[k]]
-        amax = max(amax, abs(z[order[k]]))
+        i = order[k]
+        s += z[i]
+        cnt[i] = 0
+        visited[i] = 0
+        setid[i] = 0
     t = s / m
     for k in range(m):
         i = order[k]
         exc[i] = z[i] - t
         for d in range(4):
             cap[i, d] = lam
-    # Residuals at or below eps count as saturated: rounding noise must not split a group.
-    eps = _REL_TOL * m * (amax + lam * 4 * m)
     nseg = 1
     seg[0, 0] = 0
     seg[0, 1] = m
@@ -295,11 +490,22 @@ def tv2d_prox_rows(z, lam, x, group, sign, dlam, H, W, nchunks):
         parent = np.empty(n, np.int32)
         pdir = np.empty(n, np.int8)
         queue = np.empty(n, np.int32)
+        lab = np.empty(n, np.int32)
+        head = np.empty(n, np.int32)
+        nxt = np.empty(n, np.int32)
+        size = np.empty(n, np.int64)
+        zsum = np.empty(n, np.float64)
+        bsum = np.empty(n, np.int64)
+        val = np.empty(n, np.float64)
+        nv = np.empty(n, np.float64)
+        members = np.empty(n, np.int32)
+        roots = np.empty(n, np.int32)
         for b in range(ch * B // nchunks, (ch + 1) * B // nchunks):
             for i in range(n):
                 active[i] = z[b, i] > -np.inf
             _prox_one(z[b], active, lam, H, W, x[b], label, dlam[b], nbr, cnt, setid, order,
-                      seg, exc, cap, visited, parent, pdir, queue)
+                      seg, exc, cap, visited, parent, pdir, queue, lab, head, nxt, size, zsum,
+                      bsum, val, nv, members, roots)
             for i in range(n):
                 group[b, i] = label[i] if active[i] else -1
                 sign[b, i] = 1.0
