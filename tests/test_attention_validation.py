@@ -39,7 +39,7 @@ def test_fully_masked_row_rejected(func):
     mask[1] = False
     with pytest.raises(ValueError, match=r"masked or -inf in the row at index \[1\]"):
         func(z, mask=mask)
-    with pytest.raises(ValueError, match="masked or -inf"):
+    with pytest.raises(ValueError, match="along dim 0 is masked or -inf; such a row"):
         func(torch.full((2,), -INF))
 
 
@@ -58,6 +58,8 @@ def test_bad_rank_dim_dtype_and_mask(func):
         func(torch.zeros(2, 3), mask=torch.ones(3, 2, dtype=torch.bool))
     with pytest.raises(TypeError, match="torch.Tensor"):
         func([0.0, 1.0])
+    with pytest.raises(TypeError, match="dim must be an int"):
+        func(torch.zeros(2, 3), dim=1.0)
 
 
 @pytest.mark.parametrize("func", [att.fusedmax, att.oscarmax, att.tv1d_prox, att.oscar_prox])
@@ -70,3 +72,24 @@ def test_bad_lam_rejected(func):
         func(z, torch.tensor([0.1, 0.2]))
     with pytest.raises(TypeError, match="lam must be a float"):
         func(z, "0.1")
+
+
+def test_bisect_n_iter_validated():
+    with pytest.raises(ValueError, match="n_iter must be a positive int"):
+        att.entmax_bisect(torch.zeros(3), 1.5, n_iter=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_inputs_match_cpu(func):
+    z = torch.randn(4, 3, 10, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    mask = torch.rand(4, 3, 10, generator=torch.Generator().manual_seed(1)) > 0.3
+    mask[..., 0] = True
+    g = torch.randn(4, 3, 10, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    results = []
+    for device in ("cpu", "cuda"):
+        zd = z.to(device).requires_grad_()
+        out = func(zd, mask=mask.to(device))
+        out.backward(g.to(device))
+        assert out.device.type == device and zd.grad.device.type == device
+        results.append((out.detach().cpu(), zd.grad.cpu()))
+    torch.testing.assert_close(results[1], results[0])

@@ -33,6 +33,8 @@ def check_scores(z: Tensor, dim: int, func: str, *, min_dim: int = 1) -> int:
             f"{func}: scores must have at least {min_dim} dimension(s), "
             f"got shape {tuple(z.shape)}"
         )
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise TypeError(f"{func}: dim must be an int, got {dim!r}")
     if not -z.dim() <= dim < z.dim():
         raise ValueError(f"{func}: dim={dim} is out of range for scores of shape {tuple(z.shape)}")
     dim %= z.dim()
@@ -84,10 +86,13 @@ def checked_max(z: Tensor, dim: int, func: str) -> Tensor:
             raise ValueError(f"{func}: scores contain NaN")
         if bool(torch.isposinf(z).any()):
             raise ValueError(f"{func}: scores contain +inf (only -inf is allowed, meaning masked)")
-        row = torch.nonzero(torch.isneginf(z_max.squeeze(dim)))[0].tolist()
+        where = ""
+        if z.dim() > 1:
+            row = torch.nonzero(torch.isneginf(z_max.squeeze(dim)))[0].tolist()
+            where = f" in the row at index {row} of the other dimensions"
         raise ValueError(
-            f"{func}: every entry along dim {dim} is masked or -inf in the row at index {row} "
-            "of the other dimensions; such a row has no probability distribution"
+            f"{func}: every entry along dim {dim} is masked or -inf{where}; "
+            "such a row has no probability distribution"
         )
     return z_max
 

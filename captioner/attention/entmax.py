@@ -179,6 +179,8 @@ def entmax_bisect(
     z = apply_mask(z, mask, "entmax_bisect")
     if n_iter is None:
         n_iter = round(-math.log2(torch.finfo(z.dtype).eps)) + 2
+    elif not isinstance(n_iter, int) or n_iter < 1:
+        raise ValueError(f"entmax_bisect: n_iter must be a positive int, got {n_iter!r}")
     alpha = _alpha_along(alpha, z, dim)
     return EntmaxBisectFunction.apply(z, checked_max(z, dim, "entmax_bisect"), alpha, dim, n_iter)
 
