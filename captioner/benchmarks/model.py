@@ -3,7 +3,10 @@
 Every mapping runs on the same random cached-feature batch (float16 features promoted to
 float32, as read from a feature cache) and the same random captions, with decoders built from
 the same seed, so the rows differ only in the output attention mapping (the input attention is
-softmax, as in the TVmax paper, Sec. 3). Two timings per mapping, medians over ``--repeats``:
+softmax, as in the TVmax paper, Sec. 3). The mappings take turns, round after round, so that a
+change of load on the machine affects them alike; each timing is the fastest of ``--repeats``
+runs (timeit's convention: the run least disturbed by other processes; ``--json`` also holds
+the medians). Two timings per mapping:
 
 * training step: teacher-forced forward, cross-entropy, backward and an Adam step;
 * inference: batched beam search over the whole batch (all images x beams in one tensor).
@@ -62,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--beam-size", type=int, default=3)
     parser.add_argument("--max-length", type=int, default=16, help="beam search max words")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per measurement")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed runs first")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)
@@ -79,68 +82,101 @@ def _positive(args: argparse.Namespace, *names: str) -> None:
             )
 
 
-def _median_ms(run: Callable[[], None], repeats: int, warmup: int, synchronize) -> float:
-    for _ in range(warmup):
-        run()
-    synchronize()
-    times = []
-    for _ in range(repeats):
+class _Runner:
+    """One decoder (output attention ``mapping``) with its optimizer and the two timed jobs."""
+
+    def __init__(self, mapping: str, args: argparse.Namespace, features, captions):
+        import torch
+
+        from captioner.model import AttentionDecoder
+
+        input_attention = mapping if args.input_attention == "same" else args.input_attention
+        torch.manual_seed(args.seed)
+        self.decoder = AttentionDecoder(
+            args.vocab_size,
+            args.channels,
+            input_attention=input_attention,
+            input_attention_kwargs={"lam": args.lam} if input_attention == "tvmax" else {},
+            output_attention=mapping,
+            output_attention_kwargs={"lam": args.lam} if mapping == "tvmax" else {},
+        ).to(features.device)
+        self.optimizer = torch.optim.Adam(self.decoder.parameters(), lr=1e-4, betas=(0.8, 0.999))
+        self.args, self.features, self.captions = args, features, captions
+        self.times: dict[str, list[float]] = {"train_step_ms": [], "beam_search_ms": []}
+        self.lengths: list[int] = []
+
+    def train_step(self) -> None:
+        from captioner.losses import caption_loss
+
+        self.decoder.train()
+        output = self.decoder(self.features, self.captions[:, :-1])
+        loss = caption_loss(output.scores, self.captions[:, 1:])
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+
+    def beam_search(self) -> None:
+        from captioner.decoding import beam_search
+
+        self.decoder.eval()
+        hypotheses = beam_search(
+            self.decoder,
+            self.features,
+            start_id=START_ID,
+            end_id=END_ID,
+            beam_size=self.args.beam_size,
+            max_length=self.args.max_length,
+        )
+        self.lengths = [len(h.token_ids) for h in hypotheses]
+
+    def timed(self, job: str, synchronize: Callable[[], None]) -> None:
+        run = self.train_step if job == "train_step_ms" else self.beam_search
+        synchronize()
         start = time.perf_counter()
         run()
         synchronize()
-        times.append((time.perf_counter() - start) * 1000.0)
-    return statistics.median(times)
+        self.times[job].append((time.perf_counter() - start) * 1000.0)
+
+    def summary(self) -> dict:
+        row = {job: min(times) for job, times in self.times.items()}
+        row.update({f"{job}_median": statistics.median(t) for job, t in self.times.items()})
+        row["mean_caption_length"] = sum(self.lengths) / len(self.lengths)
+        return row
 
 
-def _measure(mapping: str, args: argparse.Namespace, features, captions, synchronize) -> dict:
-    import torch
+def _run_all(
+    mappings: list[str], args: argparse.Namespace, features, captions, synchronize
+) -> dict[str, dict]:
+    """Warm up, then time the mappings in turn, round after round, so that a change of load
+    on the machine affects all of them alike."""
+    from tqdm import tqdm
 
-    from captioner.decoding import beam_search
-    from captioner.losses import caption_loss
-    from captioner.model import AttentionDecoder
-
-    kwargs = {"lam": args.lam} if mapping == "tvmax" else {}
-    input_attention = mapping if args.input_attention == "same" else args.input_attention
-    input_kwargs = {"lam": args.lam} if input_attention == "tvmax" else {}
-    torch.manual_seed(args.seed)
-    decoder = AttentionDecoder(
-        args.vocab_size,
-        args.channels,
-        input_attention=input_attention,
-        input_attention_kwargs=input_kwargs,
-        output_attention=mapping,
-        output_attention_kwargs=kwargs,
-    ).to(features.device)
-    optimizer = torch.optim.Adam(decoder.parameters(), lr=1e-4, betas=(0.8, 0.999))
-
-    def train_step() -> None:
-        output = decoder(features, captions[:, :-1])
-        loss = caption_loss(output.scores, captions[:, 1:])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-
-    lengths: list[int] = []
-
-    def decode() -> None:
-        hypotheses = beam_search(
-            decoder,
-            features,
-            start_id=START_ID,
-            end_id=END_ID,
-            beam_size=args.beam_size,
-            max_length=args.max_length,
-        )
-        lengths[:] = [len(h.token_ids) for h in hypotheses]
-
-    decoder.train()
-    train_ms = _median_ms(train_step, args.repeats, args.warmup, synchronize)
-    decoder.eval()
-    beam_ms = _median_ms(decode, args.repeats, args.warmup, synchronize)
+    errors: dict[str, str] = {}
+    runners: dict[str, _Runner] = {}
+    rounds = args.warmup + args.repeats
+    with tqdm(total=rounds * len(mappings), desc="bench model", unit="run", file=sys.stderr) as bar:
+        for mapping in mappings:
+            try:
+                runners[mapping] = _Runner(mapping, args, features, captions)
+            except Exception as exc:  # a missing or broken mapping must not hide the others
+                errors[mapping] = f"{type(exc).__name__}: {exc}"
+                bar.update(rounds)
+        for round_index in range(rounds):
+            for mapping, runner in list(runners.items()):
+                try:
+                    for job in runner.times:
+                        runner.timed(job, synchronize)
+                except Exception as exc:
+                    errors[mapping] = f"{type(exc).__name__}: {exc}"
+                    del runners[mapping]
+                    bar.update(rounds - round_index - 1)
+                if round_index < args.warmup and mapping in runners:
+                    for times in runner.times.values():
+                        times.clear()
+                bar.update(1)
     return {
-        "train_step_ms": train_ms,
-        "beam_search_ms": beam_ms,
-        "mean_caption_length": sum(lengths) / len(lengths),
+        mapping: {"error": errors[mapping]} if mapping in errors else runners[mapping].summary()
+        for mapping in mappings
     }
 
 
@@ -186,7 +222,6 @@ def main(argv: list[str]) -> int:
     mappings = [name.strip() for name in args.mappings.split(",") if name.strip()]
 
     import torch
-    from tqdm import tqdm
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -209,14 +244,9 @@ def main(argv: list[str]) -> int:
         f"batch {args.batch_size}, grid {args.grid}x{args.grid}x{args.channels}, vocab "
         f"{args.vocab_size}, caption length {args.caption_length}, beam {args.beam_size}, "
         f"max length {args.max_length}, input attention {args.input_attention}, device "
-        f"{device}, {torch.get_num_threads()} CPU threads, median of {args.repeats}"
+        f"{device}, {torch.get_num_threads()} CPU threads; fastest of {args.repeats} runs"
     )
-    results: dict[str, dict] = {}
-    for mapping in tqdm(mappings, desc="bench model", unit="mapping", file=sys.stderr):
-        try:
-            results[mapping] = _measure(mapping, args, features, captions, synchronize)
-        except Exception as exc:  # a missing or broken mapping must not hide the others
-            results[mapping] = {"error": f"{type(exc).__name__}: {exc}"}
+    results = _run_all(mappings, args, features, captions, synchronize)
     print(_table(results))
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
