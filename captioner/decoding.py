@@ -261,8 +261,8 @@ def beam_search(
     beam_scores = torch.full((batch, beams), float("-inf"), device=device)
     beam_scores[:, 0] = 0.0
     history = torch.zeros(batch * beams, 0, dtype=torch.long, device=device)
-    output_history = features.new_zeros(batch * beams, 0, *grid)
-    input_history = features.new_zeros(batch * beams, 0, *grid)
+    output_history = encoded.values.new_zeros(batch * beams, 0, *grid)
+    input_history = encoded.values.new_zeros(batch * beams, 0, *grid)
     pool = _FinishedPool(batch, length_normalization, device)
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     rank = torch.arange(candidates, device=device)
