@@ -30,7 +30,7 @@ from numba import njit, prange
 # Relative rounding tolerance of the flow (per cell of the set, times the scores' magnitude).
 _REL_TOL = 1e-13
 # Merge rounds the fast path may take before it leaves the grid to the divide and conquer.
-_MAX_MERGE_ROUNDS = 40
+MAX_MERGE_ROUNDS = 40
 
 
 @njit(cache=True)
@@ -179,6 +179,38 @@ def _merge_groups(a, b, lab, head, nxt, size, zsum, nv):
 
 
 @njit(cache=True)
+def _tree_feasible(r, nbr, setid, exc, lam, eps, stamp, visited, parent, queue, acc):
+    """Route the residuals exc of group r (setid == r) to r along a BFS spanning tree.
+
+    The flow on each tree edge is then the residual sum of the subtree below it; if none
+    exceeds lam, this is a feasible flow (zero on the other edges) and the group is certified
+    without a max-flow. Returns (stamp, feasible).
+    """
+    stamp += 1
+    visited[r] = stamp
+    queue[0] = r
+    qt = 1
+    qh = 0
+    while qh < qt:
+        u = queue[qh]
+        qh += 1
+        acc[u] = exc[u]
+        for d in range(4):
+            v = nbr[u, d]
+            if v >= 0 and setid[v] == r and visited[v] != stamp:
+                visited[v] = stamp
+                parent[v] = u
+                queue[qt] = v
+                qt += 1
+    for t in range(qt - 1, 0, -1):
+        u = queue[t]
+        if abs(acc[u]) > lam + eps:
+            return stamp, False
+        acc[parent[u]] += acc[u]
+    return stamp, True
+
+
+@njit(cache=True)
 def _split_group(r, q, side_stamp, z, nbr, members, setid, visited, val, eps, lab, head, nxt,
                  size, zsum, queue):
     """Split group r (cells members[:q]) into the connected parts of A (visited == side_stamp)
@@ -217,9 +249,9 @@ def _split_group(r, q, side_stamp, z, nbr, members, setid, visited, val, eps, la
 
 
 @njit(cache=True)
-def _guess_and_verify(z, lam, nbr, order, m, eps, max_rounds, w, label, dlam, lab, head, nxt,
-                      size, zsum, bsum, val, nv, cnt, members, roots, setid, exc, cap,
-                      visited, parent, pdir, queue):
+def _guess_and_verify(z, lam, nbr, order, m, edge_a, edge_b, n_edges, eps, max_rounds, w, label,
+                      dlam, lab, head, nxt, size, zsum, bsum, val, nv, cnt, members, roots,
+                      setid, exc, cap, visited, parent, pdir, queue, acc):
     """Fast path: guess the groups by merging and splitting, certify them by the optimality
     conditions, and write the result; False when no certified guess came within max_rounds.
 
@@ -244,36 +276,27 @@ def _guess_and_verify(z, lam, nbr, order, m, eps, max_rounds, w, label, dlam, la
     for _ in range(max_rounds):
         for k in range(m):
             bsum[order[k]] = 0
-        for k in range(m):
-            i = order[k]
-            a = lab[i]
-            for d in range(1, 4, 2):  # right and down: each edge once
-                j = nbr[i, d]
-                if j >= 0 and lab[j] != a:
-                    b = lab[j]
-                    sg = _sign(val[a] - val[b])
-                    bsum[a] -= sg
-                    bsum[b] += sg
+        for e in range(n_edges):
+            a = lab[edge_a[e]]
+            b = lab[edge_b[e]]
+            sg = _sign(val[a] - val[b])  # 0 inside a group
+            bsum[a] -= sg
+            bsum[b] += sg
         for k in range(m):
             i = order[k]
             if lab[i] == i:
                 nv[i] = (zsum[i] + lam * bsum[i]) / size[i]
         merged = False
-        for k in range(m):
-            i = order[k]
-            for d in range(1, 4, 2):
-                j = nbr[i, d]
-                if j < 0:
-                    continue
-                a = lab[i]
-                b = lab[j]
-                if a == b:
-                    continue
-                new = nv[a] - nv[b]
-                if (val[a] - val[b]) * new > 0.0 and abs(new) > eps:
-                    continue
-                _merge_groups(a, b, lab, head, nxt, size, zsum, nv)
-                merged = True
+        for e in range(n_edges):
+            a = lab[edge_a[e]]
+            b = lab[edge_b[e]]
+            if a == b:
+                continue
+            new = nv[a] - nv[b]
+            if (val[a] - val[b]) * new > 0.0 and abs(new) > eps:
+                continue
+            _merge_groups(a, b, lab, head, nxt, size, zsum, nv)
+            merged = True
         for k in range(m):
             i = order[k]
             if lab[i] == i:
@@ -290,14 +313,12 @@ def _guess_and_verify(z, lam, nbr, order, m, eps, max_rounds, w, label, dlam, la
             if lab[i] == i and size[i] > 1:
                 roots[nroots] = i
                 nroots += 1
-        for k in range(m):
-            i = order[k]
-            for d in range(1, 4, 2):
-                j = nbr[i, d]
-                if j >= 0 and lab[j] != lab[i]:
-                    sg = _sign(val[lab[i]] - val[lab[j]])
-                    cnt[i] -= sg
-                    cnt[j] += sg
+        for e in range(n_edges):
+            i = edge_a[e]
+            j = edge_b[e]
+            sg = _sign(val[lab[i]] - val[lab[j]])
+            cnt[i] -= sg
+            cnt[j] += sg
         split = False
         for t in range(nroots):
             r = roots[t]
@@ -306,8 +327,6 @@ def _guess_and_verify(z, lam, nbr, order, m, eps, max_rounds, w, label, dlam, la
             while u >= 0:
                 members[q] = u
                 exc[u] = z[u] + lam * cnt[u] - val[r]
-                for d in range(4):
-                    cap[u, d] = lam
                 q += 1
                 u = nxt[u]
             if q == 2:
@@ -316,6 +335,13 @@ def _guess_and_verify(z, lam, nbr, order, m, eps, max_rounds, w, label, dlam, la
                 stamp += 1
                 visited[members[0] if exc[members[0]] > 0 else members[1]] = stamp
             else:
+                stamp, feasible = _tree_feasible(r, nbr, setid, exc, lam, eps, stamp, visited,
+                                                 parent, queue, acc)
+                if feasible:
+                    continue
+                for t2 in range(q):
+                    for d in range(4):
+                        cap[members[t2], d] = lam
                 stamp, na = _min_cut(0, q, r, members, nbr, setid, exc, cap, eps, stamp,
                                      visited, parent, pdir, queue)
                 if na == 0:
@@ -345,7 +371,7 @@ def _guess_and_verify(z, lam, nbr, order, m, eps, max_rounds, w, label, dlam, la
 @njit(cache=True)
 def _prox_one(z, active, lam, H, W, w, label, dlam, nbr, cnt, setid, order, seg, exc, cap,
               visited, parent, pdir, queue, lab, head, nxt, size, zsum, bsum, val, nv, members,
-              roots):
+              roots, acc, edge_a, edge_b, merge_rounds):
     n = H * W
     _neighbours(active, H, W, nbr)
     ngroups = 0
@@ -382,9 +408,17 @@ def _prox_one(z, active, lam, H, W, w, label, dlam, nbr, cnt, setid, order, seg,
     # Residuals at or below eps count as saturated (and values closer than eps as tied), so
     # rounding noise never splits a group.
     eps = _REL_TOL * m * (amax + lam * 4 * m)
-    if _guess_and_verify(z, lam, nbr, order, m, eps, _MAX_MERGE_ROUNDS, w, label, dlam, lab,
-                         head, nxt, size, zsum, bsum, val, nv, cnt, members, roots,
-                         setid, exc, cap, visited, parent, pdir, queue):
+    n_edges = 0
+    for k in range(m):
+        i = order[k]
+        for d in range(1, 4, 2):  # right and down: each edge once
+            if nbr[i, d] >= 0:
+                edge_a[n_edges] = i
+                edge_b[n_edges] = nbr[i, d]
+                n_edges += 1
+    if _guess_and_verify(z, lam, nbr, order, m, edge_a, edge_b, n_edges, eps, merge_rounds, w,
+                         label, dlam, lab, head, nxt, size, zsum, bsum, val, nv, cnt, members,
+                         roots, setid, exc, cap, visited, parent, pdir, queue, acc):
         return
     # Divide and conquer, from the whole active grid at its mean level with no flow yet.
     s = 0.0
@@ -464,11 +498,12 @@ def _prox_one(z, active, lam, H, W, w, label, dlam, nbr, cnt, setid, order, seg,
 
 
 @njit(cache=True, parallel=True)
-def tv2d_prox_rows(z, lam, x, group, sign, dlam, H, W, nchunks):
+def tv2d_prox_rows(z, lam, x, group, sign, dlam, H, W, nchunks, merge_rounds):
     """Exact prox of lam * TV2D for a batch of grids flattened row-major, in place.
 
     z: float64 (rows, H*W), ``-inf`` = cell absent (no edges); lam >= 0; nchunks: how many
-    slices of the batch run in parallel (the thread count). Fills, all (rows, H*W): x, the prox
+    slices of the batch run in parallel (the thread count); merge_rounds: round limit of the
+    fast path (MAX_MERGE_ROUNDS; 0 = divide and conquer only). Fills, all (rows, H*W): x, the prox
     (-inf where absent); group (int64), the index of each cell's fused group within its row,
     groups connected and maximal (-1 where absent); sign, 1 (the Jacobian is a plain group
     average); dlam, d x / d lam, the group's signed boundary count over its size (Eq. 8).
@@ -500,12 +535,15 @@ def tv2d_prox_rows(z, lam, x, group, sign, dlam, H, W, nchunks):
         nv = np.empty(n, np.float64)
         members = np.empty(n, np.int32)
         roots = np.empty(n, np.int32)
+        acc = np.empty(n, np.float64)
+        edge_a = np.empty(2 * n, np.int32)
+        edge_b = np.empty(2 * n, np.int32)
         for b in range(ch * B // nchunks, (ch + 1) * B // nchunks):
             for i in range(n):
                 active[i] = z[b, i] > -np.inf
             _prox_one(z[b], active, lam, H, W, x[b], label, dlam[b], nbr, cnt, setid, order,
                       seg, exc, cap, visited, parent, pdir, queue, lab, head, nxt, size, zsum,
-                      bsum, val, nv, members, roots)
+                      bsum, val, nv, members, roots, acc, edge_a, edge_b, merge_rounds)
             for i in range(n):
                 group[b, i] = label[i] if active[i] else -1
                 sign[b, i] = 1.0

@@ -18,12 +18,14 @@ from torch import Tensor, nn
 
 from ._checks import check_lam, check_mask, check_scores
 from ._grouped import grouped_prox, is_zero
-from ._tv2d_kernels import tv2d_prox_rows
+from ._tv2d_kernels import MAX_MERGE_ROUNDS, tv2d_prox_rows
 from .sparsemax import sparsemax
 
 
 def _solve_rows(z, lam, x, group, sign, dlam, *, height: int, width: int) -> None:
-    tv2d_prox_rows(z, lam, x, group, sign, dlam, height, width, numba.get_num_threads())
+    tv2d_prox_rows(
+        z, lam, x, group, sign, dlam, height, width, numba.get_num_threads(), MAX_MERGE_ROUNDS
+    )
 
 
 def _check_grid(z: Tensor, func: str) -> None:
