@@ -155,3 +155,19 @@ def test_fusedmax_module():
     torch.testing.assert_close(module(scores), expected)
     with pytest.raises(ValueError, match="lam must be finite and >= 0"):
         Fusedmax(lam=-0.1)
+
+
+def test_large_batches_take_the_parallel_kernels_and_agree():
+    from captioner.attention._grouped import PARALLEL_MIN_CELLS
+
+    z = _random((600, 64), seed=14, scale=2.0).requires_grad_()
+    assert z.numel() >= PARALLEL_MIN_CELLS > 64 * 64
+    torch.testing.assert_close(
+        tv1d_prox(z.detach(), 0.1), _reference_prox(z.detach(), 0.1), atol=1e-9, rtol=0
+    )
+    g = _random((600, 64), seed=15)
+    (grad,) = torch.autograd.grad((fusedmax(z, 0.1) * g).sum(), z)
+    for rows in (slice(0, 64), slice(536, 600)):  # small batches: serial kernels
+        chunk = z.detach()[rows].requires_grad_()
+        (expected,) = torch.autograd.grad((fusedmax(chunk, 0.1) * g[rows]).sum(), chunk)
+        torch.testing.assert_close(grad[rows], expected, atol=1e-12, rtol=0)

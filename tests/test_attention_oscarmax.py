@@ -134,3 +134,18 @@ def test_oscarmax_extreme_inputs(dtype):
     for z, expected in cases.items():
         p = oscarmax(torch.tensor(z, dtype=dtype), 0.1)
         torch.testing.assert_close(p, torch.tensor(expected, dtype=dtype))
+
+
+def test_large_batches_take_the_parallel_kernels_and_agree():
+    from captioner.attention._grouped import PARALLEL_MIN_CELLS
+
+    z = _random((600, 64), seed=10).requires_grad_()
+    assert z.numel() >= PARALLEL_MIN_CELLS > 64 * 64
+    y = oscar_prox(z.detach(), 0.01)
+    for row in (0, 599):
+        _assert_oscar_optimal(z.detach()[row].numpy(), y[row].numpy(), 0.01)
+    g = _random((600, 64), seed=11)
+    (grad,) = torch.autograd.grad((oscarmax(z, 0.01) * g).sum(), z)
+    chunk = z.detach()[-64:].requires_grad_()
+    (expected,) = torch.autograd.grad((oscarmax(chunk, 0.01) * g[-64:]).sum(), chunk)
+    torch.testing.assert_close(grad[-64:], expected, atol=1e-12, rtol=0)

@@ -17,62 +17,76 @@ from torch import Tensor
 
 from ._checks import check_lam, check_scores
 from ._flat import FlatGridMapping
-from ._grouped import grouped_prox, is_zero
+from ._grouped import by_size, grouped_prox, is_zero
 from .sparsemax import sparsemax
 
 
-@njit(parallel=True, cache=True)
-def oscar_rows(z, lam, x, group, sign, dlam):
+@njit(cache=True)
+def _oscar_row(z, lam, x, group, sign, dlam, r):
+    n = z.shape[1]
+    cells = np.empty(n, dtype=np.int64)
+    m = 0
+    for i in range(n):
+        x[r, i] = -np.inf
+        group[r, i] = -1
+        sign[r, i] = 0.0
+        dlam[r, i] = 0.0
+        if z[r, i] > -np.inf:
+            cells[m] = i
+            m += 1
+    magnitude = np.empty(m)
+    for j in range(m):
+        magnitude[j] = abs(z[r, cells[j]])
+    order = np.argsort(-magnitude, kind="mergesort")
+    # Pool adjacent violators: blocks of sorted positions with their sums of
+    # (|z| - lam * weight) and of weights; ties are pooled, so block values decrease
+    # strictly and every block is one cluster.
+    block_sum = np.empty(m)
+    block_weight = np.empty(m)
+    block_size = np.empty(m, dtype=np.int64)
+    blocks = 0
+    for k in range(m):
+        weight = m - 1 - k
+        block_sum[blocks] = magnitude[order[k]] - lam * weight
+        block_weight[blocks] = weight
+        block_size[blocks] = 1
+        blocks += 1
+        while blocks > 1 and (
+            block_sum[blocks - 2] * block_size[blocks - 1]
+            <= block_sum[blocks - 1] * block_size[blocks - 2]
+        ):
+            block_sum[blocks - 2] += block_sum[blocks - 1]
+            block_weight[blocks - 2] += block_weight[blocks - 1]
+            block_size[blocks - 2] += block_size[blocks - 1]
+            blocks -= 1
+    k = 0
+    for b in range(blocks):
+        value = max(block_sum[b] / block_size[b], 0.0)
+        for _ in range(block_size[b]):
+            i = cells[order[k]]
+            s = np.sign(z[r, i])
+            x[r, i] = s * value
+            if value > 0.0:
+                group[r, i] = b
+                sign[r, i] = s
+                dlam[r, i] = -s * block_weight[b] / block_size[b]
+            k += 1
+
+
+@njit(cache=True)
+def _oscar_serial(z, lam, x, group, sign, dlam):
     """Row-wise OSCAR prox over the finite entries of z (rows, n); see GroupedProxFunction."""
-    rows, n = z.shape
-    for r in prange(rows):
-        cells = np.empty(n, dtype=np.int64)
-        m = 0
-        for i in range(n):
-            x[r, i] = -np.inf
-            group[r, i] = -1
-            sign[r, i] = 0.0
-            dlam[r, i] = 0.0
-            if z[r, i] > -np.inf:
-                cells[m] = i
-                m += 1
-        magnitude = np.empty(m)
-        for j in range(m):
-            magnitude[j] = abs(z[r, cells[j]])
-        order = np.argsort(-magnitude, kind="mergesort")
-        # Pool adjacent violators: blocks of sorted positions with their sums of
-        # (|z| - lam * weight) and of weights; ties are pooled, so block values decrease
-        # strictly and every block is one cluster.
-        block_sum = np.empty(m)
-        block_weight = np.empty(m)
-        block_size = np.empty(m, dtype=np.int64)
-        blocks = 0
-        for k in range(m):
-            weight = m - 1 - k
-            block_sum[blocks] = magnitude[order[k]] - lam * weight
-            block_weight[blocks] = weight
-            block_size[blocks] = 1
-            blocks += 1
-            while blocks > 1 and (
-                block_sum[blocks - 2] * block_size[blocks - 1]
-                <= block_sum[blocks - 1] * block_size[blocks - 2]
-            ):
-                block_sum[blocks - 2] += block_sum[blocks - 1]
-                block_weight[blocks - 2] += block_weight[blocks - 1]
-                block_size[blocks - 2] += block_size[blocks - 1]
-                blocks -= 1
-        k = 0
-        for b in range(blocks):
-            value = max(block_sum[b] / block_size[b], 0.0)
-            for _ in range(block_size[b]):
-                i = cells[order[k]]
-                s = np.sign(z[r, i])
-                x[r, i] = s * value
-                if value > 0.0:
-                    group[r, i] = b
-                    sign[r, i] = s
-                    dlam[r, i] = -s * block_weight[b] / block_size[b]
-                k += 1
+    for r in range(z.shape[0]):
+        _oscar_row(z, lam, x, group, sign, dlam, r)
+
+
+@njit(parallel=True, cache=True)
+def _oscar_parallel(z, lam, x, group, sign, dlam):
+    for r in prange(z.shape[0]):
+        _oscar_row(z, lam, x, group, sign, dlam, r)
+
+
+oscar_rows = by_size(_oscar_serial, _oscar_parallel)
 
 
 def oscar_prox(
@@ -82,7 +96,8 @@ def oscar_prox(
 
     Args:
         z: scores, any shape, float32 or float64. The kernel runs on the CPU in float64
-            (numba, rows in parallel); CUDA tensors make a round trip to the host.
+            (numba; rows in parallel for large batches); CUDA tensors make a round trip to
+            the host.
         lam: strength >= 0, a float or a 0-dim tensor.
         dim: the dimension holding the cells.
         mask: optional bool tensor broadcastable to ``z``. False cells and ``-inf`` scores

@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, prange
 from torch import Tensor
 
-from ._grouped import grouped_prox
+from ._grouped import by_size, grouped_prox
 
 
 @njit(cache=True)
@@ -113,41 +113,55 @@ def condat_tv1d(y, lam, x, segment, step):
     return _close_segment(x, segment, step, start, k, v_lo, count, 0)
 
 
-@njit(parallel=True, cache=True)
-def tv1d_rows(z, lam, x, group, sign, dlam):
+@njit(cache=True)
+def _tv1d_row(z, lam, x, group, sign, dlam, r):
+    n = z.shape[1]
+    cells = np.empty(n, dtype=np.int64)
+    m = 0
+    for i in range(n):
+        x[r, i] = -np.inf
+        group[r, i] = -1
+        sign[r, i] = 0.0
+        dlam[r, i] = 0.0
+        if z[r, i] > -np.inf:
+            cells[m] = i
+            m += 1
+    if m == 0:
+        return
+    y = np.empty(m)
+    for j in range(m):
+        y[j] = z[r, cells[j]]
+    xs = np.empty(m)
+    segment = np.empty(m, dtype=np.int64)
+    step = np.empty(m, dtype=np.int64)
+    count = condat_tv1d(y, lam, xs, segment, step)
+    size = np.zeros(count)
+    for j in range(m):
+        size[segment[j]] += 1.0
+    for j in range(m):
+        s = segment[j]
+        i = cells[j]
+        lower_minus_higher = (step[s - 1] if s > 0 else 0) - step[s]
+        x[r, i] = xs[j]
+        group[r, i] = s
+        sign[r, i] = 1.0
+        dlam[r, i] = -lower_minus_higher / size[s]
+
+
+@njit(cache=True)
+def _tv1d_serial(z, lam, x, group, sign, dlam):
     """Row-wise TV1D prox over the finite entries of z (rows, n); see GroupedProxFunction."""
-    rows, n = z.shape
-    for r in prange(rows):
-        cells = np.empty(n, dtype=np.int64)
-        m = 0
-        for i in range(n):
-            x[r, i] = -np.inf
-            group[r, i] = -1
-            sign[r, i] = 0.0
-            dlam[r, i] = 0.0
-            if z[r, i] > -np.inf:
-                cells[m] = i
-                m += 1
-        if m == 0:
-            continue
-        y = np.empty(m)
-        for j in range(m):
-            y[j] = z[r, cells[j]]
-        xs = np.empty(m)
-        segment = np.empty(m, dtype=np.int64)
-        step = np.empty(m, dtype=np.int64)
-        count = condat_tv1d(y, lam, xs, segment, step)
-        size = np.zeros(count)
-        for j in range(m):
-            size[segment[j]] += 1.0
-        for j in range(m):
-            s = segment[j]
-            i = cells[j]
-            lower_minus_higher = (step[s - 1] if s > 0 else 0) - step[s]
-            x[r, i] = xs[j]
-            group[r, i] = s
-            sign[r, i] = 1.0
-            dlam[r, i] = -lower_minus_higher / size[s]
+    for r in range(z.shape[0]):
+        _tv1d_row(z, lam, x, group, sign, dlam, r)
+
+
+@njit(parallel=True, cache=True)
+def _tv1d_parallel(z, lam, x, group, sign, dlam):
+    for r in prange(z.shape[0]):
+        _tv1d_row(z, lam, x, group, sign, dlam, r)
+
+
+tv1d_rows = by_size(_tv1d_serial, _tv1d_parallel)
 
 
 def tv1d_prox(
@@ -160,7 +174,8 @@ def tv1d_prox(
 
     Args:
         z: scores, any shape, float32 or float64. The kernel runs on the CPU in float64
-            (numba, rows in parallel); CUDA tensors make a round trip to the host.
+            (numba; rows in parallel for large batches); CUDA tensors make a round trip to
+            the host.
         lam: strength >= 0, a float or a 0-dim tensor (gradient flows when it requires grad).
         dim: the dimension along which cells form a chain.
         mask: optional bool tensor broadcastable to ``z``. False cells and ``-inf`` scores
