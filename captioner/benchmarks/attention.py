@@ -28,6 +28,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         "--threads", type=int, default=None, help="torch and numba threads (default: as is)"
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed of the scores")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall: elapsed time; cpu: CPU time of this process, all threads summed (steadier "
+        "than wall time on a machine busy with other work, but blind to parallel speed-up)",
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
@@ -60,7 +67,7 @@ def _mappings() -> dict[str, Callable]:
     return mappings
 
 
-def _timer(fn: Callable, z, grad) -> Callable[[], float]:
+def _timer(fn: Callable, z, grad, clock: Callable[[], float]) -> Callable[[], float]:
     """A round: seconds per forward+backward call, over as many calls as fill a round."""
 
     def call() -> None:
@@ -69,11 +76,11 @@ def _timer(fn: Callable, z, grad) -> Callable[[], float]:
 
     def one_round() -> float:
         calls = 0
-        start = time.perf_counter()
+        start = clock()
         while True:
             call()
             calls += 1
-            elapsed = time.perf_counter() - start
+            elapsed = clock() - start
             if elapsed >= ROUND_SECONDS:
                 return elapsed / calls
 
@@ -104,12 +111,13 @@ def main(argv: list[str]) -> int:
         numba.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     mappings = _mappings()
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
     rows = []
     for batch, height, width in SHAPES:
         shape = f"{batch}x{height}x{width}"
         z = torch.randn(batch, height, width, requires_grad=True)
         grad = torch.randn(batch, height, width)
-        timers = {name: _timer(fn, z, grad) for name, fn in mappings.items()}
+        timers = {name: _timer(fn, z, grad, clock) for name, fn in mappings.items()}
         samples = {name: [] for name in mappings}
         for _ in range(args.repeats):
             for name, one_round in timers.items():
@@ -117,7 +125,7 @@ def main(argv: list[str]) -> int:
         rows += [(shape, name, statistics.median(s)) for name, s in samples.items()]
         print(f"done {shape}", flush=True)
     print(
-        f"forward+backward, float32 CPU, torch {torch.__version__}, "
+        f"forward+backward, float32 CPU, {args.clock} clock, torch {torch.__version__}, "
         f"threads torch={torch.get_num_threads()} numba={numba.get_num_threads()}, "
         f"median of {args.repeats} rounds"
     )
