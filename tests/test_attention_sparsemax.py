@@ -93,6 +93,15 @@ def test_sparsemax_extreme_inputs(dtype):
         torch.testing.assert_close(p, torch.tensor(expected, dtype=dtype))
 
 
+def test_huge_maxima_in_many_rows_are_valid():
+    # the validation sums row maxima; an overflowing sum must not be taken for +inf scores
+    z = torch.full((4, 3), 1e308, dtype=torch.float64)
+    z[:, 0] = -1e308
+    expected = torch.tensor([[0.0, 0.5, 0.5]] * 4, dtype=torch.float64)
+    for func in (sparsemax, softmax):
+        torch.testing.assert_close(func(z), expected)
+
+
 def test_sparsemax_ties_gradient_sums_to_zero():
     z = torch.tensor([[1.0, 1.0, 1.0, 0.0]], dtype=torch.float64, requires_grad=True)
     p = sparsemax(z)

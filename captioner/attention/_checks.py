@@ -76,19 +76,24 @@ def checked_max(z: Tensor, dim: int, func: str) -> Tensor:
     """Row maxima of ``z`` along ``dim`` (keepdim), rejecting NaN, ``+inf`` and empty rows.
 
     One reduction serves both the numerically stable shift and the validation: a row's
-    maximum is NaN iff the row holds a NaN, ``+inf`` iff it holds ``+inf`` and ``-inf``
-    iff every entry is masked or ``-inf``. The full tensor is only rescanned to write
-    the error message.
+    maximum is NaN iff the row holds a NaN, ``+inf`` iff it holds ``+inf`` (and no NaN) and
+    ``-inf`` iff every entry is masked or ``-inf``.
     """
     z_max = z.detach().amax(dim=dim, keepdim=True)
-    if not bool(torch.isfinite(z_max).all()):
-        if bool(torch.isnan(z).any()):
-            raise ValueError(f"{func}: scores contain NaN")
-        if bool(torch.isposinf(z).any()):
-            raise ValueError(f"{func}: scores contain +inf (only -inf is allowed, meaning masked)")
+    # A finite sum of the maxima rules all three out with one cheap reduction; float64 keeps
+    # huge finite float32 maxima from overflowing it (if it overflows anyway, the exact
+    # checks below find nothing wrong).
+    if math.isfinite(z_max.sum(dtype=torch.float64)):
+        return z_max
+    if bool(torch.isnan(z_max).any()):
+        raise ValueError(f"{func}: scores contain NaN")
+    if bool(torch.isposinf(z_max).any()):
+        raise ValueError(f"{func}: scores contain +inf (only -inf is allowed, meaning masked)")
+    empty = torch.isneginf(z_max)
+    if bool(empty.any()):
         where = ""
         if z.dim() > 1:
-            row = torch.nonzero(torch.isneginf(z_max.squeeze(dim)))[0].tolist()
+            row = torch.nonzero(empty.squeeze(dim))[0].tolist()
             where = f" in the row at index {row} of the other dimensions"
         raise ValueError(
             f"{func}: every entry along dim {dim} is masked or -inf{where}; "

@@ -48,10 +48,10 @@ class SparsemaxFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
         (p,) = ctx.saved_tensors
-        support = p > 0
-        grad = torch.where(support, grad, 0)
+        support = (p > 0).to(grad.dtype)
+        grad = grad * support
         mean = grad.sum(ctx.dim, keepdim=True) / support.sum(ctx.dim, keepdim=True)
-        return torch.where(support, grad - mean, 0), None, None
+        return grad.sub_(mean).mul_(support), None, None
 
 
 def sparsemax(z: Tensor, dim: int = -1, mask: Tensor | None = None) -> Tensor:
