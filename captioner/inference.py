@@ -102,12 +102,12 @@ class Captioner:
                 f"{path}: vocabulary has {len(vocabulary)} words but vocab_size is "
                 f"{hparams.get('vocab_size')}"
             )
-        result = module.load_state_dict(checkpoint["state_dict"], strict=False)
-        if result.missing_keys or result.unexpected_keys:
+        try:
+            module.load_state_dict(checkpoint["state_dict"], strict=True)
+        except RuntimeError as exc:  # missing, unexpected or mis-shaped tensors
             raise IncompatibleCheckpointError(
-                f"{path}: weights do not fit the model built from its hyperparameters: "
-                f"missing {result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}"
-            )
+                f"{path}: weights do not fit the model built from its hyperparameters: {exc}"
+            ) from exc
         module.vocabulary = vocabulary
         return cls(module.to(map_location), vocabulary)
 

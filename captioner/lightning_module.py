@@ -14,6 +14,7 @@ rate x0.99 per epoch after the 10th epoch, d = 512, word embeddings of 256, g = 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -56,6 +57,7 @@ class CaptioningModule(L.LightningModule):
         output_mapping: word distribution and loss: softmax (cross-entropy), sparsemax or
             entmax15 (Fenchel-Young losses).
         feature_dim / embed_dim / hidden_dim: g, word embedding size, LSTM hidden size d.
+        attention_dim: hidden size of the additive attention score networks.
         dropout: dropout of the decoder.
         lr, betas: Adam settings.
         lr_decay, lr_decay_after: learning rate x ``lr_decay`` per epoch after
@@ -79,6 +81,7 @@ class CaptioningModule(L.LightningModule):
         feature_dim: int = 512,
         embed_dim: int = 256,
         hidden_dim: int = 512,
+        attention_dim: int = 512,
         dropout: float = 0.5,
         lr: float = 1e-4,
         betas: tuple[float, float] = (0.8, 0.999),
@@ -97,6 +100,7 @@ class CaptioningModule(L.LightningModule):
             feature_dim=feature_dim,
             embed_dim=embed_dim,
             hidden_dim=hidden_dim,
+            attention_dim=attention_dim,
             input_attention=input_attention,
             input_attention_kwargs=input_attention_kwargs,
             output_attention=output_attention,
@@ -138,7 +142,7 @@ class CaptioningModule(L.LightningModule):
             "image_size": self.hparams.image_size,
         }
         for key, value in expected.items():
-            if cache_encoder.get(key) != value:
+            if not _same_setting(cache_encoder.get(key), value):
                 raise ValueError(
                     f"feature cache {path} was written with encoder {key}="
                     f"{cache_encoder.get(key)!r}, but the model has {key}={value!r}"
@@ -264,6 +268,15 @@ class CaptioningModule(L.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self._score_decoded("test")
+
+
+def _same_setting(cached: Any, configured: Any) -> bool:
+    """Equal values, or two spellings of one weights file (relative vs absolute path)."""
+    if cached == configured:
+        return True
+    if isinstance(cached, str) and isinstance(configured, str):
+        return Path(cached).exists() and Path(cached).resolve() == Path(configured).resolve()
+    return False
 
 
 def corpus_scores(decoded: dict[int, str], references: dict[int, list[str]]) -> dict[str, float]:
