@@ -188,8 +188,13 @@ def render_strip(
         ax.text(0.5, -0.04, word, transform=ax.transAxes, ha="center", va="top", fontsize=12,
                 parse_math=False)
     colorbar_ax = fig.add_subplot(grid[0, count])
+    if len(panels):
+        # Match the colour bar's height to the panels, which keep the image's aspect ratio.
+        ax.apply_aspect()
+        panel_box, bar_box = ax.get_position(), colorbar_ax.get_position()
+        colorbar_ax.set_position([bar_box.x0, panel_box.y0, bar_box.width, panel_box.height])
     fig.colorbar(ScalarMappable(Normalize(0.0, vmax), COLORMAP), cax=colorbar_ax,
-                 label="attention weight (exactly 0: not coloured)")
+                 label="attention weight")
     if title:
         fig.suptitle(title, parse_math=False)
     fig.savefig(path, bbox_inches="tight")
