@@ -85,15 +85,21 @@ def test_learning_rate_schedule_decays_after_the_tenth_epoch():
     assert factors[10:] == pytest.approx([0.99, 0.99**2, 0.99**3])
 
 
-def test_corpus_scores_are_pycocoevalcap_bleu4_and_cider_on_hand_checked_cases():
-    references = {1: ["a red circle", "a small red circle"], 2: ["a blue star", "one blue star"],
-                  3: ["a green square", "green square"]}
-    perfect = corpus_scores({1: "a red circle", 2: "a blue star", 3: "a green square"}, references)
-    # Every hypothesis equals a reference: BLEU-4 is 1 up to pycocoevalcap's tiny smoothing.
+def test_corpus_scores_on_hand_checked_cases():
+    references = {
+        1: ["a small red circle on the left", "a red circle"],
+        2: ["a big blue star in the middle", "one blue star"],
+        3: ["a green square at the top", "green square"],
+    }
+    exact = {1: "a small red circle on the left", 2: "a big blue star in the middle",
+             3: "a green square at the top"}
+    perfect = corpus_scores(exact, references)
+    # Every hypothesis equals a reference of the same length: BLEU-4 is 1 (up to
+    # pycocoevalcap's 1e-9 smoothing); CIDEr-D is positive.
     assert perfect["Bleu_4"] == pytest.approx(1.0, abs=1e-6)
+    assert perfect["CIDEr"] > 1.0
     wrong = corpus_scores({1: "zebra", 2: "zebra", 3: "zebra"}, references)
     assert wrong["CIDEr"] == 0.0 and wrong["Bleu_4"] < 1e-6
-    assert perfect["CIDEr"] > 1.0
 
 
 def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
