@@ -7,9 +7,10 @@ For every checkpoint MODEL and readable image STEM it writes ``OUT/MODEL/STEM/``
 * ``strip.png``: the whole caption, one panel per word, with the colour bar;
 * ``attention.npz`` and ``attention.json``: the raw weights (tokens, grid, T x h x w maps).
 
-MODEL is the checkpoint's file stem and STEM the image's, both sanitized (``[A-Za-z0-9._-]``),
-with a short hash of the full path appended when two inputs share one. ``OUT/index.json``
-lists every image's files, caption and the colour scale.
+MODEL is the checkpoint's file stem and STEM the image's, both sanitized (``[A-Za-z0-9._-]``);
+when two inputs share one, their parent folder's name goes in front (``runs/tvmax/last.ckpt``
+-> ``tvmax_last``), and a short hash of the full path behind if that is still shared.
+``OUT/index.json`` lists every image's files, caption and the colour scale.
 
 Colour scale: one scale 0..vmax for every word, image and model of the run, so colours are
 comparable across them. vmax is ``--vmax`` when given (use it to compare separate runs), else
