@@ -28,7 +28,7 @@ def test_bench_model_prints_ratios_to_softmax(capsys, tmp_path):
 
 
 def test_bench_model_reports_a_failing_mapping_and_measures_the_rest(capsys):
-    assert bench.main([*TINY, "--mappings", "softmax,nope"]) == 1
+    assert bench.main([*TINY, "--mappings", "softmax,nope", "--clock", "cpu"]) == 1
     printed = capsys.readouterr().out
     assert "nope        error: ValueError: unknown attention mapping 'nope'" in printed
     assert "softmax" in printed.splitlines()[3]
