@@ -1,21 +1,29 @@
-"""Numba kernels for the exact 2-D total-variation prox on a 4-neighbour grid and its backward.
+"""Numba kernels for the exact 2-D total-variation prox on a 4-neighbour grid.
 
-Forward: divide and conquer by parametric min-cut (Hochbaum 2001; Chambolle & Darbon 2009).
-For a set S of cells with modified scores z'_i = z_i + lam * c_i (c_i: signed count of the
-edges from i to cells already split off, +1 per neighbour above i, -1 per neighbour below), the
-solution restricted to S is the prox of the grid restricted to S at z'. Its mean over S equals
-t = mean(z' over S) (the edge terms inside S cancel), and {w > t} is the smallest minimiser of
-sum_{i in A} (t - z'_i) + lam * cut(A, S \\ A), a min-cut problem. An empty minimiser means w is
+Both paths below return the exact solution with exact groups: groups come from cuts or from a
+certificate of the optimality conditions, never from comparing floats, and each group's value is
+the closed form of Eq. 8 in the TVmax paper (Martins et al.), (sum z + lam * sum c) / |G| with c
+the signed count of the group's boundary edges (+1 per neighbour above, -1 per neighbour below),
+computed once per group: cells of one group hold bitwise identical values.
+
+Fast path (``_guess_and_verify``): guess groups by merging neighbours whose order flips, compute
+Eq. 8, and accept only if the optimality conditions (Eq. 16-17) hold: every edge between groups
+keeps the sign it was computed with, and every group admits edge duals in [-1, 1] (a feasible
+flow, checked on a spanning tree or by max-flow). Groups that fail are split along their
+min-cut and the rounds go on; after a round limit the grid goes to the divide and conquer.
+
+Divide and conquer by parametric min-cut (Hochbaum 2001; Chambolle & Darbon 2009). For a set S
+of cells with modified scores z'_i = z_i + lam * c_i (c_i counting the edges to cells already
+split off), the solution restricted to S is the prox of the grid restricted to S at z'. Its mean
+over S is t = mean(z' over S) (edge terms inside S cancel), and {w > t} is the smallest minimiser
+of sum_{i in A} (t - z'_i) + lam * cut(A, S \\ A), a min-cut. An empty minimiser means w is
 constant on S; otherwise every edge across the cut goes strictly downwards, so both sides are
-independent problems again, with the cut edges folded into c. Each final group's value is the
-closed form of Eq. 8 in the TVmax paper (Martins et al.): (sum z + lam * sum c) / |G|, computed
-once per group, so cells of one group hold bitwise identical values and the groups are exact by
-construction, never recovered by comparing floats.
+independent problems again, with the cut edges folded into c. The min-cut is a max-flow: cells
+with excess z'_i - t > 0 are sources, cells with negative excess sinks, grid edges carry
+capacity lam both ways; each side restarts from the flow already found.
 
-The min-cut is a max-flow: cells with excess z'_i - t > 0 are sources, cells with negative
-excess are sinks, grid edges carry capacity lam both ways. Residuals at or below a rounding
-tolerance count as saturated, so near-ties between groups (values within ~1e-12 of each other)
-are fused rather than split by rounding noise.
+Residuals at or below a rounding tolerance count as saturated (and values that close as tied),
+so near-ties (values within ~1e-12 relative) are fused rather than split by rounding noise.
 
 Layout: cells are flattened row-major, n = H * W; neighbour tables have one row per cell and the
 four directions left, right, up, down (the opposite of direction d is d ^ 1), -1 for "no edge".
@@ -161,7 +169,7 @@ def _sign(x):
 
 
 @njit(cache=True)
-def _merge_groups(a, b, lab, head, nxt, size, zsum, nv):
+def _merge_groups(a, b, lab, head, nxt, size, zsum, gfixed, nv):
     """Merge groups a and b (roots); the merged value estimate is their size-weighted mean."""
     if size[a] < size[b]:
         a, b = b, a
@@ -176,6 +184,7 @@ def _merge_groups(a, b, lab, head, nxt, size, zsum, nv):
     head[a] = head[b]
     size[a] += size[b]
     zsum[a] += zsum[b]
+    gfixed[a] += gfixed[b]
 
 
 @njit(cache=True)
@@ -211,8 +220,8 @@ def _tree_feasible(r, nbr, setid, exc, lam, eps, stamp, visited, parent, queue, 
 
 
 @njit(cache=True)
-def _split_group(r, q, side_stamp, z, nbr, members, setid, visited, val, eps, lab, head, nxt,
-                 size, zsum, queue):
+def _split_group(r, q, side_stamp, z, fixed, nbr, members, setid, visited, val, eps, lab, head,
+                 nxt, size, zsum, gfixed, queue):
     """Split group r (cells members[:q]) into the connected parts of A (visited == side_stamp)
     and of the rest, with value estimates just above / below the group's for the next signs."""
     value = val[r]
@@ -228,6 +237,7 @@ def _split_group(r, q, side_stamp, z, nbr, members, setid, visited, val, eps, la
         nxt[root] = -1
         size[root] = 1
         zsum[root] = z[root]
+        gfixed[root] = fixed[root]
         val[root] = value + eps if upper else value - eps
         queue[0] = root
         qh = 0
@@ -244,14 +254,15 @@ def _split_group(r, q, side_stamp, z, nbr, members, setid, visited, val, eps, la
                 head[root] = v
                 size[root] += 1
                 zsum[root] += z[v]
+                gfixed[root] += fixed[v]
                 queue[qt] = v
                 qt += 1
 
 
 @njit(cache=True)
-def _guess_and_verify(z, lam, nbr, order, m, edge_a, edge_b, n_edges, eps, max_rounds, w, label,
-                      dlam, lab, head, nxt, size, zsum, bsum, val, nv, cnt, members, roots,
-                      setid, exc, cap, visited, parent, pdir, queue, acc):
+def _guess_and_verify(z, lam, nbr, order, m, fixed, edge_a, edge_b, n_edges, eps, max_rounds, w,
+                      label, dlam, lab, head, nxt, size, zsum, gfixed, bsum, val, nv, cnt,
+                      members, roots, setid, exc, cap, visited, parent, pdir, queue, acc):
     """Fast path: guess the groups by merging and splitting, certify them by the optimality
     conditions, and write the result; False when no certified guess came within max_rounds.
 
@@ -270,12 +281,13 @@ def _guess_and_verify(z, lam, nbr, order, m, edge_a, edge_b, n_edges, eps, max_r
         nxt[i] = -1
         size[i] = 1
         zsum[i] = z[i]
+        gfixed[i] = fixed[i]
         val[i] = z[i]
         visited[i] = 0
     stamp = 0
     for _ in range(max_rounds):
         for k in range(m):
-            bsum[order[k]] = 0
+            bsum[order[k]] = gfixed[order[k]]
         for e in range(n_edges):
             a = lab[edge_a[e]]
             b = lab[edge_b[e]]
@@ -295,7 +307,7 @@ def _guess_and_verify(z, lam, nbr, order, m, edge_a, edge_b, n_edges, eps, max_r
             new = nv[a] - nv[b]
             if (val[a] - val[b]) * new > 0.0 and abs(new) > eps:
                 continue
-            _merge_groups(a, b, lab, head, nxt, size, zsum, nv)
+            _merge_groups(a, b, lab, head, nxt, size, zsum, gfixed, nv)
             merged = True
         for k in range(m):
             i = order[k]
@@ -313,12 +325,25 @@ def _guess_and_verify(z, lam, nbr, order, m, edge_a, edge_b, n_edges, eps, max_r
             if lab[i] == i and size[i] > 1:
                 roots[nroots] = i
                 nroots += 1
-        for e in range(n_edges):
-            i = edge_a[e]
-            j = edge_b[e]
-            sg = _sign(val[lab[i]] - val[lab[j]])
-            cnt[i] -= sg
-            cnt[j] += sg
+        # All edges here, fixed ones too: one inside a group is a free dual, not a sign.
+        for k in range(m):
+            i = order[k]
+            for d in range(1, 4, 2):
+                j = nbr[i, d]
+                if j >= 0:
+                    sg = _sign(val[lab[i]] - val[lab[j]])
+                    cnt[i] -= sg
+                    cnt[j] += sg
+        # The values must come from the signs they now have on every edge (fixed ones too).
+        for k in range(m):
+            acc[order[k]] = 0.0
+        for k in range(m):
+            i = order[k]
+            acc[lab[i]] += cnt[i]
+        for k in range(m):
+            i = order[k]
+            if lab[i] == i and acc[i] != bsum[i]:
+                return False
         split = False
         for t in range(nroots):
             r = roots[t]
@@ -346,8 +371,8 @@ def _guess_and_verify(z, lam, nbr, order, m, edge_a, edge_b, n_edges, eps, max_r
                                      visited, parent, pdir, queue)
                 if na == 0:
                     continue
-            _split_group(r, q, stamp, z, nbr, members, setid, visited, val, eps, lab, head, nxt,
-                         size, zsum, queue)
+            _split_group(r, q, stamp, z, fixed, nbr, members, setid, visited, val, eps, lab,
+                         head, nxt, size, zsum, gfixed, queue)
             split = True
         if split:
             continue
@@ -371,7 +396,7 @@ def _guess_and_verify(z, lam, nbr, order, m, edge_a, edge_b, n_edges, eps, max_r
 @njit(cache=True)
 def _prox_one(z, active, lam, H, W, w, label, dlam, nbr, cnt, setid, order, seg, exc, cap,
               visited, parent, pdir, queue, lab, head, nxt, size, zsum, bsum, val, nv, members,
-              roots, acc, edge_a, edge_b, merge_rounds):
+              roots, acc, edge_a, edge_b, fixed, gfixed, merge_rounds):
     n = H * W
     _neighbours(active, H, W, nbr)
     ngroups = 0
@@ -408,17 +433,37 @@ def _prox_one(z, active, lam, H, W, w, label, dlam, nbr, cnt, setid, order, seg,
     # Residuals at or below eps count as saturated (and values closer than eps as tied), so
     # rounding noise never splits a group.
     eps = _REL_TOL * m * (amax + lam * 4 * m)
+    # A cell's prox value stays within deg * lam of its score (Eq. 16, duals in [-1, 1]), so an
+    # edge whose scores differ by more than both cells' reach keeps its order: its sign is
+    # fixed (folded into the cells' counts) and only the other edges are examined.
+    for k in range(m):
+        i = order[k]
+        deg = 0
+        for d in range(4):
+            if nbr[i, d] >= 0:
+                deg += 1
+        cnt[i] = deg
+        fixed[i] = 0
     n_edges = 0
     for k in range(m):
         i = order[k]
         for d in range(1, 4, 2):  # right and down: each edge once
-            if nbr[i, d] >= 0:
+            j = nbr[i, d]
+            if j < 0:
+                continue
+            diff = z[i] - z[j]
+            if abs(diff) > (cnt[i] + cnt[j]) * (lam + eps) + eps:
+                sg = 1 if diff > 0 else -1
+                fixed[i] -= sg
+                fixed[j] += sg
+            else:
                 edge_a[n_edges] = i
-                edge_b[n_edges] = nbr[i, d]
+                edge_b[n_edges] = j
                 n_edges += 1
-    if _guess_and_verify(z, lam, nbr, order, m, edge_a, edge_b, n_edges, eps, merge_rounds, w,
-                         label, dlam, lab, head, nxt, size, zsum, bsum, val, nv, cnt, members,
-                         roots, setid, exc, cap, visited, parent, pdir, queue, acc):
+    if _guess_and_verify(z, lam, nbr, order, m, fixed, edge_a, edge_b, n_edges, eps,
+                         merge_rounds, w, label, dlam, lab, head, nxt, size, zsum, gfixed, bsum,
+                         val, nv, cnt, members, roots, setid, exc, cap, visited, parent, pdir,
+                         queue, acc):
         return
     # Divide and conquer, from the whole active grid at its mean level with no flow yet.
     s = 0.0
@@ -538,12 +583,15 @@ def tv2d_prox_rows(z, lam, x, group, sign, dlam, H, W, nchunks, merge_rounds):
         acc = np.empty(n, np.float64)
         edge_a = np.empty(2 * n, np.int32)
         edge_b = np.empty(2 * n, np.int32)
+        fixed = np.empty(n, np.int64)
+        gfixed = np.empty(n, np.int64)
         for b in range(ch * B // nchunks, (ch + 1) * B // nchunks):
             for i in range(n):
                 active[i] = z[b, i] > -np.inf
             _prox_one(z[b], active, lam, H, W, x[b], label, dlam[b], nbr, cnt, setid, order,
                       seg, exc, cap, visited, parent, pdir, queue, lab, head, nxt, size, zsum,
-                      bsum, val, nv, members, roots, acc, edge_a, edge_b, merge_rounds)
+                      bsum, val, nv, members, roots, acc, edge_a, edge_b, fixed, gfixed,
+                      merge_rounds)
             for i in range(n):
                 group[b, i] = label[i] if active[i] else -1
                 sign[b, i] = 1.0
