@@ -35,10 +35,13 @@ def test_sparsemax_hand_computed():
     assert p.tolist() == [0.25, 0.0, 0.75]
 
 
-def test_sparsemax_gradcheck():
+def test_gradcheck_sparsemax_and_softmax():
     z = _random((3, 6), torch.float64).requires_grad_()
-    assert torch.autograd.gradcheck(lambda x: sparsemax(x, dim=-1), (z,))
-    assert torch.autograd.gradcheck(lambda x: sparsemax(x, dim=0), (z,))
+    mask = torch.tensor([True, False, True, True, True, False])
+    for func in (sparsemax, softmax):
+        assert torch.autograd.gradcheck(lambda x, f=func: f(x, dim=-1), (z,))
+        assert torch.autograd.gradcheck(lambda x, f=func: f(x, dim=0), (z,))
+        assert torch.autograd.gradcheck(lambda x, f=func: f(x, mask=mask), (z,))
 
 
 @pytest.mark.parametrize("func", [sparsemax, softmax])

@@ -53,7 +53,7 @@ class Fusedmax(FlatGridMapping):
 
     def __init__(self, lam: float = 0.1):
         super().__init__()
-        self.lam = check_lam(lam, "Fusedmax")
+        self.lam = float(check_lam(lam, "Fusedmax"))
 
     def map_flat(self, scores: Tensor, mask: Tensor | None) -> Tensor:
         return fusedmax(scores, self.lam, dim=-1, mask=mask)

@@ -149,7 +149,7 @@ class Oscarmax(FlatGridMapping):
 
     def __init__(self, lam: float = 0.1):
         super().__init__()
-        self.lam = check_lam(lam, "Oscarmax")
+        self.lam = float(check_lam(lam, "Oscarmax"))
 
     def map_flat(self, scores: Tensor, mask: Tensor | None) -> Tensor:
         return oscarmax(scores, self.lam, dim=-1, mask=mask)
