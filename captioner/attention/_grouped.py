@@ -14,8 +14,8 @@ a following sparsemax gives them zero weight.
 The kernels run on the CPU in float64: CUDA tensors are copied to the host and back. Each
 kernel has a serial and a prange-parallel driver over rows; small batches use the serial one,
 because waking numba's thread pool (which spins against PyTorch's own OpenMP threads) costs far
-more than the work: on 2 cores, fusedmax forward+backward at 64 x 64 took about 40 ms through
-the parallel driver against under 1 ms through the serial one.
+more than the work: on a busy 2-core machine, fusedmax forward+backward at 64 x 64 took 40 ms via
+the parallel driver against under 1 ms via the serial one.
 """
 
 from __future__ import annotations
