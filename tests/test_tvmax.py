@@ -341,9 +341,12 @@ def eq8_slopes(ref: np.ndarray, labels: np.ndarray, pairs: np.ndarray) -> np.nda
 
 
 @pytest.mark.parametrize("merge_rounds", [0, 2, 40])
-def test_kernel_paths_give_values_groups_and_slopes_of_the_reference(merge_rounds):
+@pytest.mark.parametrize("driver", ["serial", "parallel"])
+def test_kernel_paths_give_values_groups_and_slopes_of_the_reference(merge_rounds, driver):
     """Both solver paths (divide and conquer alone, fast path with early fallback, fast path)."""
-    from captioner.attention._tv2d_kernels import tv2d_prox_rows
+    from captioner.attention import _tv2d_kernels
+
+    tv2d_prox_rows = getattr(_tv2d_kernels, f"tv2d_prox_rows_{driver}")
 
     rng = np.random.default_rng(12)
     tested = 0

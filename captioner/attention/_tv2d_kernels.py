@@ -542,56 +542,68 @@ def _prox_one(z, active, lam, H, W, w, label, dlam, nbr, cnt, setid, order, seg,
         nseg += 2
 
 
-@njit(cache=True, parallel=True)
-def tv2d_prox_rows(z, lam, x, group, sign, dlam, H, W, nchunks, merge_rounds):
+@njit(cache=True)
+def _prox_rows_slice(z, lam, x, group, sign, dlam, H, W, merge_rounds, start, stop):
+    """Rows start..stop-1 of tv2d_prox_rows, with one set of work arrays for all of them."""
+    n = H * W
+    active = np.empty(n, np.bool_)
+    label = np.empty(n, np.int32)
+    nbr = np.empty((n, 4), np.int32)
+    cnt = np.empty(n, np.int64)
+    setid = np.empty(n, np.int32)
+    order = np.empty(n, np.int32)
+    seg = np.empty((n + 1, 2), np.int32)
+    exc = np.empty(n, np.float64)
+    cap = np.empty((n, 4), np.float64)
+    visited = np.empty(n, np.int64)
+    parent = np.empty(n, np.int32)
+    pdir = np.empty(n, np.int8)
+    queue = np.empty(n, np.int32)
+    lab = np.empty(n, np.int32)
+    head = np.empty(n, np.int32)
+    nxt = np.empty(n, np.int32)
+    size = np.empty(n, np.int64)
+    zsum = np.empty(n, np.float64)
+    bsum = np.empty(n, np.int64)
+    val = np.empty(n, np.float64)
+    nv = np.empty(n, np.float64)
+    members = np.empty(n, np.int32)
+    roots = np.empty(n, np.int32)
+    acc = np.empty(n, np.float64)
+    edge_a = np.empty(2 * n, np.int32)
+    edge_b = np.empty(2 * n, np.int32)
+    fixed = np.empty(n, np.int64)
+    gfixed = np.empty(n, np.int64)
+    for b in range(start, stop):
+        for i in range(n):
+            active[i] = z[b, i] > -np.inf
+        _prox_one(z[b], active, lam, H, W, x[b], label, dlam[b], nbr, cnt, setid, order, seg,
+                  exc, cap, visited, parent, pdir, queue, lab, head, nxt, size, zsum, bsum, val,
+                  nv, members, roots, acc, edge_a, edge_b, fixed, gfixed, merge_rounds)
+        for i in range(n):
+            group[b, i] = label[i] if active[i] else -1
+            sign[b, i] = 1.0
+
+
+@njit(cache=True)
+def tv2d_prox_rows_serial(z, lam, x, group, sign, dlam, H, W, nchunks, merge_rounds):
     """Exact prox of lam * TV2D for a batch of grids flattened row-major, in place.
 
     z: float64 (rows, H*W), ``-inf`` = cell absent (no edges); lam >= 0; nchunks: how many
-    slices of the batch run in parallel (the thread count); merge_rounds: round limit of the
-    fast path (MAX_MERGE_ROUNDS; 0 = divide and conquer only). Fills, all (rows, H*W): x, the prox
-    (-inf where absent); group (int64), the index of each cell's fused group within its row,
-    groups connected and maximal (-1 where absent); sign, 1 (the Jacobian is a plain group
-    average); dlam, d x / d lam, the group's signed boundary count over its size (Eq. 8).
+    slices of the batch run in parallel (the parallel driver only); merge_rounds: round limit
+    of the fast path (MAX_MERGE_ROUNDS; 0 = divide and conquer only). Fills, all (rows, H*W):
+    x, the prox (-inf where absent); group (int64), the index of each cell's fused group within
+    its row, groups connected and maximal (-1 where absent); sign, 1 (the Jacobian is a plain
+    group average); dlam, d x / d lam, the group's signed boundary count over its size (Eq. 8).
     """
-    B = z.shape[0]
-    n = H * W
-    nchunks = max(1, min(B, nchunks))
+    _prox_rows_slice(z, lam, x, group, sign, dlam, H, W, merge_rounds, 0, z.shape[0])
+
+
+@njit(cache=True, parallel=True)
+def tv2d_prox_rows_parallel(z, lam, x, group, sign, dlam, H, W, nchunks, merge_rounds):
+    """tv2d_prox_rows_serial with the batch cut into nchunks slices run in parallel."""
+    rows = z.shape[0]
+    nchunks = max(1, min(rows, nchunks))
     for ch in prange(nchunks):
-        active = np.empty(n, np.bool_)
-        label = np.empty(n, np.int32)
-        nbr = np.empty((n, 4), np.int32)
-        cnt = np.empty(n, np.int64)
-        setid = np.empty(n, np.int32)
-        order = np.empty(n, np.int32)
-        seg = np.empty((n + 1, 2), np.int32)
-        exc = np.empty(n, np.float64)
-        cap = np.empty((n, 4), np.float64)
-        visited = np.empty(n, np.int64)
-        parent = np.empty(n, np.int32)
-        pdir = np.empty(n, np.int8)
-        queue = np.empty(n, np.int32)
-        lab = np.empty(n, np.int32)
-        head = np.empty(n, np.int32)
-        nxt = np.empty(n, np.int32)
-        size = np.empty(n, np.int64)
-        zsum = np.empty(n, np.float64)
-        bsum = np.empty(n, np.int64)
-        val = np.empty(n, np.float64)
-        nv = np.empty(n, np.float64)
-        members = np.empty(n, np.int32)
-        roots = np.empty(n, np.int32)
-        acc = np.empty(n, np.float64)
-        edge_a = np.empty(2 * n, np.int32)
-        edge_b = np.empty(2 * n, np.int32)
-        fixed = np.empty(n, np.int64)
-        gfixed = np.empty(n, np.int64)
-        for b in range(ch * B // nchunks, (ch + 1) * B // nchunks):
-            for i in range(n):
-                active[i] = z[b, i] > -np.inf
-            _prox_one(z[b], active, lam, H, W, x[b], label, dlam[b], nbr, cnt, setid, order,
-                      seg, exc, cap, visited, parent, pdir, queue, lab, head, nxt, size, zsum,
-                      bsum, val, nv, members, roots, acc, edge_a, edge_b, fixed, gfixed,
-                      merge_rounds)
-            for i in range(n):
-                group[b, i] = label[i] if active[i] else -1
-                sign[b, i] = 1.0
+        _prox_rows_slice(z, lam, x, group, sign, dlam, H, W, merge_rounds,
+                         ch * rows // nchunks, (ch + 1) * rows // nchunks)

@@ -17,13 +17,16 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import check_lam, check_mask, check_scores
-from ._grouped import grouped_prox, is_zero
-from ._tv2d_kernels import MAX_MERGE_ROUNDS, tv2d_prox_rows
+from ._grouped import by_size, grouped_prox, is_zero
+from ._tv2d_kernels import MAX_MERGE_ROUNDS, tv2d_prox_rows_parallel, tv2d_prox_rows_serial
 from .sparsemax import sparsemax
+
+# Small batches run serially: waking numba's thread pool costs more than their work.
+_tv2d_prox_rows = by_size(tv2d_prox_rows_serial, tv2d_prox_rows_parallel)
 
 
 def _solve_rows(z, lam, x, group, sign, dlam, *, height: int, width: int) -> None:
-    tv2d_prox_rows(
+    _tv2d_prox_rows(
         z, lam, x, group, sign, dlam, height, width, numba.get_num_threads(), MAX_MERGE_ROUNDS
     )
 
