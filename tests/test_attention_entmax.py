@@ -53,7 +53,7 @@ def test_entmax_bisect_alpha_gradient_matches_entmax_package():
 
 @pytest.mark.parametrize("alpha", [1.2, 1.5, 1.9, 3.0])
 def test_entmax_bisect_optimality_conditions(alpha):
-    # KKT of Peters et al. Eq. 10: p_i^(alpha-1) = (alpha-1) z_i - tau on the support and
+    # Peters et al. Eq. 13: p_i^(alpha-1) = (alpha-1) z_i - tau on the support and
     # (alpha-1) z_i <= tau off it.
     z = _random((8, 12), seed=4)
     p = entmax_bisect(z, alpha)

@@ -1,7 +1,7 @@
 """alpha-entmax: Tsallis-entropy regularized argmax (Peters, Niculae & Martins, 2019).
 
 alpha-entmax(z) = argmax_{p in simplex} p.z + H^T_alpha(p) = [(alpha - 1) z - tau]_+^(1/(alpha-1))
-(Peters et al., Eq. 9-10). alpha -> 1 is softmax, alpha = 2 is sparsemax; every alpha > 1 gives
+(Peters et al., Eq. 10 and 13). alpha -> 1 is softmax, alpha = 2 is sparsemax; every alpha > 1 gives
 sparse outputs. 1.5-entmax is solved exactly by sorting (Alg. 2); any alpha by bisection on tau
 (Alg. 1), with the gradient with respect to alpha of Correia, Niculae & Martins (2019), Prop. 1,
 so that alpha can be learned.
@@ -21,7 +21,7 @@ from .sparsemax import ranks_along, sparsemax
 
 
 def _support_jvp(s: Tensor, grad: Tensor, dim: int) -> Tensor:
-    """(diag(s) - s s^T / sum(s)) grad along dim: the alpha-entmax Jacobian (Peters, Eq. 11).
+    """(diag(s) - s s^T / sum(s)) grad along dim: the alpha-entmax Jacobian (Peters, Prop. 1).
 
     ``s`` is p^(2 - alpha) on the support and 0 elsewhere (sqrt(p) for alpha = 1.5).
     """
@@ -30,7 +30,7 @@ def _support_jvp(s: Tensor, grad: Tensor, dim: int) -> Tensor:
 
 
 class Entmax15Function(torch.autograd.Function):
-    """Exact 1.5-entmax (Peters et al., Alg. 2) with backward s = sqrt(p) in Eq. 11."""
+    """Exact 1.5-entmax (Peters et al., Alg. 2) with backward s = sqrt(p) in Prop. 1."""
 
     @staticmethod
     def forward(ctx, z: Tensor, z_max: Tensor, dim: int) -> Tensor:
@@ -155,7 +155,7 @@ def entmax_bisect(
 ) -> Tensor:
     """alpha-entmax along ``dim`` for any alpha > 1, by bisection (Peters et al., Alg. 1).
 
-    Differentiable with respect to ``z`` (Peters et al., Eq. 11) and to ``alpha``
+    Differentiable with respect to ``z`` (Peters et al., Prop. 1) and to ``alpha``
     (Correia et al., 2019, Prop. 1), both in closed form at the solution: the bisection
     iterations are not unrolled.
 
