@@ -61,12 +61,16 @@ def tv2d_prox(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Ten
     Raises:
         ValueError: rank < 2, NaN or ``+inf`` scores, lam < 0, a grid with every cell masked.
     """
-    _check_grid(z, "tv2d_prox")
+    return _prox_flat(z, lam, mask, "tv2d_prox").unflatten(-1, z.shape[-2:])
+
+
+def _prox_flat(z: Tensor, lam: float | Tensor, mask: Tensor | None, func: str) -> Tensor:
+    """The prox of each grid of z (..., H, W), flattened to (..., H*W) (validated here)."""
+    _check_grid(z, func)
     height, width = z.shape[-2:]
-    flat_mask = None if mask is None else check_mask(mask, z.shape, "tv2d_prox").flatten(-2)
+    flat_mask = None if mask is None else check_mask(mask, z.shape, func).flatten(-2)
     solver = partial(_solve_rows, height=height, width=width)
-    out = grouped_prox(z.flatten(-2), lam, -1, flat_mask, "tv2d_prox", solver)
-    return out.unflatten(-1, (height, width))
+    return grouped_prox(z.flatten(-2), lam, -1, flat_mask, func, solver)
 
 
 def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
@@ -96,8 +100,7 @@ def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
     if is_zero(lam):
         flat_mask = None if mask is None else check_mask(mask, z.shape, "tvmax").flatten(-2)
         return sparsemax(z.flatten(-2), dim=-1, mask=flat_mask).unflatten(-1, z.shape[-2:])
-    prox = tv2d_prox(z, lam, mask)
-    return sparsemax(prox.flatten(-2), dim=-1).unflatten(-1, z.shape[-2:])
+    return sparsemax(_prox_flat(z, lam, mask, "tvmax"), dim=-1).unflatten(-1, z.shape[-2:])
 
 
 class TVMax(nn.Module):
