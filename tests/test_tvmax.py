@@ -367,3 +367,17 @@ def test_kernel_paths_give_values_groups_and_slopes_of_the_reference(merge_round
             np.testing.assert_allclose(dlam[b], eq8_slopes(ref, labels, pairs), atol=1e-12)
             tested += 1
     assert tested >= 10
+
+
+def test_tied_and_plateau_scores_match_prox_tv():
+    """Exact ties (integer scores) and near-binary images stress the group detection."""
+    rng = np.random.default_rng(13)
+    for trial in range(12):
+        height, width = rng.integers(2, 12, size=2)
+        if trial % 2:
+            z = rng.integers(0, 3, size=(height, width)).astype(np.float64)
+        else:
+            z = (rng.random((height, width)) < 0.5) + rng.normal(size=(height, width)) * 1e-3
+        lam = float(rng.choice([0.05, 0.25, 0.6]))
+        out = tv2d_prox(torch.from_numpy(z), lam).numpy()
+        np.testing.assert_allclose(out, reference_prox(z, lam), atol=1e-6, rtol=0)
