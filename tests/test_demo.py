@@ -1,0 +1,37 @@
+"""`captioner demo --quick`: the whole pipeline end to end on a tiny synthetic dataset."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from captioner.inference import Captioner
+from eval.commands.demo import MAPPINGS, main
+
+
+@pytest.mark.java
+@pytest.mark.slow
+def test_quick_demo_writes_results_checkpoints_and_figures(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["--quick", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert str(out) in printed.splitlines()[-1]
+    for mapping in MAPPINGS:
+        assert mapping in printed
+
+    results = json.loads((out / "results.json").read_text())
+    assert list(results) == list(MAPPINGS)
+    for mapping, metrics in results.items():
+        for key in ("Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "REP"):
+            assert math.isfinite(metrics[key]), (mapping, key)
+        assert 0.0 <= metrics["zero_attention"] <= 1.0
+        precision = metrics["attention_precision"]
+        assert math.isnan(precision) or 0.0 <= precision <= 1.0
+        captioner = Captioner.load(out / f"{mapping}.ckpt")
+        assert captioner.output_attention_name == mapping
+    assert results["softmax"]["zero_attention"] == 0.0  # softmax is dense
+    strips = sorted(out.glob("figures/*/*/strip.png"))
+    assert {path.parent.name for path in strips} == set(MAPPINGS)
+    assert all(any(p.parent.glob("00_*.png")) for p in strips)
