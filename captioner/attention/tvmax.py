@@ -40,9 +40,10 @@ def _check_grid(z: Tensor, func: str) -> None:
 def tv2d_prox(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
     """prox_{lam TV2D}(z) = argmin_w 1/2 ||w - z||^2 + lam * TV2D(w), per H x W grid, exact.
 
-    Exact divide and conquer by parametric min-cut: fused groups are found as min-cuts, never
-    by comparing floats, and each group's value is the closed form of Eq. 8, so all cells of a
-    group hold bitwise identical values and 4-neighbours are equal iff they are fused.
+    Exact: fused groups come from a guess certified by the optimality conditions or, failing
+    that, from parametric min-cuts (divide and conquer), never from comparing floats; each
+    group's value is the closed form of Eq. 8, so all cells of a group hold bitwise identical
+    values and 4-neighbours are equal iff they are fused (ties closer than ~1e-12 fuse).
     Backward: the mean of the incoming gradient over each fused group (Eq. 9); d/dlam from
     Eq. 8 when ``lam`` is a tensor that requires grad.
 
