@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_model import (
-    random_batch,
-    single_thread,  # noqa: F401  (autouse fixture, applies here too)
-    small_decoder,
-)
+from test_model import random_batch, small_decoder
 
 from captioner.decoding import beam_search, greedy_search, trigram_block_mask
 from captioner.losses import word_log_probs

@@ -16,16 +16,6 @@ from captioner.model import (
 
 VOCAB, CHANNELS, GRID = 30, 24, (3, 4)
 
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    """Tiny models run faster on one thread, and the test machine's cores are shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 ATTENTION_PAIRS = [
     ("softmax", "softmax"),
     ("softmax", "sparsemax"),

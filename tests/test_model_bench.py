@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-from test_model import single_thread  # noqa: F401  (autouse: restores the thread count)
-
 from captioner.benchmarks import model as bench
 
 TINY = [

@@ -8,7 +8,6 @@ import urllib.error
 import pytest
 import torch
 import torchvision
-from test_model import single_thread  # noqa: F401  (autouse fixture, applies here too)
 
 from captioner.model import EncoderWeightsError, build_encoder
 
