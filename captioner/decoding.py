@@ -4,7 +4,8 @@ Both run :meth:`AttentionDecoder.step` on every image (and every beam) of a batc
 Python loop over images happens inside a step. Each hypothesis carries the output and input
 attention maps of every generated word: beam search reorders the token and attention histories
 by the beam back-pointers at every step, so the maps stay aligned with the words of the
-surviving beam.
+surviving beam. An image whose search is over leaves the batch, so that later steps compute
+only the images still being searched.
 
 Conventions shared by both searches:
 
@@ -249,11 +250,13 @@ def beam_search(
     if batch == 0:
         return []
     encoded = decoder.encode(features)
-    image_of_row = torch.arange(batch, device=device).repeat_interleave(beams)
-    encoded = encoded.index_select(image_of_row)
+    # Rows are (image, beam) pairs, image-major. Images still being searched are "active";
+    # an image that is done leaves the tensors, so later steps only compute active rows.
+    active = torch.arange(batch, device=device)
+    encoded = encoded.index_select(active.repeat_interleave(beams))
     state = decoder.initial_state(encoded)
     grid = encoded.grid
-    first_row = (torch.arange(batch, device=device) * beams).unsqueeze(1)
+    beam_offsets = torch.arange(beams, device=device)
 
     tokens = torch.full((batch * beams,), start_id, dtype=torch.long, device=device)
     # All beams of an image start identical: only the first is live, so that the first step
@@ -264,10 +267,10 @@ def beam_search(
     output_history = encoded.values.new_zeros(batch * beams, 0, *grid)
     input_history = encoded.values.new_zeros(batch * beams, 0, *grid)
     pool = _FinishedPool(batch, length_normalization, device)
-    done = torch.zeros(batch, dtype=torch.bool, device=device)
     rank = torch.arange(candidates, device=device)
 
     for t in range(max_length):
+        image_of_row = active.repeat_interleave(beams)
         step = decoder.step(encoded, state, tokens)
         log_probs = word_log_probs(step.scores, output_mapping)
         if block_trigrams:
@@ -288,8 +291,9 @@ def beam_search(
             t,
         )
 
-        expanded = (flat_scores.unsqueeze(1) + log_probs).view(batch, beams * vocab_size)
+        expanded = (flat_scores.unsqueeze(1) + log_probs).view(active.numel(), -1)
         top_scores, top_index = expanded.topk(candidates, dim=1)
+        first_row = (torch.arange(active.numel(), device=device) * beams).unsqueeze(1)
         source_row = first_row + torch.div(top_index, vocab_size, rounding_mode="floor")
         words = top_index % vocab_size
         valid = torch.isfinite(top_scores)
@@ -299,7 +303,7 @@ def beam_search(
         image_idx, cand_idx = finishing.nonzero(as_tuple=True)
         rows = source_row[image_idx, cand_idx]
         pool.add(
-            image_idx,
+            active[image_idx],
             history[rows],
             output_history[rows],
             input_history[rows],
@@ -314,19 +318,27 @@ def beam_search(
         keep = continuing.gather(1, order)
         beam_scores = torch.where(keep, top_scores.gather(1, order), float("-inf"))
         rows = source_row.gather(1, order).view(-1)
+
+        # Images with beam_size finished hypotheses or no live beam leave the search.
+        remaining = (pool.counts[active] < beams) & torch.isfinite(beam_scores).any(dim=1)
+        if not bool(remaining.any()):
+            return pool.best()
+        if not bool(remaining.all()):
+            kept = remaining.nonzero().squeeze(1)
+            kept_rows = (kept.unsqueeze(1) * beams + beam_offsets).view(-1)
+            active, beam_scores = active[kept], beam_scores[kept]
+            rows = rows[kept_rows]
+            order = order[kept]
+            words = words[kept]
+            encoded = encoded.index_select(kept_rows)
         tokens = words.gather(1, order).view(-1)
         history = torch.cat([history[rows], tokens.unsqueeze(1)], dim=1)
         output_history, input_history = output_next[rows], input_next[rows]
         state = step.state.index_select(rows)
 
-        done |= (pool.counts >= beams) | ~torch.isfinite(beam_scores).any(dim=1)
-        beam_scores = beam_scores.masked_fill(done.unsqueeze(1), float("-inf"))
-        if bool(done.all()):
-            break
-
     live = torch.isfinite(beam_scores.view(-1))
     pool.add(
-        image_of_row[live],
+        active.repeat_interleave(beams)[live],
         history[live],
         output_history[live],
         input_history[live],
