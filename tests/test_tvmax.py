@@ -381,3 +381,30 @@ def test_tied_and_plateau_scores_match_prox_tv():
         lam = float(rng.choice([0.05, 0.25, 0.6]))
         out = tv2d_prox(torch.from_numpy(z), lam).numpy()
         np.testing.assert_allclose(out, reference_prox(z, lam), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fused_kernel_matches_sparsemax_of_prox(dtype):
+    """The one-kernel tvmax against entmax's sparsemax applied to our tv2d_prox, with masks."""
+    gen = torch.Generator().manual_seed(14)
+    z = torch.randn(40, 7, 9, generator=gen, dtype=torch.float64) * 2
+    mask = torch.rand(40, 7, 9, generator=gen) > 0.15
+    mask[:, 3, 4] = True
+    g = torch.randn(40, 7, 9, generator=gen, dtype=torch.float64)
+    for lam in [0.01, 0.1, 0.5]:
+        zf = z.to(dtype, copy=True).requires_grad_()
+        lam_f = torch.tensor(lam, dtype=dtype, requires_grad=True)
+        out = tvmax(zf, lam_f, mask)
+        out.backward(g.to(dtype))
+
+        zr = z.clone().requires_grad_()
+        lam_r = torch.tensor(lam, dtype=torch.float64, requires_grad=True)
+        prox = tv2d_prox(zr, lam_r, mask).flatten(-2)
+        ref = entmax.sparsemax(prox.masked_fill(prox == -np.inf, -1e30), dim=-1).view_as(z)
+        ref.backward(g)
+        tol = 1e-6 if dtype == torch.float32 else 1e-12
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.double(), ref, atol=tol, rtol=0)
+        assert torch.all(out[~mask] == 0) and torch.all(zf.grad[~mask] == 0)
+        torch.testing.assert_close(zf.grad.double(), zr.grad, atol=10 * tol, rtol=0)
+        torch.testing.assert_close(lam_f.grad.double(), lam_r.grad, atol=100 * tol, rtol=1e-6)

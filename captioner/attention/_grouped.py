@@ -34,11 +34,12 @@ PARALLEL_MIN_CELLS = 1 << 15
 def by_size(serial, parallel):
     """A row kernel that runs ``parallel`` on large batches and ``serial`` on small ones.
 
-    Both take the (rows, n) input array first and the same further arguments.
+    Both take the (rows, n) input array first and the same further arguments; ``run`` returns
+    what the kernel returns.
     """
 
     def run(z, *args):
-        (parallel if z.size >= PARALLEL_MIN_CELLS else serial)(z, *args)
+        return (parallel if z.size >= PARALLEL_MIN_CELLS else serial)(z, *args)
 
     run.__doc__ = serial.__doc__
     return run

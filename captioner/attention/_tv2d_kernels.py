@@ -543,43 +543,59 @@ def _prox_one(z, active, lam, H, W, w, label, dlam, nbr, cnt, setid, order, seg,
 
 
 @njit(cache=True)
+def _workspace(n):
+    """Work arrays of _prox_one for grids of n cells, reused from one grid to the next."""
+    return (
+        np.empty((n, 4), np.int32),  # nbr
+        np.empty(n, np.int64),  # cnt
+        np.empty(n, np.int32),  # setid
+        np.empty(n, np.int32),  # order
+        np.empty((n + 1, 2), np.int32),  # seg
+        np.empty(n, np.float64),  # exc
+        np.empty((n, 4), np.float64),  # cap
+        np.empty(n, np.int64),  # visited
+        np.empty(n, np.int32),  # parent
+        np.empty(n, np.int8),  # pdir
+        np.empty(n, np.int32),  # queue
+        np.empty(n, np.int32),  # lab
+        np.empty(n, np.int32),  # head
+        np.empty(n, np.int32),  # nxt
+        np.empty(n, np.int64),  # size
+        np.empty(n, np.float64),  # zsum
+        np.empty(n, np.int64),  # bsum
+        np.empty(n, np.float64),  # val
+        np.empty(n, np.float64),  # nv
+        np.empty(n, np.int32),  # members
+        np.empty(n, np.int32),  # roots
+        np.empty(n, np.float64),  # acc
+        np.empty(2 * n, np.int32),  # edge_a
+        np.empty(2 * n, np.int32),  # edge_b
+        np.empty(n, np.int64),  # fixed
+        np.empty(n, np.int64),  # gfixed
+    )
+
+
+@njit(cache=True)
+def _prox_grid(z, active, lam, H, W, w, label, dlam, ws, merge_rounds):
+    """_prox_one with its work arrays taken from ws (see _workspace)."""
+    (nbr, cnt, setid, order, seg, exc, cap, visited, parent, pdir, queue, lab, head, nxt, size,
+     zsum, bsum, val, nv, members, roots, acc, edge_a, edge_b, fixed, gfixed) = ws
+    _prox_one(z, active, lam, H, W, w, label, dlam, nbr, cnt, setid, order, seg, exc, cap,
+              visited, parent, pdir, queue, lab, head, nxt, size, zsum, bsum, val, nv, members,
+              roots, acc, edge_a, edge_b, fixed, gfixed, merge_rounds)
+
+
+@njit(cache=True)
 def _prox_rows_slice(z, lam, x, group, sign, dlam, H, W, merge_rounds, start, stop):
     """Rows start..stop-1 of tv2d_prox_rows, with one set of work arrays for all of them."""
     n = H * W
+    ws = _workspace(n)
     active = np.empty(n, np.bool_)
     label = np.empty(n, np.int32)
-    nbr = np.empty((n, 4), np.int32)
-    cnt = np.empty(n, np.int64)
-    setid = np.empty(n, np.int32)
-    order = np.empty(n, np.int32)
-    seg = np.empty((n + 1, 2), np.int32)
-    exc = np.empty(n, np.float64)
-    cap = np.empty((n, 4), np.float64)
-    visited = np.empty(n, np.int64)
-    parent = np.empty(n, np.int32)
-    pdir = np.empty(n, np.int8)
-    queue = np.empty(n, np.int32)
-    lab = np.empty(n, np.int32)
-    head = np.empty(n, np.int32)
-    nxt = np.empty(n, np.int32)
-    size = np.empty(n, np.int64)
-    zsum = np.empty(n, np.float64)
-    bsum = np.empty(n, np.int64)
-    val = np.empty(n, np.float64)
-    nv = np.empty(n, np.float64)
-    members = np.empty(n, np.int32)
-    roots = np.empty(n, np.int32)
-    acc = np.empty(n, np.float64)
-    edge_a = np.empty(2 * n, np.int32)
-    edge_b = np.empty(2 * n, np.int32)
-    fixed = np.empty(n, np.int64)
-    gfixed = np.empty(n, np.int64)
     for b in range(start, stop):
         for i in range(n):
             active[i] = z[b, i] > -np.inf
-        _prox_one(z[b], active, lam, H, W, x[b], label, dlam[b], nbr, cnt, setid, order, seg,
-                  exc, cap, visited, parent, pdir, queue, lab, head, nxt, size, zsum, bsum, val,
-                  nv, members, roots, acc, edge_a, edge_b, fixed, gfixed, merge_rounds)
+        _prox_grid(z[b], active, lam, H, W, x[b], label, dlam[b], ws, merge_rounds)
         for i in range(n):
             group[b, i] = label[i] if active[i] else -1
             sign[b, i] = 1.0
@@ -607,3 +623,149 @@ def tv2d_prox_rows_parallel(z, lam, x, group, sign, dlam, H, W, nchunks, merge_r
     for ch in prange(nchunks):
         _prox_rows_slice(z, lam, x, group, sign, dlam, H, W, merge_rounds,
                          ch * rows // nchunks, (ch + 1) * rows // nchunks)
+
+
+# Row-error kinds reported by the TVmax kernels (code = 3 * row + kind; -1 = all rows valid).
+NAN, POS_INF, EMPTY = 0, 1, 2
+
+
+@njit(cache=True)
+def _sparsemax_grid(x, active, n, p, b, insup):
+    """p[b] = sparsemax of x over the active cells (0 elsewhere), exact, in float64.
+
+    Michelot's algorithm (Condat 2016, Alg. 2; same fixed point as Martins & Astudillo's sort,
+    Eq. 3-4): tau = (sum_S x - 1) / |S| over the current support S, then drop the cells at or
+    below tau, until none drops. The support only shrinks, so it ends within n passes. Values
+    are shifted by their maximum first (which therefore stays in the support with weight > 0)
+    so that huge scores keep an exact 1 / |S| scale; equal x give bitwise equal p.
+    """
+    xmax = -np.inf
+    for i in range(n):
+        insup[i] = active[i]
+        if active[i] and x[i] > xmax:
+            xmax = x[i]
+    tau = 0.0
+    dropped = True
+    while dropped:
+        total = 0.0
+        k = 0
+        for i in range(n):
+            if insup[i]:
+                total += x[i] - xmax
+                k += 1
+        tau = (total - 1.0) / k
+        dropped = False
+        for i in range(n):
+            if insup[i] and x[i] - xmax <= tau:
+                insup[i] = False
+                dropped = True
+    for i in range(n):
+        p[b, i] = (x[i] - xmax) - tau if insup[i] else 0.0
+
+
+@njit(cache=True)
+def _tvmax_rows_slice(z, lam, p, group, dlam, H, W, merge_rounds, start, stop):
+    """Rows start..stop-1 of tvmax_rows; returns the first row-error code or -1."""
+    n = H * W
+    ws = _workspace(n)
+    active = np.empty(n, np.bool_)
+    insup = np.empty(n, np.bool_)
+    zrow = np.empty(n, np.float64)
+    xrow = np.empty(n, np.float64)
+    for b in range(start, stop):
+        m = 0
+        for i in range(n):
+            v = np.float64(z[b, i])
+            if np.isnan(v):
+                return 3 * b + NAN
+            if v == np.inf:
+                return 3 * b + POS_INF
+            zrow[i] = v
+            active[i] = v > -np.inf
+            if active[i]:
+                m += 1
+        if m == 0:
+            return 3 * b + EMPTY
+        _prox_grid(zrow, active, lam, H, W, xrow, group[b], dlam[b], ws, merge_rounds)
+        _sparsemax_grid(xrow, active, n, p, b, insup)
+        for i in range(n):
+            if not active[i]:
+                group[b, i] = -1
+    return -1
+
+
+@njit(cache=True)
+def tvmax_rows_serial(z, lam, p, group, dlam, H, W, nchunks, merge_rounds):
+    """TVmax = sparsemax(prox_{lam TV2D}) of a batch of flattened grids in one pass, exact.
+
+    z: float32 or float64 (rows, H*W), read as float64, ``-inf`` = cell absent (no edges, zero
+    weight); lam >= 0; nchunks and merge_rounds as in tv2d_prox_rows_serial. Fills p (rows,
+    H*W, z's dtype), the weights; group (int32), each cell's fused group within its row (-1
+    where absent); dlam (float64), d prox / d lam (Eq. 8). Returns -1, or 3 * row + kind
+    (NAN, POS_INF, EMPTY) for the first invalid row found, leaving the outputs incomplete.
+    """
+    return _tvmax_rows_slice(z, lam, p, group, dlam, H, W, merge_rounds, 0, z.shape[0])
+
+
+@njit(cache=True, parallel=True)
+def tvmax_rows_parallel(z, lam, p, group, dlam, H, W, nchunks, merge_rounds):
+    """tvmax_rows_serial with the batch cut into nchunks slices run in parallel."""
+    rows = z.shape[0]
+    nchunks = max(1, min(rows, nchunks))
+    codes = np.empty(nchunks, np.int64)
+    for ch in prange(nchunks):
+        codes[ch] = _tvmax_rows_slice(z, lam, p, group, dlam, H, W, merge_rounds,
+                                      ch * rows // nchunks, (ch + 1) * rows // nchunks)
+    for ch in range(nchunks):
+        if codes[ch] >= 0:
+            return codes[ch]
+    return -1
+
+
+@njit(cache=True)
+def _tvmax_backward_slice(grad, p, group, dlam, grad_z, grad_lam, start, stop):
+    n = grad.shape[1]
+    sums = np.empty(n)
+    counts = np.empty(n)
+    for b in range(start, stop):
+        total = 0.0
+        k = 0
+        for i in range(n):
+            if p[b, i] > 0:
+                total += grad[b, i]
+                k += 1
+        mean = total / k
+        for i in range(n):
+            sums[i] = 0.0
+            counts[i] = 0.0
+        slope = 0.0
+        for i in range(n):
+            g = group[b, i]
+            if g >= 0:
+                v = grad[b, i] - mean if p[b, i] > 0 else 0.0
+                sums[g] += v
+                counts[g] += 1.0
+                slope += v * dlam[b, i]
+        for i in range(n):
+            g = group[b, i]
+            grad_z[b, i] = sums[g] / counts[g] if g >= 0 else 0.0
+        grad_lam[b] = slope
+
+
+@njit(cache=True)
+def tvmax_backward_rows_serial(grad, p, group, dlam, grad_z, grad_lam):
+    """Backward of tvmax_rows (Proposition 2, Algorithm 1), all (rows, H*W) but grad_lam (rows,).
+
+    v = J_sparsemax g at the weights p (Martins & Astudillo, Eq. 14: g minus its mean over the
+    support, 0 off it); grad_z = the mean of v over each fused group (0 where group == -1);
+    grad_lam[row] = sum_i v_i dlam_i, the row's share of the lam gradient (Eq. 8). Arithmetic
+    in float64; grad_z takes grad's dtype.
+    """
+    _tvmax_backward_slice(grad, p, group, dlam, grad_z, grad_lam, 0, grad.shape[0])
+
+
+@njit(cache=True, parallel=True)
+def tvmax_backward_rows_parallel(grad, p, group, dlam, grad_z, grad_lam):
+    rows = grad.shape[0]
+    for r in prange(rows):
+        _tvmax_backward_slice(grad, p, group, dlam, grad_z, grad_lam, r, r + 1)

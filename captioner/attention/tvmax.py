@@ -13,16 +13,29 @@ import math
 from functools import partial
 
 import numba
+import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_lam, check_mask, check_scores
+from ._checks import apply_mask, check_lam, check_mask, check_scores, checked_max
 from ._grouped import by_size, grouped_prox, is_zero
-from ._tv2d_kernels import MAX_MERGE_ROUNDS, tv2d_prox_rows_parallel, tv2d_prox_rows_serial
+from ._tv2d_kernels import (
+    MAX_MERGE_ROUNDS,
+    tv2d_prox_rows_parallel,
+    tv2d_prox_rows_serial,
+    tvmax_backward_rows_parallel,
+    tvmax_backward_rows_serial,
+    tvmax_rows_parallel,
+    tvmax_rows_serial,
+)
 from .sparsemax import sparsemax
 
 # Small batches run serially: waking numba's thread pool costs more than their work.
 _tv2d_prox_rows = by_size(tv2d_prox_rows_serial, tv2d_prox_rows_parallel)
+_tvmax_rows = by_size(tvmax_rows_serial, tvmax_rows_parallel)
+_tvmax_backward_rows = by_size(tvmax_backward_rows_serial, tvmax_backward_rows_parallel)
+# The kernels read and write these dtypes directly; others go through float64.
+_KERNEL_DTYPES = (torch.float32, torch.float64)
 
 
 def _solve_rows(z, lam, x, group, sign, dlam, *, height: int, width: int) -> None:
@@ -74,6 +87,45 @@ def _prox_flat(z: Tensor, lam: float | Tensor, mask: Tensor | None, func: str) -
     return grouped_prox(z.flatten(-2), lam, -1, flat_mask, func, solver)
 
 
+class TVmaxFunction(torch.autograd.Function):
+    """sparsemax(prox_{lam TV2D}(z)) of rows of flattened grids in one kernel, and its backward.
+
+    Forward: the exact prox and the sparsemax of each grid (``tvmax_rows``), which also checks
+    the scores. Backward: the sparsemax Jacobian-vector product, its mean over each fused group
+    and the lam gradient (Eq. 8), also in one kernel.
+    """
+
+    @staticmethod
+    def forward(ctx, z: Tensor, lam: float | Tensor, height: int, width: int) -> Tensor:
+        dtype = z.dtype if z.dtype in _KERNEL_DTYPES else torch.float64
+        z_host = z.detach().to(device="cpu", dtype=dtype).contiguous()
+        p = torch.empty_like(z_host)
+        group = torch.empty(z_host.shape, dtype=torch.int32)
+        dlam = torch.empty(z_host.shape, dtype=torch.float64)
+        code = _tvmax_rows(z_host.numpy(), float(lam), p.numpy(), group.numpy(), dlam.numpy(),
+                           height, width, numba.get_num_threads(), MAX_MERGE_ROUNDS)
+        if code >= 0:
+            checked_max(z_host, -1, "tvmax")  # raises the ValueError describing the scores
+            raise RuntimeError(f"tvmax: the kernel rejected row {code // 3} of valid scores")
+        ctx.save_for_backward(p, group, dlam)
+        ctx.lam_like = lam if isinstance(lam, Tensor) else None
+        return p.to(device=z.device, dtype=z.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
+        p, group, dlam = ctx.saved_tensors
+        grad_host = grad.detach().to(device="cpu", dtype=p.dtype).contiguous()
+        grad_z = torch.empty_like(grad_host)
+        grad_rows = np.empty(grad_host.shape[0])
+        _tvmax_backward_rows(grad_host.numpy(), p.numpy(), group.numpy(), dlam.numpy(),
+                             grad_z.numpy(), grad_rows)
+        grad_lam = None
+        if ctx.needs_input_grad[1]:
+            lam = ctx.lam_like
+            grad_lam = torch.tensor(grad_rows.sum(), dtype=lam.dtype, device=lam.device)
+        return grad_z.to(device=grad.device, dtype=grad.dtype), grad_lam, None, None
+
+
 def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
     """TVmax(z) = sparsemax over the H*W cells of prox_{lam TV2D}(z) (Proposition 1).
 
@@ -101,7 +153,9 @@ def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
     if is_zero(lam):
         flat_mask = None if mask is None else check_mask(mask, z.shape, "tvmax").flatten(-2)
         return sparsemax(z.flatten(-2), dim=-1, mask=flat_mask).unflatten(-1, z.shape[-2:])
-    return sparsemax(_prox_flat(z, lam, mask, "tvmax"), dim=-1).unflatten(-1, z.shape[-2:])
+    height, width = z.shape[-2:]
+    rows = apply_mask(z, mask, "tvmax").reshape(-1, height * width)
+    return TVmaxFunction.apply(rows, lam, height, width).view(z.shape)
 
 
 class TVMax(nn.Module):
