@@ -98,32 +98,35 @@ class TVmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z: Tensor, lam: float | Tensor, height: int, width: int) -> Tensor:
         dtype = z.dtype if z.dtype in _KERNEL_DTYPES else torch.float64
-        z_host = z.detach().to(device="cpu", dtype=dtype).contiguous()
-        p = torch.empty_like(z_host)
-        group = torch.empty(z_host.shape, dtype=torch.int32)
-        dlam = torch.empty(z_host.shape, dtype=torch.float64)
-        code = _tvmax_rows(z_host.numpy(), float(lam), p.numpy(), group.numpy(), dlam.numpy(),
-                           height, width, numba.get_num_threads(), MAX_MERGE_ROUNDS)
+        z_host = z.detach().to(device="cpu", dtype=dtype).contiguous().numpy()
+        # Plain numpy work arrays: far cheaper to allocate than tensors at these sizes.
+        p = np.empty_like(z_host)
+        group = np.empty(z_host.shape, dtype=np.int32)
+        dlam = np.empty(z_host.shape)
+        code = _tvmax_rows(z_host, float(lam), p, group, dlam, height, width,
+                           numba.get_num_threads(), MAX_MERGE_ROUNDS)
         if code >= 0:
-            checked_max(z_host, -1, "tvmax")  # raises the ValueError describing the scores
+            checked_max(torch.from_numpy(z_host), -1, "tvmax")  # raises, describing the scores
             raise RuntimeError(f"tvmax: the kernel rejected row {code // 3} of valid scores")
-        ctx.save_for_backward(p, group, dlam)
+        weights = torch.from_numpy(p)
+        ctx.save_for_backward(weights)
+        ctx.group, ctx.dlam = group, dlam
         ctx.lam_like = lam if isinstance(lam, Tensor) else None
-        return p.to(device=z.device, dtype=z.dtype)
+        return weights.to(device=z.device, dtype=z.dtype)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
-        p, group, dlam = ctx.saved_tensors
-        grad_host = grad.detach().to(device="cpu", dtype=p.dtype).contiguous()
-        grad_z = torch.empty_like(grad_host)
+        (weights,) = ctx.saved_tensors
+        grad_host = grad.detach().to(device="cpu", dtype=weights.dtype).contiguous().numpy()
+        grad_z = np.empty_like(grad_host)
         grad_rows = np.empty(grad_host.shape[0])
-        _tvmax_backward_rows(grad_host.numpy(), p.numpy(), group.numpy(), dlam.numpy(),
-                             grad_z.numpy(), grad_rows)
+        _tvmax_backward_rows(grad_host, weights.numpy(), ctx.group, ctx.dlam, grad_z, grad_rows)
         grad_lam = None
         if ctx.needs_input_grad[1]:
             lam = ctx.lam_like
             grad_lam = torch.tensor(grad_rows.sum(), dtype=lam.dtype, device=lam.device)
-        return grad_z.to(device=grad.device, dtype=grad.dtype), grad_lam, None, None
+        grad_z = torch.from_numpy(grad_z).to(device=grad.device, dtype=grad.dtype)
+        return grad_z, grad_lam, None, None
 
 
 def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
