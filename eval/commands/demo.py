@@ -51,7 +51,7 @@ class DemoSettings:
 
 
 FULL = DemoSettings(
-    n_train=300, n_val=50, n_test=100, image_size=256, epochs=16, batch_size=64, lr=3e-3,
+    n_train=500, n_val=80, n_test=100, image_size=256, epochs=10, batch_size=64, lr=3e-3,
     hidden_dim=128, attention_dim=64, n_figures=3, spice=True,
 )
 QUICK = DemoSettings(
