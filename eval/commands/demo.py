@@ -55,7 +55,7 @@ FULL = DemoSettings(
     hidden_dim=128, attention_dim=64, n_figures=3, spice=True,
 )
 QUICK = DemoSettings(
-    n_train=24, n_val=6, n_test=6, image_size=128, epochs=1, batch_size=32, lr=3e-3,
+    n_train=24, n_val=6, n_test=6, image_size=128, epochs=3, batch_size=32, lr=3e-3,
     hidden_dim=32, attention_dim=16, n_figures=1, spice=False,
 )
 ENCODER_ARCH = "resnet18"
@@ -172,11 +172,18 @@ def write_figures(out: Path, dataset, checkpoints: dict[str, Path], n_images: in
         name: Captioner.load(path).caption(paths, beam_size=3, max_length=16)
         for name, path in checkpoints.items()
     }
-    vmax = shared_vmax(c.attention.numpy() for cs in captions.values() for c in cs)
+    maps = [c.attention.numpy() for cs in captions.values() for c in cs if c.tokens]
+    if not maps:
+        print("notice: no attention figures, every caption is empty (an untrained model)")
+        return
+    vmax = shared_vmax(maps)
     for stem, path, index in zip(unique_stems(paths), paths, range(len(paths)), strict=True):
         image = Image.open(path).convert("RGB")
         for name, caps in captions.items():
             caption = caps[index]
+            if not caption.tokens:
+                print(f"notice: no figures of {path.name} for {name}: empty caption")
+                continue
             record = AttentionRecord(str(path), caption.text, caption.tokens,
                                      caption.attention.numpy(), name, vmax)
             write_heatmaps(out / "figures" / stem / name, image, record, zero_style="white")
