@@ -408,3 +408,33 @@ def test_fused_kernel_matches_sparsemax_of_prox(dtype):
         assert torch.all(out[~mask] == 0) and torch.all(zf.grad[~mask] == 0)
         torch.testing.assert_close(zf.grad.double(), zr.grad, atol=10 * tol, rtol=0)
         torch.testing.assert_close(lam_f.grad.double(), lam_r.grad, atol=100 * tol, rtol=1e-6)
+
+
+def test_fused_kernel_drivers_agree_and_report_bad_rows():
+    """Serial and parallel TVmax drivers give identical results; bad rows are reported."""
+    from captioner.attention import _tv2d_kernels as kernels
+
+    rng = np.random.default_rng(15)
+    z = rng.normal(size=(9, 30)).astype(np.float32)
+    z[4, :7] = -np.inf
+    outputs = []
+    for driver in (kernels.tvmax_rows_serial, kernels.tvmax_rows_parallel):
+        p, dlam = np.empty_like(z), np.empty(z.shape)
+        group = np.empty(z.shape, dtype=np.int32)
+        assert driver(z, 0.2, p, group, dlam, 5, 6, 3, kernels.MAX_MERGE_ROUNDS) == -1
+        outputs.append((p, group, dlam))
+    for a, b in zip(*outputs, strict=True):
+        np.testing.assert_array_equal(a, b)
+    p, group, _ = outputs[0]
+    np.testing.assert_allclose(p.sum(1), 1.0, atol=1e-6)
+    assert np.all(group[4, :7] == -1) and np.all(p[4, :7] == 0)
+
+    for row, value, kind in [(2, np.nan, kernels.NAN), (7, np.inf, kernels.POS_INF)]:
+        bad = z.copy()
+        bad[row, 3] = value
+        code = kernels.tvmax_rows_serial(bad, 0.2, p, group, dlam, 5, 6, 1, 40)
+        assert code == 3 * row + kind
+    bad = z.copy()
+    bad[5] = -np.inf
+    code = kernels.tvmax_rows_parallel(bad, 0.2, p, group, dlam, 5, 6, 3, 40)
+    assert code == 3 * 5 + kernels.EMPTY
