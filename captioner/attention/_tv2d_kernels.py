@@ -294,10 +294,11 @@ def _guess_and_verify(z, lam, nbr, order, m, fixed, edge_a, edge_b, n_edges, eps
             sg = _sign(val[a] - val[b])  # 0 inside a group
             bsum[a] -= sg
             bsum[b] += sg
+        # Every cell rather than only the roots: non-roots' entries are never read, and the
+        # test lab[i] == i would cost a mispredicted branch per cell once groups form.
         for k in range(m):
             i = order[k]
-            if lab[i] == i:
-                nv[i] = (zsum[i] + lam * bsum[i]) / size[i]
+            nv[i] = (zsum[i] + lam * bsum[i]) / size[i]
         merged = False
         for e in range(n_edges):
             a = lab[edge_a[e]]
@@ -305,14 +306,13 @@ def _guess_and_verify(z, lam, nbr, order, m, fixed, edge_a, edge_b, n_edges, eps
             if a == b:
                 continue
             new = nv[a] - nv[b]
-            if (val[a] - val[b]) * new > 0.0 and abs(new) > eps:
+            if ((val[a] - val[b]) * new > 0.0) & (abs(new) > eps):
                 continue
             _merge_groups(a, b, lab, head, nxt, size, zsum, gfixed, nv)
             merged = True
         for k in range(m):
             i = order[k]
-            if lab[i] == i:
-                val[i] = nv[i]
+            val[i] = nv[i]
         if merged:
             continue
 
@@ -322,9 +322,8 @@ def _guess_and_verify(z, lam, nbr, order, m, fixed, edge_a, edge_b, n_edges, eps
             i = order[k]
             cnt[i] = 0
             setid[i] = lab[i]
-            if lab[i] == i and size[i] > 1:
-                roots[nroots] = i
-                nroots += 1
+            roots[nroots] = i
+            nroots += (lab[i] == i) & (size[i] > 1)
         # All edges here, fixed ones too: one inside a group is a free dual, not a sign.
         for k in range(m):
             i = order[k]
@@ -342,7 +341,7 @@ def _guess_and_verify(z, lam, nbr, order, m, fixed, edge_a, edge_b, n_edges, eps
             acc[lab[i]] += cnt[i]
         for k in range(m):
             i = order[k]
-            if lab[i] == i and acc[i] != bsum[i]:
+            if (lab[i] == i) & (acc[i] != bsum[i]):
                 return False
         split = False
         for t in range(nroots):
@@ -380,9 +379,8 @@ def _guess_and_verify(z, lam, nbr, order, m, fixed, edge_a, edge_b, n_edges, eps
         ngroups = 0
         for k in range(m):
             i = order[k]
-            if lab[i] == i:
-                head[i] = ngroups
-                ngroups += 1
+            head[i] = ngroups  # read back for roots only
+            ngroups += lab[i] == i
         for k in range(m):
             i = order[k]
             r = lab[i]
@@ -452,14 +450,14 @@ def _prox_one(z, active, lam, H, W, w, label, dlam, nbr, cnt, setid, order, seg,
             if j < 0:
                 continue
             diff = z[i] - z[j]
-            if abs(diff) > (cnt[i] + cnt[j]) * (lam + eps) + eps:
-                sg = 1 if diff > 0 else -1
-                fixed[i] -= sg
-                fixed[j] += sg
-            else:
-                edge_a[n_edges] = i
-                edge_b[n_edges] = j
-                n_edges += 1
+            # Branch-free: the outcome is unpredictable from edge to edge.
+            is_fixed = abs(diff) > (cnt[i] + cnt[j]) * (lam + eps) + eps
+            sg = _sign(diff) * is_fixed
+            fixed[i] -= sg
+            fixed[j] += sg
+            edge_a[n_edges] = i
+            edge_b[n_edges] = j
+            n_edges += 1 - is_fixed
     if _guess_and_verify(z, lam, nbr, order, m, fixed, edge_a, edge_b, n_edges, eps,
                          merge_rounds, w, label, dlam, lab, head, nxt, size, zsum, gfixed, bsum,
                          val, nv, cnt, members, roots, setid, exc, cap, visited, parent, pdir,
