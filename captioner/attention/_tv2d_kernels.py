@@ -644,19 +644,19 @@ def _sparsemax_grid(x, active, n, p, b, insup):
             xmax = x[i]
     tau = 0.0
     dropped = True
+    # Branch-free passes: which cells stay is unpredictable from cell to cell.
     while dropped:
         total = 0.0
         k = 0
         for i in range(n):
-            if insup[i]:
-                total += x[i] - xmax
-                k += 1
+            total += x[i] - xmax if insup[i] else 0.0
+            k += insup[i]
         tau = (total - 1.0) / k
         dropped = False
         for i in range(n):
-            if insup[i] and x[i] - xmax <= tau:
-                insup[i] = False
-                dropped = True
+            drop = insup[i] & (x[i] - xmax <= tau)
+            insup[i] = insup[i] & (not drop)
+            dropped |= drop
     for i in range(n):
         p[b, i] = (x[i] - xmax) - tau if insup[i] else 0.0
 
