@@ -137,8 +137,9 @@ def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
     group (Proposition 2, Algorithm 1); differentiable in ``lam`` (Eq. 8).
 
     Args:
-        z: scores (..., H, W), float32 or float64. The prox runs on the CPU (numba); CUDA
-            tensors give correct results through a host round trip.
+        z: scores (..., H, W), float32 or float64. The prox and the sparsemax run in one
+            numba kernel on the CPU (float64 inside); CUDA tensors give correct results through
+            a host round trip.
         lam: TV strength >= 0 (float or 0-dim tensor); lam = 0 is exactly sparsemax.
         mask: optional bool tensor broadcastable to ``z``, True = cell may receive attention.
             Masked cells (and ``-inf`` scores) take no part in the grid graph and get exactly

@@ -5,6 +5,10 @@ one backward pass of a random upstream gradient. 1-D mappings run over the H*W c
 grid (row-major); TVmax runs on the grid. Warm-up calls (numba compilation included) are not
 timed. The mappings are timed in interleaved rounds and each reports its median over rounds, so
 that load from other processes hits all of them alike and the ratios stay comparable.
+
+Every call of a shape reuses the same scores. The TVmax kernel branches on the data, and at batch
+64 the CPU's branch predictors partly learn the repeated input; at batch 1024 they cannot, so
+that row is closer to TVmax's cost on fresh scores (as in training).
 """
 
 from __future__ import annotations
