@@ -92,21 +92,23 @@ class TVmaxFunction(torch.autograd.Function):
 
     Forward: the exact prox and the sparsemax of each grid (``tvmax_rows``), which also checks
     the scores. Backward: the sparsemax Jacobian-vector product, its mean over each fused group
-    and the lam gradient (Eq. 8), also in one kernel.
+    and the lam gradient (Eq. 8), also in one kernel. ``z`` is (rows, H*W), the caller's scores
+    of shape ``grid_shape`` (..., H, W) flattened.
     """
 
     @staticmethod
-    def forward(ctx, z: Tensor, lam: float | Tensor, height: int, width: int) -> Tensor:
+    def forward(ctx, z: Tensor, lam: float | Tensor, grid_shape: torch.Size) -> Tensor:
         dtype = z.dtype if z.dtype in _KERNEL_DTYPES else torch.float64
         z_host = z.detach().to(device="cpu", dtype=dtype).contiguous().numpy()
         # Plain numpy work arrays: far cheaper to allocate than tensors at these sizes.
         p = np.empty_like(z_host)
         group = np.empty(z_host.shape, dtype=np.int32)
         dlam = np.empty(z_host.shape)
-        code = _tvmax_rows(z_host, float(lam), p, group, dlam, height, width,
+        code = _tvmax_rows(z_host, float(lam), p, group, dlam, *grid_shape[-2:],
                            numba.get_num_threads(), MAX_MERGE_ROUNDS)
         if code >= 0:
-            checked_max(torch.from_numpy(z_host), -1, "tvmax")  # raises, describing the scores
+            # Raises the ValueError describing the scores, rows indexed as the caller's.
+            checked_max(torch.from_numpy(z_host).view(grid_shape).flatten(-2), -1, "tvmax")
             raise RuntimeError(f"tvmax: the kernel rejected row {code // 3} of valid scores")
         weights = torch.from_numpy(p)
         ctx.save_for_backward(weights)
@@ -115,7 +117,7 @@ class TVmaxFunction(torch.autograd.Function):
         return weights.to(device=z.device, dtype=z.dtype)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         (weights,) = ctx.saved_tensors
         grad_host = grad.detach().to(device="cpu", dtype=weights.dtype).contiguous().numpy()
         grad_z = np.empty_like(grad_host)
@@ -126,7 +128,7 @@ class TVmaxFunction(torch.autograd.Function):
             lam = ctx.lam_like
             grad_lam = torch.tensor(grad_rows.sum(), dtype=lam.dtype, device=lam.device)
         grad_z = torch.from_numpy(grad_z).to(device=grad.device, dtype=grad.dtype)
-        return grad_z, grad_lam, None, None
+        return grad_z, grad_lam, None
 
 
 def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
@@ -159,7 +161,7 @@ def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
         return sparsemax(z.flatten(-2), dim=-1, mask=flat_mask).unflatten(-1, z.shape[-2:])
     height, width = z.shape[-2:]
     rows = apply_mask(z, mask, "tvmax").reshape(-1, height * width)
-    return TVmaxFunction.apply(rows, lam, height, width).view(z.shape)
+    return TVmaxFunction.apply(rows, lam, z.shape).view(z.shape)
 
 
 class TVMax(nn.Module):
