@@ -34,8 +34,8 @@ TRAINER_DEFAULTS = {
 }
 
 
-def build_cli(args: list[str], *, run: bool = True):
-    """The LightningCLI for ``args`` (sub-command first when ``run``)."""
+def build_cli(args: list[str] | None, *, run: bool = True):
+    """The LightningCLI for ``args`` (sub-command first when ``run``; None: sys.argv)."""
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.cli import LightningCLI
 
@@ -62,5 +62,10 @@ def build_cli(args: list[str], *, run: bool = True):
 
 
 def main(argv: list[str]) -> int:
-    build_cli(list(argv))
+    import sys
+
+    # LightningCLI warns when it is handed args while sys.argv also holds some; from the console
+    # script they are the same words, so let it read sys.argv itself.
+    args = None if list(argv) == sys.argv[1:] else list(argv)
+    build_cli(args)
     return 0
