@@ -6,7 +6,7 @@ import prox_tv as ptv
 import pytest
 import torch
 
-from captioner.attention import Fusedmax, build, fusedmax, sparsemax, tv1d_prox
+from captioner.attention import Fusedmax, build, fusedmax, oscarmax, sparsemax, tv1d_prox
 
 F64 = torch.float64
 
@@ -132,8 +132,9 @@ def test_fusedmax_mask_zero_weight_and_gradient():
         torch.testing.assert_close(p[row, mask[row]], expected, atol=1e-9, rtol=0)
 
 
+@pytest.mark.parametrize("mapping", [fusedmax, oscarmax], ids=["fusedmax", "oscarmax"])
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
-def test_fusedmax_extreme_inputs(dtype):
+def test_fused_mappings_on_extreme_inputs(mapping, dtype):
     inf = float("inf")
     cases = {
         (1e30, 0.0, -1e30): [1.0, 0.0, 0.0],
@@ -143,7 +144,7 @@ def test_fusedmax_extreme_inputs(dtype):
         (1.0, 1.0, 1.0, 1.0): [0.25] * 4,
     }
     for z, expected in cases.items():
-        p = fusedmax(torch.tensor(z, dtype=dtype), 0.1)
+        p = mapping(torch.tensor(z, dtype=dtype), 0.1)
         torch.testing.assert_close(p, torch.tensor(expected, dtype=dtype))
 
 
