@@ -165,10 +165,9 @@ def evaluate(checkpoint: Path, dataset, metrics: tuple[str, ...]):
 def write_figures(out: Path, dataset, checkpoints: dict[str, Path], n_images: int) -> None:
     """Per-word output-attention figures of the first ``n_images`` test images, one folder
     per image and model, on one colour scale shared by all of them."""
-    from PIL import Image
-
     from captioner.heatmaps import AttentionRecord, shared_vmax, unique_stems, write_heatmaps
     from captioner.inference import Captioner
+    from data_prep.images import load_image
     from data_prep.karpathy import load_karpathy
 
     paths = [e.path for e in load_karpathy(dataset.karpathy_json, dataset.image_root)
@@ -183,7 +182,7 @@ def write_figures(out: Path, dataset, checkpoints: dict[str, Path], n_images: in
         return
     vmax = shared_vmax(maps)
     for stem, path, index in zip(unique_stems(paths), paths, range(len(paths)), strict=True):
-        image = Image.open(path).convert("RGB")
+        image = load_image(path)
         for name, caps in captions.items():
             caption = caps[index]
             if not caption.tokens:
@@ -268,9 +267,9 @@ def main(argv: list[str]) -> int:
             "object_precision": report.objects["object_precision"],
         }
         (out / f"captions_{mapping}.json").write_text(json.dumps(report.results, indent=1))
-    write_figures(out, dataset, checkpoints, settings.n_figures)
     (out / "results.json").write_text(json.dumps(results, indent=2))
     (out / "settings.json").write_text(json.dumps(asdict(settings), indent=2))
+    write_figures(out, dataset, checkpoints, settings.n_figures)
 
     minutes = (time.monotonic() - started) / 60
     print(f"\nSynthetic test split ({settings.n_test} images), beam size 3:\n")
