@@ -24,6 +24,18 @@ def pytest_configure(config) -> None:
     numba.set_num_threads(1)
 
 
+@pytest.fixture
+def two_numba_threads():
+    """Two numba threads for one test (the parallel kernel drivers need more than one)."""
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("numba has a single thread on this machine")
+    numba.set_num_threads(2)
+    yield
+    numba.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def synthetic_data(tmp_path_factory):
     """A tiny :class:`data_prep.synthetic.SyntheticDataset` (16 train, 4 val, 4 test images)."""
@@ -82,12 +94,13 @@ def fit_tiny(
     *,
     max_steps: int = 4,
     feature_cache: Path | None = None,
+    accelerator: str = "cpu",
     **model_overrides,
 ):
     """Train a small CaptioningModule for ``max_steps`` steps; returns (trainer, model, data).
 
     Runs the real DataModule, LightningModule, validation (BLEU-4 / CIDEr on one batch) and
-    atomic checkpoint IO; everything is on CPU in one process.
+    atomic checkpoint IO, in one process on ``accelerator``.
     """
     import lightning as L
 
@@ -108,7 +121,7 @@ def fit_tiny(
     )
     model = CaptioningModule(vocab_size=data.vocab_size, **tiny_model_kwargs(**model_overrides))
     trainer = L.Trainer(
-        accelerator="cpu",
+        accelerator=accelerator,
         devices=1,
         max_steps=max_steps,
         limit_train_batches=max_steps,  # one epoch, so that validation runs at its end
