@@ -50,6 +50,8 @@ class CaptioningModule(L.LightningModule):
             None for random initialization.
         encoder_trainable: fine-tune the ResNet (False: frozen, as in the paper; required when
             the data come from a feature cache).
+        encoder_layer: last ResNet stage kept: ``layer4`` (stride 32, the paper: 8 x 8 grid at
+            256 px) or ``layer3`` (stride 16: 16 x 16 grid).
         image_size: input images are resized to this square size (paper: 256 -> 8 x 8 grid).
         input_attention / output_attention: names in :data:`captioner.attention.MAPPINGS`;
             the paper uses softmax input attention and varies the output attention.
@@ -72,6 +74,7 @@ class CaptioningModule(L.LightningModule):
         encoder_arch: str = "resnet101",
         encoder_weights: str | None = "IMAGENET1K_V2",
         encoder_trainable: bool = False,
+        encoder_layer: str = "layer4",
         image_size: int = 256,
         input_attention: str = "softmax",
         input_attention_kwargs: dict[str, Any] | None = None,
@@ -93,7 +96,9 @@ class CaptioningModule(L.LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        encoder = build_encoder(encoder_arch, weights=encoder_weights, trainable=encoder_trainable)
+        encoder = build_encoder(
+            encoder_arch, weights=encoder_weights, trainable=encoder_trainable, layer=encoder_layer
+        )
         decoder = AttentionDecoder(
             vocab_size,
             encoder.channels,
@@ -140,12 +145,15 @@ class CaptioningModule(L.LightningModule):
             "arch": self.hparams.encoder_arch,
             "weights": self.hparams.encoder_weights,
             "image_size": self.hparams.image_size,
+            "layer": self.hparams.encoder_layer,
         }
+        # Caches written before the layer was configurable hold layer4 features.
+        cached = {"layer": "layer4", **cache_encoder}
         for key, value in expected.items():
-            if not _same_setting(cache_encoder.get(key), value):
+            if not _same_setting(cached.get(key), value):
                 raise ValueError(
                     f"feature cache {path} was written with encoder {key}="
-                    f"{cache_encoder.get(key)!r}, but the model has {key}={value!r}"
+                    f"{cached.get(key)!r}, but the model has {key}={value!r}"
                 )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

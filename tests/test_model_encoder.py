@@ -38,6 +38,22 @@ def test_grid_shape_and_channels():
     assert build_encoder("resnet50").channels == 2048
 
 
+def test_layer3_grid_is_torchvisions_layer3_output(tmp_path):
+    from torchvision.models.feature_extraction import create_feature_extractor
+
+    state = resnet18_state(seed=4)
+    torch.save(state, tmp_path / "resnet18.pth")
+    encoder = build_encoder("resnet18", weights=tmp_path / "resnet18.pth", layer="layer3")
+    resnet = torchvision.models.resnet18(weights=None)
+    resnet.load_state_dict(state)
+    images = torch.randn(2, 3, 256, 256)
+    expected = create_feature_extractor(resnet.eval(), {"layer3": "grid"})(images)["grid"]
+    features = encoder(images)
+    assert encoder.channels == 256 and features.shape == (2, 16, 16, 256)
+    torch.testing.assert_close(features, expected.permute(0, 2, 3, 1))
+    assert build_encoder("resnet50", layer="layer3").channels == 1024
+
+
 def test_frozen_encoder_keeps_batch_norm_in_eval_and_builds_no_graph():
     encoder = build_encoder("resnet18", trainable=False).train()
     assert not any(m.training for m in encoder.modules() if isinstance(m, torch.nn.BatchNorm2d))
@@ -108,6 +124,8 @@ def test_offline_without_cache_says_where_to_put_the_file(hub_dir):
 def test_unknown_names_are_rejected():
     with pytest.raises(ValueError, match="unknown encoder arch 'resnet7'"):
         build_encoder("resnet7")
+    with pytest.raises(ValueError, match="unknown encoder layer 'layer2'; valid: layer3, layer4"):
+        build_encoder("resnet18", layer="layer2")
     with pytest.raises(ValueError, match="unknown weights 'IMAGENET9' for resnet18; valid: "):
         build_encoder("resnet18", weights="IMAGENET9")
     with pytest.raises(ValueError, match="do not belong to resnet18"):

@@ -4,7 +4,7 @@ float16 grid features (HDF5, keyed by image id) for training with a frozen encod
     captioner prepare-features --data data/coco/dataset_coco.json --images data/coco/images \\
         --arch resnet101 --weights IMAGENET1K_V2 --out data/coco/features_resnet101.h5
 
-The cache records the encoder configuration (arch, weights, image size); training checks it
+The cache records the encoder configuration (arch, layer, weights, image size); training checks it
 against the model's encoder. With ``--weights none`` the encoder is randomly initialized and
 its batch-norm statistics are estimated on a few training images (a random network's features
 are far more informative with normalized activations: on the synthetic demo data, validation
@@ -33,6 +33,7 @@ def extract_features(
     out: str | Path,
     *,
     arch: str = "resnet101",
+    layer: str = "layer4",
     weights: str | None = "IMAGENET1K_V2",
     image_size: int = 256,
     splits: tuple[str, ...] = ("train", "val", "test"),
@@ -43,8 +44,9 @@ def extract_features(
     calibration_images: int = 64,
     progress: bool = True,
 ) -> dict:
-    """Encode the images of ``splits`` and write the cache ``out``; returns the encoder dict
-    recorded in it (``arch``, ``weights``, ``image_size``, ``init``).
+    """Encode the images of ``splits`` with the ResNet ``arch`` up to stage ``layer`` and write
+    the cache ``out``; returns the encoder dict recorded in it (``arch``, ``layer``,
+    ``weights``, ``image_size``, ``init``).
 
     ``weights=None``: random initialization (``seed``) with batch-norm statistics estimated on
     the first ``calibration_images`` training images, saved to :func:`encoder_weights_path`.
@@ -80,8 +82,10 @@ def extract_features(
         save_atomically(resnet.state_dict(), weights_file)
         weights = str(weights_file)
         init = f"random (seed {seed}), batch-norm statistics of {calibration_images} images"
-    encoder = build_encoder(arch, weights=weights, trainable=False).to(device).eval()
-    config = {"arch": arch, "weights": weights, "image_size": image_size, "init": init}
+    encoder = build_encoder(arch, weights=weights, trainable=False, layer=layer).to(device).eval()
+    config = {
+        "arch": arch, "layer": layer, "weights": weights, "image_size": image_size, "init": init
+    }
 
     loader = DataLoader(
         CaptionImages(entries, ImageInputs(image_size)),
@@ -143,6 +147,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", required=True, type=Path, help="HDF5 cache file to write")
     parser.add_argument("--arch", default="resnet101", help="ResNet depth (default: resnet101)")
     parser.add_argument(
+        "--layer",
+        default="layer4",
+        help="last ResNet stage kept: layer4 (stride 32, the paper) or layer3 (stride 16)",
+    )
+    parser.add_argument(
         "--weights",
         default="IMAGENET1K_V2",
         help="torchvision weights name, a local state_dict file, or 'none' (random init)",
@@ -163,6 +172,7 @@ def main(argv: list[str]) -> int:
         args.images,
         args.out,
         arch=args.arch,
+        layer=args.layer,
         weights=weights,
         image_size=args.image_size,
         splits=tuple(s.strip() for s in args.splits.split(",") if s.strip()),

@@ -9,7 +9,13 @@ from captioner.model.decoder import (
     EncodedImages,
     StepOutput,
 )
-from captioner.model.encoder import ARCHITECTURES, EncoderWeightsError, GridEncoder, build_encoder
+from captioner.model.encoder import (
+    ARCHITECTURES,
+    LAYERS,
+    EncoderWeightsError,
+    GridEncoder,
+    build_encoder,
+)
 
 __all__ = [
     "ARCHITECTURES",
@@ -21,6 +27,7 @@ __all__ = [
     "EncodedImages",
     "EncoderWeightsError",
     "GridEncoder",
+    "LAYERS",
     "StepOutput",
     "build_encoder",
 ]

@@ -1,5 +1,9 @@
 """ResNet grid encoder (TVmax paper, Sec. 3-4: 256 x 256 image -> 8 x 8 x 2048 feature map).
 
+The grid is the output of ResNet stage ``layer4`` (stride 32), as in the paper, or of ``layer3``
+(stride 16: a 16 x 16 grid of half as many channels at 256 px, each cell seeing a smaller part of
+the image).
+
 Weights come from torchvision's weights enums (``torchvision.models.get_model_weights``), from
 a local ``state_dict`` file, or nowhere (random initialization). Named weights are read from the
 torch hub cache when present; otherwise they are downloaded, and when that fails (offline
@@ -16,6 +20,7 @@ import torchvision
 from torch import Tensor, nn
 
 ARCHITECTURES = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+LAYERS = ("layer3", "layer4")
 
 
 class EncoderWeightsError(RuntimeError):
@@ -25,29 +30,29 @@ class EncoderWeightsError(RuntimeError):
 class GridEncoder(nn.Module):
     """ResNet without its pooling and classifier: images -> grid features.
 
-    forward: ``(B, 3, H, W)`` float (ImageNet-normalized) -> ``(B, H/32, W/32, C)`` float.
-    A frozen encoder (``trainable=False``) keeps batch norm in eval mode and builds no graph.
+    forward: ``(B, 3, H, W)`` float (ImageNet-normalized) -> ``(B, H/s, W/s, C)`` float, with
+    stride s = 32 (``layer4``) or 16 (``layer3``). A frozen encoder (``trainable=False``) keeps
+    batch norm in eval mode and builds no graph.
 
     Attributes:
-        channels: C (512 for resnet18/34, 2048 for the deeper ones).
+        channels: C (layer4: 512 for resnet18/34, 2048 for the deeper ones; layer3: half).
         arch: torchvision architecture name.
+        layer: the last ResNet stage kept.
         trainable: whether the encoder is fine-tuned.
     """
 
-    def __init__(self, resnet: torchvision.models.ResNet, arch: str, trainable: bool):
+    def __init__(
+        self, resnet: torchvision.models.ResNet, arch: str, trainable: bool, layer: str = "layer4"
+    ):
         super().__init__()
-        self.trunk = nn.Sequential(
-            resnet.conv1,
-            resnet.bn1,
-            resnet.relu,
-            resnet.maxpool,
-            resnet.layer1,
-            resnet.layer2,
-            resnet.layer3,
-            resnet.layer4,
-        )
-        self.channels = resnet.fc.in_features
+        _check_layer(layer)
+        stages = [resnet.layer1, resnet.layer2, resnet.layer3, resnet.layer4]
+        kept = stages[: LAYERS.index(layer) + 3]
+        self.trunk = nn.Sequential(resnet.conv1, resnet.bn1, resnet.relu, resnet.maxpool, *kept)
+        # Every ResNet stage doubles the channels of the one before.
+        self.channels = resnet.fc.in_features // 2 ** (len(stages) - len(kept))
         self.arch = arch
+        self.layer = layer
         self.trainable = trainable
         self.trunk.requires_grad_(trainable)
         if not trainable:
@@ -66,11 +71,17 @@ class GridEncoder(nn.Module):
             return self.trunk(images).permute(0, 2, 3, 1)
 
     def extra_repr(self) -> str:
-        return f"arch={self.arch}, channels={self.channels}, trainable={self.trainable}"
+        return (
+            f"arch={self.arch}, layer={self.layer}, channels={self.channels}, "
+            f"trainable={self.trainable}"
+        )
 
 
 def build_encoder(
-    arch: str = "resnet101", weights: str | os.PathLike | None = None, trainable: bool = False
+    arch: str = "resnet101",
+    weights: str | os.PathLike | None = None,
+    trainable: bool = False,
+    layer: str = "layer4",
 ) -> GridEncoder:
     """Build a ResNet grid encoder.
 
@@ -81,14 +92,16 @@ def build_encoder(
             local ``state_dict`` file of the torchvision ResNet (the ``fc`` entries may be
             absent).
         trainable: fine-tune the encoder (else frozen).
+        layer: the last ResNet stage kept, ``"layer4"`` (the paper) or ``"layer3"``.
 
     Raises:
-        ValueError: unknown architecture or weights name.
+        ValueError: unknown architecture, layer or weights name.
         EncoderWeightsError: the weights file cannot be read, does not fit ``arch``, or named
             weights are neither cached nor downloadable.
     """
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown encoder arch {arch!r}; valid: {', '.join(ARCHITECTURES)}")
+    _check_layer(layer)
     resnet = torchvision.models.get_model(arch, weights=None)
     if weights is not None:
         if _looks_like_path(weights):
@@ -96,7 +109,12 @@ def build_encoder(
         else:
             state_dict, source = _named_state_dict(arch, str(weights))
         _load_trunk(resnet, state_dict, source)
-    return GridEncoder(resnet, arch, trainable)
+    return GridEncoder(resnet, arch, trainable, layer)
+
+
+def _check_layer(layer: str) -> None:
+    if layer not in LAYERS:
+        raise ValueError(f"unknown encoder layer {layer!r}; valid: {', '.join(LAYERS)}")
 
 
 def _looks_like_path(weights: str | os.PathLike) -> bool:
