@@ -19,6 +19,7 @@ all captions) unless noted:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -78,9 +79,13 @@ def fused_groups(maps: Tensor) -> Tensor:
     return torch.from_numpy(roots.sum(axis=(1, 2)).astype(np.int64))
 
 
+MAP_STATISTICS = ("zero_attention", "support_size", "js_divergence", "entropy", "fused_groups")
+
+
 def attention_statistics(maps: Sequence[Tensor]) -> dict[str, float]:
     """Mean statistics (see the module docstring) of a sequence of (T, h, w) attention maps,
-    one tensor per caption. Captions with T = 0 count for ``caption_length`` only."""
+    one tensor per caption. Captions with T = 0 count for ``caption_length`` only; when every
+    caption is empty (an untrained model) the map statistics are NaN, with a warning."""
     if len(maps) == 0:
         raise ValueError("attention_statistics needs at least one caption's maps")
     for index, m in enumerate(maps):
@@ -89,7 +94,8 @@ def attention_statistics(maps: Sequence[Tensor]) -> dict[str, float]:
     nonempty = [m.detach().to(torch.float64) for m in maps if m.shape[0] > 0]
     lengths = torch.tensor([m.shape[0] for m in maps], dtype=torch.float64)
     if not nonempty:
-        raise ValueError("every caption is empty: no attention maps to analyse")
+        warnings.warn("every caption is empty: attention statistics are NaN", stacklevel=2)
+        return {**dict.fromkeys(MAP_STATISTICS, float("nan")), "caption_length": 0.0}
     words = torch.cat(nonempty)
     pairs = [js_divergence(m[1:], m[:-1]) for m in nonempty if m.shape[0] > 1]
     js = torch.cat(pairs).mean().item() if pairs else float("nan")

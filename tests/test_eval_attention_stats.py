@@ -80,3 +80,10 @@ def test_single_word_captions_give_nan_divergence_and_bad_shapes_are_named():
         attention_statistics([torch.ones(2, 2)])
     with pytest.raises(ValueError, match="at least one"):
         attention_statistics([])
+
+
+def test_every_caption_empty_gives_nan_statistics_with_a_warning():
+    with pytest.warns(UserWarning, match="every caption is empty"):
+        stats = attention_statistics([torch.zeros(0, 3, 3), torch.zeros(0, 3, 3)])
+    assert stats["caption_length"] == 0.0
+    assert all(math.isnan(v) for k, v in stats.items() if k != "caption_length")

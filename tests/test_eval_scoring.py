@@ -162,3 +162,14 @@ def test_the_installed_packages_are_not_written_to(scored):
     # creating or deleting a temporary file in a folder changes the folder's mtime
     assert scored.mtimes_after == scored.mtimes_before
     assert not (Path(PYCOCOEVALCAP_SPICE_DIR) / "tmp").exists()
+
+
+def test_rep_is_nan_with_a_warning_when_every_caption_is_empty():
+    from eval.scoring import compute_metrics
+
+    references = {1: ["a red circle", "one red circle"], 2: ["a blue square", "blue square"]}
+    with pytest.warns(UserWarning, match="every caption is empty"):
+        scores = compute_metrics({1: "", 2: ""}, references, ("Bleu", "REP"))
+    assert np.isnan(scores.corpus["REP"])
+    assert scores.corpus["Bleu_4"] == pytest.approx(0.0, abs=1e-6)
+    assert [scores.per_image[i]["REP"] for i in (1, 2)] == [0.0, 0.0]
