@@ -1,6 +1,7 @@
 """1-D TV prox and fusedmax against prox_tv (Barbero & Sra) and the entmax package."""
 
 import entmax
+import numba
 import numpy as np
 import prox_tv as ptv
 import pytest
@@ -158,17 +159,25 @@ def test_fusedmax_module():
         Fusedmax(lam=-0.1)
 
 
-def test_large_batches_take_the_parallel_kernels_and_agree():
-    from captioner.attention._grouped import PARALLEL_MIN_CELLS
+def test_parallel_drivers_run_with_several_threads_on_batches_not_tiny(two_numba_threads):
+    from captioner.attention._grouped import PARALLEL_MIN_CELLS, by_size
 
+    run = by_size(lambda z: "serial", lambda z: "parallel")
+    small, large = np.zeros(PARALLEL_MIN_CELLS - 1), np.zeros(PARALLEL_MIN_CELLS)
+    assert (run(small), run(large)) == ("serial", "parallel")
+    numba.set_num_threads(1)
+    assert run(large) == "serial"
+
+
+def test_parallel_kernels_agree_with_the_serial_ones(two_numba_threads):
     z = _random((600, 64), seed=14, scale=2.0).requires_grad_()
-    assert z.numel() >= PARALLEL_MIN_CELLS > 64 * 64
     torch.testing.assert_close(
         tv1d_prox(z.detach(), 0.1), _reference_prox(z.detach(), 0.1), atol=1e-9, rtol=0
     )
     g = _random((600, 64), seed=15)
     (grad,) = torch.autograd.grad((fusedmax(z, 0.1) * g).sum(), z)
-    for rows in (slice(0, 64), slice(536, 600)):  # small batches: serial kernels
+    numba.set_num_threads(1)  # the serial drivers
+    for rows in (slice(0, 64), slice(536, 600)):
         chunk = z.detach()[rows].requires_grad_()
         (expected,) = torch.autograd.grad((fusedmax(chunk, 0.1) * g[rows]).sum(), chunk)
         torch.testing.assert_close(grad[rows], expected, atol=1e-12, rtol=0)

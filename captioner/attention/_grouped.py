@@ -12,14 +12,17 @@ in their order along ``dim`` and masked cells come out as ``-inf``, with zero gr
 a following sparsemax gives them zero weight.
 
 The kernels run on the CPU in float64: CUDA tensors are copied to the host and back. Each
-kernel has a serial and a prange-parallel driver over rows; small batches use the serial one,
-because waking numba's thread pool (which spins against PyTorch's own OpenMP threads) costs far
-more than the work: on a busy 2-core machine, fusedmax forward+backward at 64 x 64 took 40 ms via
-the parallel driver against under 1 ms via the serial one.
+kernel has a serial and a prange-parallel driver over rows. The parallel one runs when numba
+has more than one thread and the batch is not tiny: on an idle 16-core machine it won from 512
+cells up at 2 to 16 threads (TVmax forward on 192 grids of 8 x 8: 1.4 ms serial, 0.3-0.5 ms
+with 8-16 threads; 768 grids: 5.9 ms, 0.8 ms). On a machine whose cores are busy with other
+work the parallel driver's spinning threads can cost 10x instead: run with one numba thread
+there (``numba.set_num_threads(1)``, as ``captioner demo`` and the tests do).
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import torch
 from numba import njit, prange
@@ -27,19 +30,22 @@ from torch import Tensor
 
 from ._checks import apply_mask, check_lam, check_scores, checked_max
 
-# Batches of at least this many cells go through the parallel drivers.
-PARALLEL_MIN_CELLS = 1 << 15
+# With more than one numba thread, batches of at least this many cells go through the
+# parallel drivers.
+PARALLEL_MIN_CELLS = 1 << 10
 
 
 def by_size(serial, parallel):
-    """A row kernel that runs ``parallel`` on large batches and ``serial`` on small ones.
+    """A row kernel that runs ``parallel`` when numba has several threads and the batch holds
+    at least :data:`PARALLEL_MIN_CELLS` cells, ``serial`` otherwise.
 
     Both take the (rows, n) input array first and the same further arguments; ``run`` returns
     what the kernel returns.
     """
 
     def run(z, *args):
-        return (parallel if z.size >= PARALLEL_MIN_CELLS else serial)(z, *args)
+        use_parallel = z.size >= PARALLEL_MIN_CELLS and numba.get_num_threads() > 1
+        return (parallel if use_parallel else serial)(z, *args)
 
     run.__doc__ = serial.__doc__
     return run
