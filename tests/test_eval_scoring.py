@@ -141,6 +141,21 @@ def test_spice_equals_the_jar_run_by_hand(scored, reference_tokens, tmp_path):
     assert scored.doc["SPICE"] == float(np.mean(list(by_hand.values())))
 
 
+def test_spice_of_several_systems_in_one_run_equals_one_run_each(scored):
+    from eval.scoring import spice_of_systems
+
+    # Images 13 and 14 share their references: swapping their captions swaps their scores.
+    swapped = {**HYPOTHESES, 13: HYPOTHESES[14], 14: HYPOTHESES[13]}
+    scores = spice_of_systems({"given": HYPOTHESES, "swapped": swapped}, REFERENCES)
+    single = {int(i): s["SPICE"] for i, s in scored.doc["per_image"].items()}
+    assert scores["given"] == (scored.doc["SPICE"], single)
+    corpus, per_image = scores["swapped"]
+    assert per_image == {**single, 13: single[14], 14: single[13]}
+    assert corpus == pytest.approx(scored.doc["SPICE"])
+    with pytest.raises(ValueError, match="image ids must be >= 0"):
+        spice_of_systems({"a": {-1: "a cat"}}, {-1: ["a cat"]})
+
+
 def test_spice_differs_for_different_captions(scored):
     per_image = scored.doc["per_image"]
     assert per_image["13"]["SPICE"] > per_image["14"]["SPICE"]
