@@ -16,8 +16,9 @@ from PIL import Image
 
 from captioner.checkpointing import load_safely
 from captioner.commands.lightning import main as lightning_main
-from captioner.commands.prepare_features import extract_features
+from captioner.commands.prepare_features import encoder_weights_path, extract_features
 from data_prep.features import FeatureCache
+from eval.commands.demo import ENCODER_LAYER as DEMO_LAYER
 
 REPO = Path(__file__).resolve().parents[1]
 MAPPINGS = ("softmax", "sparsemax", "tvmax")
@@ -57,15 +58,15 @@ def test_paper_configs_parse_with_the_paper_settings(name, capsys):
 
 @pytest.mark.parametrize("mapping", MAPPINGS)
 def test_demo_configs_equal_the_demo_command_settings(mapping, capsys):
-    from eval.commands.demo import FULL, dataset_dir, model_settings
+    from eval.commands.demo import FULL, feature_cache_path, model_settings
 
     config = _print_config(REPO / "configs" / f"demo_{mapping}.yaml", capsys)
-    root = dataset_dir(Path("demo_out"), FULL)
-    expected = model_settings(mapping, FULL, str(root / "features_resnet18.encoder.pt"))
+    cache = feature_cache_path(Path("demo_out"), FULL)
+    expected = model_settings(mapping, FULL, str(encoder_weights_path(cache)))
     assert config["data"]["image_size"] == expected.pop("image_size")  # linked to the model
     model = {key: config["model"][key] for key in expected}
     assert model == expected
-    assert config["data"]["feature_cache"] == str(root / "features_resnet18.h5")
+    assert config["data"]["feature_cache"] == str(cache)
     assert config["data"]["batch_size"] == FULL.batch_size
     assert config["trainer"]["max_epochs"] == FULL.epochs
 
@@ -75,8 +76,8 @@ def tiny_cache(synthetic_data, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("features") / "features_resnet18.h5"
     extract_features(
         synthetic_data.karpathy_json, synthetic_data.image_root, out, arch="resnet18",
-        weights=None, image_size=_image_size(synthetic_data), batch_size=8, num_workers=0,
-        progress=False,
+        layer=DEMO_LAYER, weights=None, image_size=_image_size(synthetic_data), batch_size=8,
+        num_workers=0, progress=False,
     )
     return out
 
@@ -86,7 +87,8 @@ def test_prepare_features_records_the_encoder(tiny_cache, synthetic_data):
     assert cache.encoder["arch"] == "resnet18"
     assert cache.encoder["image_size"] == _image_size(synthetic_data)
     assert Path(cache.encoder["weights"]).is_file()  # random init saved for the model
-    assert cache.grid == (4, 4) and cache.channels == 512
+    assert cache.encoder["layer"] == DEMO_LAYER
+    assert cache.grid == (8, 8) and cache.channels == 256
     images = json.loads(synthetic_data.karpathy_json.read_text())["images"]
     assert len(cache) == len(images)
     assert cache.get(images[0]["cocoid"]).dtype.name == "float16"
@@ -149,6 +151,9 @@ def test_cache_of_another_encoder_is_refused(synthetic_data, tiny_cache, tmp_pat
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--model.encoder_arch", "resnet34",
                      "--model.encoder_weights", "null")
     with pytest.raises(ValueError, match="arch='resnet18'.*resnet34"):
+        lightning_main(["fit", *args, "--trainer.max_epochs", "1"])
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--model.encoder_layer", "layer4")
+    with pytest.raises(ValueError, match="layer='layer3'.*layer='layer4'"):
         lightning_main(["fit", *args, "--trainer.max_epochs", "1"])
 
 
