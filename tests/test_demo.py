@@ -8,7 +8,8 @@ import math
 import pytest
 
 from captioner.inference import Captioner
-from eval.commands.demo import MAPPINGS, main
+from data_prep.synthetic import SyntheticDataset
+from eval.commands.demo import MAPPINGS, QUICK, dataset_dir, main, score_spice
 
 
 @pytest.mark.java
@@ -42,3 +43,16 @@ def test_quick_demo_writes_results_checkpoints_and_figures(tmp_path, capsys):
         for strip in strips:
             words = sorted(strip.parent.glob("[0-9][0-9]_*.png"))
             assert len(words) == len(caption.split())
+
+    # The default run's SPICE step (a quick run skips SPICE): one score per model, in [0, 1].
+    dataset = SyntheticDataset.from_dir(dataset_dir(out, QUICK))
+    captions = {
+        mapping: {c["image_id"]: c["caption"] for c in
+                  json.loads((out / f"captions_{mapping}.json").read_text())}
+        for mapping in MAPPINGS
+    }
+    spice = score_spice(dataset, captions)
+    assert list(spice) == list(MAPPINGS)
+    for corpus, per_image in spice.values():
+        assert set(per_image) == set(captions["softmax"])
+        assert math.isnan(corpus) or 0.0 <= corpus <= 1.0

@@ -179,7 +179,7 @@ def evaluate(checkpoint: Path, dataset, metrics: tuple[str, ...]):
 
 
 def evaluate_all(checkpoints: dict[str, Path], dataset, metrics: tuple[str, ...], out: Path):
-    """Decode and score the test split with every checkpoint (SPICE aside: see :func:`spice`);
+    """Decode and score the test split with every checkpoint (SPICE aside: see :func:`score_spice`);
     writes ``captions_<mapping>.json``; returns (results, captions) keyed by mapping."""
     results: dict[str, dict[str, float]] = {}
     captions: dict[str, dict[int, str]] = {}
@@ -198,7 +198,7 @@ def evaluate_all(checkpoints: dict[str, Path], dataset, metrics: tuple[str, ...]
     return results, captions
 
 
-def spice(dataset, captions: dict[str, dict[int, str]]) -> dict[str, tuple[float, dict]]:
+def score_spice(dataset, captions: dict[str, dict[int, str]]) -> dict[str, tuple[float, dict]]:
     """SPICE of every model's test captions, in one Java run (it loads CoreNLP once)."""
     from data_prep.karpathy import load_karpathy
     from eval.scoring import spice_of_systems
@@ -305,12 +305,14 @@ def main(argv: list[str]) -> int:
     with torch_threads(1):
         checkpoints = {m: train(m, dataset, cache, weights, settings, out) for m in MAPPINGS}
         results, captions = evaluate_all(checkpoints, dataset, metrics, out)
+        (out / "settings.json").write_text(json.dumps(asdict(settings), indent=2))
+        # Written before SPICE and the figures, so that their failure loses no scores.
+        (out / "results.json").write_text(json.dumps(results, indent=2))
         if "SPICE" in metrics:
             print("\n== SPICE of the three captioners (one run)")
-            for mapping, (corpus, _) in spice(dataset, captions).items():
+            for mapping, (corpus, _) in score_spice(dataset, captions).items():
                 results[mapping]["SPICE"] = corpus
-        (out / "results.json").write_text(json.dumps(results, indent=2))
-        (out / "settings.json").write_text(json.dumps(asdict(settings), indent=2))
+            (out / "results.json").write_text(json.dumps(results, indent=2))
         write_figures(out, dataset, checkpoints, settings.n_figures)
 
     minutes = (time.monotonic() - started) / 60
