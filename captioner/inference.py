@@ -28,6 +28,28 @@ from data_prep.vocab import Vocabulary
 _HPARAMS_KEY = CaptioningModule.CHECKPOINT_HYPER_PARAMS_KEY
 
 
+def resolve_device(name: str | None = None) -> torch.device:
+    """The torch device ``name``, or CUDA when available (else the CPU) for None.
+
+    Raises:
+        ValueError: an unknown device name, or a CUDA device on a machine without one.
+    """
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"unknown device {name!r}: {exc}") from exc
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r}: CUDA is not available on this machine")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+    return device
+
+
 class IncompatibleCheckpointError(ValueError):
     """A checkpoint that this version of captioner cannot turn into a captioner."""
 

@@ -45,11 +45,13 @@ def evaluate_checkpoint(
     batch_size: int = 16,
     metrics: Sequence[str] = ALL_METRICS,
     progress: bool = True,
+    device: str | None = None,
 ) -> EvaluationReport:
-    """Caption every image of ``split`` with ``captioner.inference.Captioner`` and report the
-    caption metrics against the split's raw references, the output-attention statistics and,
-    with a COCO ``instances`` file, object mentions and attention precision."""
-    from captioner.inference import Captioner
+    """Caption every image of ``split`` with ``captioner.inference.Captioner`` on ``device``
+    (default: CUDA when available) and report the caption metrics against the split's raw
+    references, the output-attention statistics and, with a COCO ``instances`` file, object
+    mentions and attention precision."""
+    from captioner.inference import Captioner, resolve_device
     from data_prep.karpathy import load_karpathy
     from eval.attention_stats import attention_statistics
     from eval.objects import InstanceAnnotations, object_statistics
@@ -59,7 +61,7 @@ def evaluate_checkpoint(
     if not entries:
         raise ValueError(f"{karpathy_json}: split {split!r} has no images")
     annotations = InstanceAnnotations.load(instances) if instances is not None else None
-    captioner = Captioner.load(checkpoint)
+    captioner = Captioner.load(checkpoint, map_location=resolve_device(device))
     captions = captioner.caption(
         [entry.path for entry in entries],
         beam_size=beam_size,

@@ -12,7 +12,7 @@ from PIL import Image
 from captioner.commands import caption as command
 from captioner.commands.caption import coco_image_ids, collect_images
 
-FAST = ["--beam-size", "1", "--max-length", "5", "--no-progress"]
+FAST = ["--beam-size", "1", "--max-length", "5", "--no-progress", "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +107,26 @@ def test_bad_arguments_are_clear_errors(tiny_checkpoint, tmp_path, capsys):
     assert command.main([str(image), "--ckpt", str(tmp_path / "none.ckpt")]) == 2
     assert "none.ckpt" in capsys.readouterr().err
     assert command.main([str(image), "--ckpt", str(tiny_checkpoint), "--beam-size", "0"]) == 2
+
+
+def test_devices_are_resolved_or_refused_by_name():
+    import torch
+
+    from captioner.inference import resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device(None).type == expected
+    with pytest.raises(ValueError, match="unknown device 'gpu0'"):
+        resolve_device("gpu0")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    message = "CUDA is not available" if not count else f"has {count} CUDA device"
+    with pytest.raises(ValueError, match=message):
+        resolve_device(f"cuda:{count}" if count else "cuda")
+
+
+def test_unusable_device_is_a_clear_error(tiny_checkpoint, tmp_path, capsys):
+    image = tmp_path / "1.png"
+    Image.new("RGB", (8, 8)).save(image)
+    assert command.main([str(image), "--ckpt", str(tiny_checkpoint), "--device", "gpu0"]) == 2
+    assert "unknown device 'gpu0'" in capsys.readouterr().err

@@ -78,12 +78,17 @@ def coco_image_ids(paths: Sequence[Path]) -> tuple[list[int], bool]:
     return list(range(1, len(paths) + 1)), False
 
 
-def open_captioner(checkpoint: Path) -> Captioner:
-    """`Captioner.load` with every load failure turned into a ValueError naming the file."""
-    from captioner.inference import Captioner
+DEVICE_HELP = "torch device: cpu, cuda, cuda:1, ... (default: cuda when available, else cpu)"
 
+
+def open_captioner(checkpoint: Path, device: str | None = None) -> Captioner:
+    """`Captioner.load` on ``device`` (see :func:`captioner.inference.resolve_device`), with
+    every load failure turned into a ValueError naming the file."""
+    from captioner.inference import Captioner, resolve_device
+
+    map_location = resolve_device(device)
     try:
-        return Captioner.load(checkpoint)
+        return Captioner.load(checkpoint, map_location=map_location)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise ValueError(f"{checkpoint}: cannot load the checkpoint: {exc}") from exc
 
@@ -147,6 +152,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--beam-size", type=int, default=3)
     parser.add_argument("--max-length", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--device", help=DEVICE_HELP)
     parser.add_argument("--format", choices=FORMATS, default="text")
     parser.add_argument("--out", type=Path, help="output file (default: standard output)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -161,7 +167,7 @@ def main(argv: list[str]) -> int:
             return 2
     try:
         paths = collect_images(args.inputs)
-        captioner = open_captioner(args.ckpt)
+        captioner = open_captioner(args.ckpt, args.device)
     except (OSError, ValueError) as exc:
         print(f"captioner caption: {exc}", file=sys.stderr)
         return 2

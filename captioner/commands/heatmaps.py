@@ -25,6 +25,8 @@ import json
 import sys
 from pathlib import Path
 
+from captioner.commands.caption import DEVICE_HELP
+
 HELP = "per-word attention heatmaps, caption strips and raw weights for images"
 
 
@@ -45,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--beam-size", type=int, default=3)
     parser.add_argument("--max-length", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--device", help=DEVICE_HELP)
     parser.add_argument("--no-progress", action="store_true")
     return parser
 
@@ -58,7 +61,7 @@ def main(argv: list[str]) -> int:
 
     try:
         paths = collect_images(args.inputs)
-        captioners = [open_captioner(path) for path in args.ckpt]
+        captioners = [open_captioner(path, args.device) for path in args.ckpt]
     except (OSError, ValueError) as exc:
         print(f"captioner heatmaps: {exc}", file=sys.stderr)
         return 2

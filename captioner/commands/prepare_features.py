@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from captioner.commands.caption import DEVICE_HELP
+
 HELP = "cache frozen-encoder grid features (float16, HDF5) for the images of a Karpathy JSON"
 
 
@@ -160,11 +162,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--splits", default="train,val,test", help="comma-separated splits")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--num-workers", type=int, default=2)
-    parser.add_argument("--device", default=None, help="torch device (default: cuda if any)")
+    parser.add_argument("--device", default=None, help=DEVICE_HELP)
     parser.add_argument("--seed", type=int, default=0, help="random-init seed (--weights none)")
     args = parser.parse_args(argv)
 
-    import torch
+    from captioner.inference import resolve_device
 
     weights = None if args.weights.lower() == "none" else args.weights
     config = extract_features(
@@ -178,7 +180,7 @@ def main(argv: list[str]) -> int:
         splits=tuple(s.strip() for s in args.splits.split(",") if s.strip()),
         batch_size=args.batch_size,
         num_workers=args.num_workers,
-        device=args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
+        device=str(resolve_device(args.device)),
         seed=args.seed,
     )
     print(f"wrote {args.out} (encoder: {config})")

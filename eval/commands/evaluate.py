@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from captioner.commands.caption import DEVICE_HELP
+
 HELP = "caption a Karpathy split with a checkpoint; metrics, attention statistics, objects"
 
 
@@ -20,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--beam-size", type=int, default=3, help="default: %(default)s")
     parser.add_argument("--max-length", type=int, default=20, help="default: %(default)s")
     parser.add_argument("--batch-size", type=int, default=16, help="default: %(default)s")
+    parser.add_argument("--device", help=DEVICE_HELP)
     parser.add_argument(
         "--metrics",
         default="Bleu,METEOR,ROUGE_L,CIDEr,SPICE,REP",
@@ -57,7 +60,7 @@ def main(argv: list[str]) -> int:
         report = evaluate_checkpoint(
             args.ckpt, args.data, args.images, split=args.split, instances=args.instances,
             beam_size=args.beam_size, max_length=args.max_length, batch_size=args.batch_size,
-            metrics=metrics,
+            metrics=metrics, device=args.device,
         )  # fmt: skip
     except (SpiceJarsError, JavaToolError, FileNotFoundError, KeyError, ValueError) as exc:
         print(f"captioner evaluate: {exc}", file=sys.stderr)

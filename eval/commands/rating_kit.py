@@ -14,6 +14,8 @@ import random
 import sys
 from pathlib import Path
 
+from captioner.commands.caption import DEVICE_HELP
+
 HELP = "build a blinded human-rating kit (static HTML) comparing checkpoints"
 
 
@@ -39,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--beam-size", type=int, default=3)
     parser.add_argument("--max-length", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--device", help=DEVICE_HELP)
     parser.add_argument("--no-progress", action="store_true")
     return parser
 
@@ -76,7 +79,7 @@ def main(argv: list[str]) -> int:
 
     try:
         candidates = _candidates(args)
-        captioners = [open_captioner(path) for path in args.ckpt]
+        captioners = [open_captioner(path, args.device) for path in args.ckpt]
     except (OSError, ValueError) as exc:
         print(f"captioner rating-kit: {exc}", file=sys.stderr)
         return 2
