@@ -112,3 +112,15 @@ def test_lightning_fit_on_gpu(synthetic_data, tiny_fit, tmp_path, output_attenti
     assert trainer.global_step == 4
     metrics = trainer.callback_metrics
     assert torch.isfinite(metrics["train/loss"]) and "val/CIDEr" in metrics
+
+
+def test_caption_command_on_cuda_matches_cpu(tiny_checkpoint, synthetic_data, capsys):
+    from captioner.commands import caption as command
+
+    images = str(synthetic_data.image_root)
+    lines = {}
+    for device in ("cpu", "cuda"):
+        assert command.main([images, "--ckpt", str(tiny_checkpoint), "--device", device,
+                             "--beam-size", "2", "--max-length", "8", "--no-progress"]) == 0
+        lines[device] = capsys.readouterr().out.splitlines()
+    assert lines["cuda"] == lines["cpu"] and lines["cpu"]
