@@ -56,3 +56,10 @@ def test_quick_demo_writes_results_checkpoints_and_figures(tmp_path, capsys):
     for corpus, per_image in spice.values():
         assert set(per_image) == set(captions["softmax"])
         assert math.isnan(corpus) or 0.0 <= corpus <= 1.0
+
+
+def test_negative_seed_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--quick", "--seed", "-1", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "--seed must be >= 0" in capsys.readouterr().err

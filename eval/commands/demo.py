@@ -27,7 +27,7 @@ import math
 import shutil
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 HELP = "train softmax / sparsemax / TVmax captioners on synthetic shapes and compare them"
@@ -290,8 +290,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, default=Path("demo_out"), help="output folder")
     parser.add_argument("--quick", action="store_true",
                         help="tiny smoke run (under 2 minutes; the numbers mean nothing)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the synthetic data, the encoder and the training (default 0)")
     args = parser.parse_args(argv)
-    settings = QUICK if args.quick else FULL
+    if args.seed < 0:
+        parser.error(f"--seed must be >= 0, got {args.seed}")
+    settings = replace(QUICK if args.quick else FULL, seed=args.seed)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
