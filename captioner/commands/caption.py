@@ -81,6 +81,15 @@ def coco_image_ids(paths: Sequence[Path]) -> tuple[list[int], bool]:
 DEVICE_HELP = "torch device: cpu, cuda, cuda:1, ... (default: cuda when available, else cpu)"
 
 
+def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of every command that captions with a checkpoint: beam size, maximum
+    caption length, images per batch and device."""
+    parser.add_argument("--beam-size", type=int, default=3, help="default: %(default)s")
+    parser.add_argument("--max-length", type=int, default=20, help="default: %(default)s")
+    parser.add_argument("--batch-size", type=int, default=16, help="default: %(default)s")
+    parser.add_argument("--device", help=DEVICE_HELP)
+
+
 def open_captioner(checkpoint: Path, device: str | None = None) -> Captioner:
     """`Captioner.load` on ``device`` (see :func:`captioner.inference.resolve_device`), with
     every load failure turned into a ValueError naming the file."""
@@ -149,10 +158,7 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR")
     parser.add_argument("--ckpt", required=True, type=Path, help="trained checkpoint (.ckpt)")
-    parser.add_argument("--beam-size", type=int, default=3)
-    parser.add_argument("--max-length", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--device", help=DEVICE_HELP)
+    add_decoding_arguments(parser)
     parser.add_argument("--format", choices=FORMATS, default="text")
     parser.add_argument("--out", type=Path, help="output file (default: standard output)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

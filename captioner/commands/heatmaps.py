@@ -25,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-from captioner.commands.caption import DEVICE_HELP
+from captioner.commands.caption import add_decoding_arguments
 
 HELP = "per-word attention heatmaps, caption strips and raw weights for images"
 
@@ -44,10 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--vmax", type=float, help="colour-scale maximum (default: run maximum)")
     parser.add_argument("--size", type=int, default=DEFAULT_MAX_SIDE,
                         help="longer image side in pixels (default %(default)s)")
-    parser.add_argument("--beam-size", type=int, default=3)
-    parser.add_argument("--max-length", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--device", help=DEVICE_HELP)
+    add_decoding_arguments(parser)
     parser.add_argument("--no-progress", action="store_true")
     return parser
 

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from captioner.commands.caption import DEVICE_HELP
+from captioner.commands.caption import add_decoding_arguments
 
 HELP = "caption a Karpathy split with a checkpoint; metrics, attention statistics, objects"
 
@@ -19,10 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--images", required=True, help="image root of the Karpathy file")
     parser.add_argument("--split", default="test", help="split to evaluate (default: %(default)s)")
     parser.add_argument("--instances", help="COCO instances JSON for object mentions")
-    parser.add_argument("--beam-size", type=int, default=3, help="default: %(default)s")
-    parser.add_argument("--max-length", type=int, default=20, help="default: %(default)s")
-    parser.add_argument("--batch-size", type=int, default=16, help="default: %(default)s")
-    parser.add_argument("--device", help=DEVICE_HELP)
+    add_decoding_arguments(parser)
     parser.add_argument(
         "--metrics",
         default="Bleu,METEOR,ROUGE_L,CIDEr,SPICE,REP",

@@ -14,7 +14,7 @@ import random
 import sys
 from pathlib import Path
 
-from captioner.commands.caption import DEVICE_HELP
+from captioner.commands.caption import add_decoding_arguments
 
 HELP = "build a blinded human-rating kit (static HTML) comparing checkpoints"
 
@@ -38,10 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--title", default="Image caption rating")
     parser.add_argument("--upsample", choices=UPSAMPLE_MODES, default="nearest")
     parser.add_argument("--size", type=int, default=DEFAULT_MAX_SIDE)
-    parser.add_argument("--beam-size", type=int, default=3)
-    parser.add_argument("--max-length", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--device", help=DEVICE_HELP)
+    add_decoding_arguments(parser)
     parser.add_argument("--no-progress", action="store_true")
     return parser
 
