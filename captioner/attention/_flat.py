@@ -1,10 +1,12 @@
-"""Base class of the 1-D mappings used as grid attention (shared module call signature)."""
+"""Base classes of the 1-D mappings used as grid attention (shared module call signature)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import Tensor, nn
 
-from ._checks import check_mask
+from ._checks import check_lam, check_mask
 
 
 class FlatGridMapping(nn.Module):
@@ -31,3 +33,21 @@ class FlatGridMapping(nn.Module):
         if mask is not None:
             mask = check_mask(mask, scores.shape, name).flatten(-2)
         return self.map_flat(flat, mask).unflatten(-1, grid)
+
+
+class LamFlatGridMapping(FlatGridMapping):
+    """A sparse 1-D mapping with a fixed strength lam >= 0 (fusedmax, oscarmax) over the
+    flattened grid; subclasses set ``function(scores, lam, dim=, mask=)`` as a staticmethod."""
+
+    is_sparse = True
+    function: Callable[..., Tensor]
+
+    def __init__(self, lam: float = 0.1):
+        super().__init__()
+        self.lam = float(check_lam(lam, type(self).__name__))
+
+    def map_flat(self, scores: Tensor, mask: Tensor | None) -> Tensor:
+        return self.function(scores, self.lam, dim=-1, mask=mask)
+
+    def extra_repr(self) -> str:
+        return f"lam={self.lam:g}"

@@ -29,6 +29,7 @@ from numba import njit, prange
 from torch import Tensor
 
 from ._checks import apply_mask, check_lam, check_scores, checked_max
+from .sparsemax import sparsemax
 
 # With more than one numba thread, batches of at least this many cells go through the
 # parallel drivers.
@@ -138,3 +139,13 @@ def is_zero(lam: float | Tensor) -> bool:
     if isinstance(lam, Tensor):
         return not lam.requires_grad and float(lam.detach()) == 0.0
     return lam == 0
+
+
+def sparsemax_of_prox(prox, z: Tensor, lam, dim: int, mask: Tensor | None, func: str) -> Tensor:
+    """sparsemax(prox(z, lam)) along ``dim``: fusedmax and oscarmax (Niculae & Blondel, 2017,
+    Prop. 2), validated under the name ``func``; lam = 0 is exactly sparsemax."""
+    check_scores(z, dim, func)
+    lam = check_lam(lam, func)
+    if is_zero(lam):
+        return sparsemax(z, dim=dim, mask=mask)
+    return sparsemax(prox(z, lam, dim=dim, mask=mask), dim=dim)

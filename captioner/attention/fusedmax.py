@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ._checks import check_lam, check_scores
-from ._flat import FlatGridMapping
-from ._grouped import is_zero
-from .sparsemax import sparsemax
+from ._flat import LamFlatGridMapping
+from ._grouped import sparsemax_of_prox
 from .tv1d import tv1d_prox
 
 
@@ -35,28 +33,14 @@ def fusedmax(
     Raises:
         ValueError: lam < 0, NaN or ``+inf`` scores, or a row with every cell masked.
     """
-    check_scores(z, dim, "fusedmax")
-    lam = check_lam(lam, "fusedmax")
-    if is_zero(lam):
-        return sparsemax(z, dim=dim, mask=mask)
-    return sparsemax(tv1d_prox(z, lam, dim=dim, mask=mask), dim=dim)
+    return sparsemax_of_prox(tv1d_prox, z, lam, dim, mask, "fusedmax")
 
 
-class Fusedmax(FlatGridMapping):
+class Fusedmax(LamFlatGridMapping):
     """Fusedmax over the H*W cells of each grid, flattened row-major into one chain.
 
     Args:
         lam: TV strength >= 0 (the paper's default 0.1).
     """
 
-    is_sparse = True
-
-    def __init__(self, lam: float = 0.1):
-        super().__init__()
-        self.lam = float(check_lam(lam, "Fusedmax"))
-
-    def map_flat(self, scores: Tensor, mask: Tensor | None) -> Tensor:
-        return fusedmax(scores, self.lam, dim=-1, mask=mask)
-
-    def extra_repr(self) -> str:
-        return f"lam={self.lam:g}"
+    function = staticmethod(fusedmax)

@@ -15,10 +15,8 @@ import numpy as np
 from numba import njit, prange
 from torch import Tensor
 
-from ._checks import check_lam, check_scores
-from ._flat import FlatGridMapping
-from ._grouped import by_size, grouped_prox, is_zero
-from .sparsemax import sparsemax
+from ._flat import LamFlatGridMapping
+from ._grouped import by_size, grouped_prox, sparsemax_of_prox
 
 
 @njit(cache=True)
@@ -131,28 +129,14 @@ def oscarmax(
     Raises:
         ValueError: lam < 0, NaN or ``+inf`` scores, or a row with every cell masked.
     """
-    check_scores(z, dim, "oscarmax")
-    lam = check_lam(lam, "oscarmax")
-    if is_zero(lam):
-        return sparsemax(z, dim=dim, mask=mask)
-    return sparsemax(oscar_prox(z, lam, dim=dim, mask=mask), dim=dim)
+    return sparsemax_of_prox(oscar_prox, z, lam, dim, mask, "oscarmax")
 
 
-class Oscarmax(FlatGridMapping):
+class Oscarmax(LamFlatGridMapping):
     """Oscarmax over the H*W cells of each grid (clusters need not be adjacent).
 
     Args:
         lam: OSCAR strength >= 0.
     """
 
-    is_sparse = True
-
-    def __init__(self, lam: float = 0.1):
-        super().__init__()
-        self.lam = float(check_lam(lam, "Oscarmax"))
-
-    def map_flat(self, scores: Tensor, mask: Tensor | None) -> Tensor:
-        return oscarmax(scores, self.lam, dim=-1, mask=mask)
-
-    def extra_repr(self) -> str:
-        return f"lam={self.lam:g}"
+    function = staticmethod(oscarmax)
