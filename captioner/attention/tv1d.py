@@ -174,8 +174,8 @@ def tv1d_prox(
 
     Args:
         z: scores, any shape, float32 or float64. The kernel runs on the CPU in float64
-            (numba; rows in parallel for large batches); CUDA tensors make a round trip to
-            the host.
+            (numba; rows in parallel when numba has several threads); CUDA tensors make a
+            round trip to the host.
         lam: strength >= 0, a float or a 0-dim tensor (gradient flows when it requires grad).
         dim: the dimension along which cells form a chain.
         mask: optional bool tensor broadcastable to ``z``. False cells and ``-inf`` scores

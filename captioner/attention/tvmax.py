@@ -30,7 +30,7 @@ from ._tv2d_kernels import (
 )
 from .sparsemax import sparsemax
 
-# Small batches run serially: waking numba's thread pool costs more than their work.
+# Serial with one numba thread or a tiny batch, else parallel over grids (_grouped.by_size).
 _tv2d_prox_rows = by_size(tv2d_prox_rows_serial, tv2d_prox_rows_parallel)
 _tvmax_rows = by_size(tvmax_rows_serial, tvmax_rows_parallel)
 _tvmax_backward_rows = by_size(tvmax_backward_rows_serial, tvmax_backward_rows_parallel)
