@@ -9,7 +9,7 @@ import pytest
 
 from captioner.inference import Captioner
 from data_prep.synthetic import SyntheticDataset
-from eval.commands.demo import MAPPINGS, QUICK, dataset_dir, main, score_spice
+from eval.commands.demo import MAPPINGS, QUICK, dataset_dir, load_test_split, main, score_spice
 
 
 @pytest.mark.java
@@ -51,7 +51,7 @@ def test_quick_demo_writes_results_checkpoints_and_figures(tmp_path, capsys):
                   json.loads((out / f"captions_{mapping}.json").read_text())}
         for mapping in MAPPINGS
     }
-    spice = score_spice(dataset, captions)
+    spice = score_spice(load_test_split(dataset), captions)
     assert list(spice) == list(MAPPINGS)
     for corpus, per_image in spice.values():
         assert set(per_image) == set(captions["softmax"])

@@ -198,25 +198,29 @@ def evaluate_all(checkpoints: dict[str, Path], dataset, metrics: tuple[str, ...]
     return results, captions
 
 
-def score_spice(dataset, captions: dict[str, dict[int, str]]) -> dict[str, tuple[float, dict]]:
-    """SPICE of every model's test captions, in one Java run (it loads CoreNLP once)."""
+def load_test_split(dataset) -> list:
+    """The test split's Karpathy entries (image path, id and reference captions)."""
     from data_prep.karpathy import load_karpathy
+
+    return load_karpathy(dataset.karpathy_json, dataset.image_root).split("test")
+
+
+def score_spice(entries, captions: dict[str, dict[int, str]]) -> dict[str, tuple[float, dict]]:
+    """SPICE of every model's captions of the test ``entries``, in one Java run (it loads
+    CoreNLP once)."""
     from eval.scoring import spice_of_systems
 
-    entries = load_karpathy(dataset.karpathy_json, dataset.image_root).split("test")
     return spice_of_systems(captions, {e.image_id: list(e.raws) for e in entries})
 
 
-def write_figures(out: Path, dataset, checkpoints: dict[str, Path], n_images: int) -> None:
-    """Per-word output-attention figures of the first ``n_images`` test images, one folder
-    per image and model, on one colour scale shared by all of them."""
+def write_figures(out: Path, entries, checkpoints: dict[str, Path], n_images: int) -> None:
+    """Per-word output-attention figures of the first ``n_images`` test ``entries``, one
+    folder per image and model, on one colour scale shared by all of them."""
     from captioner.heatmaps import AttentionRecord, shared_vmax, unique_stems, write_heatmaps
     from captioner.inference import Captioner
     from data_prep.images import load_image
-    from data_prep.karpathy import load_karpathy
 
-    paths = [e.path for e in load_karpathy(dataset.karpathy_json, dataset.image_root)
-             .split("test")[:n_images]]
+    paths = [e.path for e in entries[:n_images]]
     captions = {
         name: Captioner.load(path).caption(paths, beam_size=3, max_length=16)
         for name, path in checkpoints.items()
@@ -312,12 +316,13 @@ def main(argv: list[str]) -> int:
         (out / "settings.json").write_text(json.dumps(asdict(settings), indent=2))
         # Written before SPICE and the figures, so that their failure loses no scores.
         (out / "results.json").write_text(json.dumps(results, indent=2))
+        entries = load_test_split(dataset)
         if "SPICE" in metrics:
             print("\n== SPICE of the three captioners (one run)")
-            for mapping, (corpus, _) in score_spice(dataset, captions).items():
+            for mapping, (corpus, _) in score_spice(entries, captions).items():
                 results[mapping]["SPICE"] = corpus
             (out / "results.json").write_text(json.dumps(results, indent=2))
-        write_figures(out, dataset, checkpoints, settings.n_figures)
+        write_figures(out, entries, checkpoints, settings.n_figures)
 
     minutes = (time.monotonic() - started) / 60
     print(f"\nSynthetic test split ({settings.n_test} images), beam size 3:\n")
