@@ -6,9 +6,15 @@ top of the image: the darker the green, the higher the weight; zero attention is
 white mask (the paper's figures) or fully transparent (the human study, so that raters are not
 biased). This module draws exactly that and nothing more:
 
-* the image keeps its own aspect ratio; grid cell (i, j) covers rows [i*H/h, (i+1)*H/h) and
-  columns [j*W/w, (j+1)*W/w) of the displayed image (the encoder saw the image stretched to a
-  square, so the grid spans the whole image);
+* the whole image is shown, its longer side scaled to ``max_side`` pixels, with its own aspect
+  ratio up to ``MAX_ASPECT`` (4:1). A longer or taller image (a 10000 x 20 panorama) is
+  stretched along its short side to exactly 4:1 (384 x 96 px by default) instead of becoming a
+  384 x 1 px line: every part stays visible and every grid cell keeps a readable size. The
+  encoder saw the image stretched to a square anyway, so the figure distorts less than the
+  model's own view;
+* grid cell (i, j) covers rows [i*H/h, (i+1)*H/h) and columns [j*W/w, (j+1)*W/w) of the
+  displayed image (H x W, after any stretch), so the grid spans the whole image and stays
+  aligned with it;
 * the grid is upsampled without blur: ``nearest`` (default: each pixel takes the cell under
   its centre, one flat block per cell) or ``bilinear`` (pixel-centre aligned, borders clamped,
   as PIL and ``align_corners=False``); never a Gaussian, which would hide exact zeros. With
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -43,6 +50,8 @@ ZERO_STYLES = ("transparent", "white")
 UPSAMPLE_MODES = ("nearest", "bilinear")
 OVERLAY_OPACITY = 0.6
 DEFAULT_MAX_SIDE = 384
+# Longest displayed side over shortest: beyond it the short side is stretched (see above).
+MAX_ASPECT = 4.0
 # The lightest quarter of matplotlib's "Greens" is near-white; dropping it keeps every non-zero
 # weight visibly green, also against the white mask.
 COLORMAP = ListedColormap(
@@ -51,13 +60,16 @@ COLORMAP = ListedColormap(
 
 
 def display_size(width: int, height: int, max_side: int = DEFAULT_MAX_SIDE) -> tuple[int, int]:
-    """(width, height) scaled so that the longer side is ``max_side``; aspect ratio kept."""
+    """(width, height) scaled so that the longer side is ``max_side``, aspect ratio kept up to
+    ``MAX_ASPECT``; the short side of a more elongated image becomes ``max_side / MAX_ASPECT``
+    (rounded up), so a 10000 x 20 panorama is displayed at 384 x 96, not 384 x 1."""
     if width < 1 or height < 1:
         raise ValueError(f"image size must be positive, got {width}x{height}")
     if max_side < 1:
         raise ValueError(f"max_side must be >= 1, got {max_side}")
     scale = max_side / max(width, height)
-    return max(1, round(width * scale)), max(1, round(height * scale))
+    min_side = math.ceil(max_side / MAX_ASPECT)
+    return max(min_side, round(width * scale)), max(min_side, round(height * scale))
 
 
 def upsample_attention(
@@ -141,7 +153,8 @@ def compose(image: np.ndarray, overlay: np.ndarray, zero_style: str = "transpare
 
 
 def image_array(image: Image.Image, max_side: int = DEFAULT_MAX_SIDE) -> np.ndarray:
-    """The image as displayed: RGB uint8 (H, W, 3), longer side ``max_side``."""
+    """The image as displayed: RGB uint8 (H, W, 3) of `display_size` (longer side
+    ``max_side``, short side stretched up to a 4:1 aspect ratio)."""
     width, height = display_size(*image.size, max_side=max_side)
     return np.asarray(image.convert("RGB").resize((width, height), Image.Resampling.LANCZOS))
 

@@ -67,9 +67,52 @@ def test_upsample_rejects_bad_input():
         upsample_attention(-_sparse_maps(), (4, 4))
 
 
-def test_display_size_keeps_aspect_ratio():
+def test_display_size_keeps_aspect_ratio_up_to_four_to_one():
     assert display_size(640, 480, 384) == (384, 288)
-    assert display_size(10, 1000, 100) == (1, 100)
+    assert display_size(400, 100, 100) == (100, 25)  # exactly 4:1: kept
+    # More elongated: the short side is stretched to a quarter of the long one, not 1 px.
+    assert display_size(10, 1000, 100) == (25, 100)
+    assert display_size(10000, 20) == (384, 96)
+    assert display_size(1000, 1, 1) == (1, 1)
+
+
+@pytest.mark.parametrize("wide", [True, False], ids=["10000x20", "20x10000"])
+def test_panorama_figures_show_the_whole_image_with_the_grid_aligned(tmp_path, wide):
+    # The last quarter of the long side is red, the rest grey; the grid has 4 cells along the
+    # long side and 2 across, and one word attends only to the cell over the red quarter's
+    # second half across the short side.
+    red, grey = np.array([200, 0, 0], np.uint8), np.array([100, 100, 100], np.uint8)
+    photo = np.tile(grey, (20, 10000, 1))
+    photo[:, 7500:] = red
+    maps = np.zeros((2, 2, 4), np.float32)
+    maps[0, 1, 3] = 1.0
+    maps[1] = 1.0 / 8
+    if not wide:
+        photo, maps = photo.transpose(1, 0, 2), maps.transpose(0, 2, 1)
+    record = AttentionRecord("pano.png", "red end", ["red", "end"], maps, "tvmax", vmax=1.0)
+    for style in ("white", "transparent"):
+        write_heatmaps(tmp_path / style, Image.fromarray(photo), record, zero_style=style)
+    size = (384, 96) if wide else (96, 384)
+    for style in ("white", "transparent"):
+        for name in ("00_red.png", "01_end.png"):
+            assert Image.open(tmp_path / style / name).size == size
+        strip = Image.open(tmp_path / style / "strip.png").size
+        assert min(strip) > 60  # panels of 2 x 0.5 inches at 100 dpi, not 2 x 0.005
+
+    def along(figure):  # figure as (short side, long side, 3)
+        return figure if wide else figure.transpose(1, 0, 2)
+
+    white = along(np.asarray(Image.open(tmp_path / "white" / "00_red.png").convert("RGB")))
+    coloured = (white != 255).any(axis=-1)
+    expected = np.zeros((96, 384), bool)
+    expected[48:, 288:] = True  # cell (1, 3) of the 2 x 4 grid over 96 x 384 pixels
+    np.testing.assert_array_equal(coloured, expected)
+    green = compose(red[None, None], attention_overlay(np.ones((1, 1), np.float32), 1.0))[0, 0]
+    np.testing.assert_array_equal(white[60:, 300:], np.broadcast_to(green, (36, 84, 3)))
+    # Where attention is zero the image shows through: grey before the red quarter, red in it.
+    plain = along(np.asarray(Image.open(tmp_path / "transparent" / "00_red.png").convert("RGB")))
+    np.testing.assert_array_equal(plain[:, :280], np.broadcast_to(grey, (96, 280, 3)))
+    np.testing.assert_array_equal(plain[:40, 296:], np.broadcast_to(red, (40, 88, 3)))
 
 
 def test_overlay_is_transparent_exactly_where_attention_is_zero():
