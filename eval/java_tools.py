@@ -25,17 +25,43 @@ def java_executable() -> str:
     return java
 
 
-@functools.cache
 def java_major_version() -> int:
     """Feature version of the Java runtime on PATH (8 for 1.8.0_x, 17 for 17.0.x)."""
-    proc = subprocess.run(
-        [java_executable(), "-version"], capture_output=True, text=True, timeout=60
-    )
+    return _major_version(java_executable())
+
+
+@functools.cache
+def _major_version(java: str) -> int:
+    proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
     match = re.search(r'version "(\d+)(?:\.(\d+))?', proc.stderr)
     if proc.returncode != 0 or match is None:
-        raise JavaToolError(f"could not read the Java version from 'java -version':\n{proc.stderr}")
+        raise JavaToolError(
+            f"could not read the Java version from '{java} -version':\n{proc.stderr}"
+        )
     major, minor = int(match.group(1)), int(match.group(2) or 0)
     return minor if major == 1 else major
+
+
+def java_modules() -> frozenset[str] | None:
+    """Names of the modules of the Java runtime on PATH, as ``java --list-modules`` lists them
+    ("java.base@17.0.15" -> "java.base"); None when the runtime has no ``--list-modules``
+    (Java 8 and older, which have no modules). Probed once per java executable: a runtime
+    jlinked without a module lacks it whatever its version says."""
+    return _list_modules(java_executable())
+
+
+@functools.cache
+def _list_modules(java: str) -> frozenset[str] | None:
+    proc = subprocess.run([java, "--list-modules"], capture_output=True, text=True, timeout=60)
+    if proc.returncode == 0:
+        return frozenset(line.split("@")[0].strip() for line in proc.stdout.splitlines() if line)
+    version = _major_version(java)
+    if version <= 8:
+        return None
+    raise JavaToolError(
+        f"could not list the modules of Java {version} with '{java} --list-modules':\n"
+        f"{_tail(proc.stderr)}"
+    )
 
 
 def _tail(text: str, lines: int = 40) -> str:

@@ -1,12 +1,20 @@
 """SPICE (Anderson et al. 2016) through SPICE 1.0 on a modern Java.
 
-Runs ``java -Xmx.. --module-path <modules> --add-modules org.openjdk.nashorn -jar
+Runs ``java -Xmx.. [--module-path <modules> --add-modules org.openjdk.nashorn] -jar
 spice-1.0.jar IN -out OUT -subset -silent -threads N`` from the installation made by
 ``captioner fetch-spice`` (:mod:`eval.spice_jars`), in a temporary directory of our own, with
-a timeout, surfacing Java's stderr on failure. SPICE's ``-cache`` is not used: its LMDB cache
-needs ``--add-opens`` on Java 16+ and shared caches are reported to freeze, while a fresh
-cache per run would save nothing. Scores match pycocoevalcap's ``Spice`` (same jar and
-flags; the cache only memoizes parses).
+a timeout, surfacing Java's stderr on failure.
+
+SPICE writes its output through the Nashorn JavaScript engine. Whether the runtime has it
+built in is decided by the runtime's modules, not its version number: ``java --list-modules``
+listing ``jdk.scripting.nashorn`` means built in (Java 9-14 as shipped); otherwise (Java 15+,
+and an older runtime jlinked without it, e.g. a slim Java 11) the standalone nashorn-core and
+its ASM jars are added as modules. Java 8 has no ``--list-modules`` and always has Nashorn.
+The probe runs once per java executable (:func:`eval.java_tools.java_modules`).
+
+SPICE's ``-cache`` is not used: its LMDB cache needs ``--add-opens`` on Java 16+ and shared
+caches are reported to freeze, while a fresh cache per run would save nothing. Scores match
+pycocoevalcap's ``Spice`` (same jar and flags; the cache only memoizes parses).
 """
 
 from __future__ import annotations
@@ -20,10 +28,17 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.java_tools import java_major_version, run_java
+from eval.java_tools import java_modules, run_java
 from eval.spice_jars import SpiceInstall, locate_spice
 
-NASHORN_MODULE = "org.openjdk.nashorn"
+NASHORN_MODULE = "org.openjdk.nashorn"  # the standalone nashorn-core installed by fetch-spice
+BUILTIN_NASHORN_MODULE = "jdk.scripting.nashorn"  # the JDK's own, removed in Java 15
+
+
+def java_has_nashorn() -> bool:
+    """Whether the Java runtime on PATH has Nashorn built in (Java 8: always)."""
+    modules = java_modules()
+    return modules is None or BUILTIN_NASHORN_MODULE in modules
 
 
 def default_max_heap() -> str:
@@ -41,9 +56,10 @@ def default_threads() -> int:
 def spice_java_args(
     install: SpiceInstall, input_json: Path, output_json: Path, *, threads: int, max_heap: str
 ) -> list[str]:
-    """Arguments after ``java`` for one SPICE run (module flags only on Java 15+)."""
+    """Arguments after ``java`` for one SPICE run (the standalone Nashorn modules only when
+    the runtime lacks its own, see :func:`java_has_nashorn`)."""
     args = [f"-Xmx{max_heap}"]
-    if java_major_version() >= 15:
+    if not java_has_nashorn():
         args += ["--module-path", str(install.modules_dir), "--add-modules", NASHORN_MODULE]
     return [
         *args,
@@ -103,8 +119,8 @@ def spice_scores(
         text = output_json.read_text(encoding="utf-8") if output_json.is_file() else ""
     if not text.strip():
         raise RuntimeError(
-            "SPICE exited normally but wrote no scores (on Java 15+ this means the Nashorn "
-            f"module was not loaded; re-run 'captioner fetch-spice'): {install.root}"
+            "SPICE exited normally but wrote no scores (this means Nashorn was not loaded; "
+            f"re-run 'captioner fetch-spice'): {install.root}"
         )
     per_image = {
         int(item["image_id"]): {

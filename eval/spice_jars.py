@@ -3,8 +3,10 @@
 SPICE 1.0 (``spice-1.0.jar`` shipped in pycocoevalcap) loads Stanford CoreNLP 3.6.0 and its
 models from ``lib/`` beside itself (the manifest's Class-Path); pycocoevalcap leaves them out
 and its downloader targets a host that is often unreachable. SPICE also writes its output
-through the Nashorn JavaScript engine, which left the JDK in Java 15; Nashorn 15.4 and the ASM
-7.3.1 jars it needs run as modules (``--module-path``). All of them are on Maven Central.
+through the Nashorn JavaScript engine, which left the JDK in Java 15 and is missing from
+runtimes jlinked without ``jdk.scripting.nashorn`` (e.g. slim Java 11 images); Nashorn 15.4
+(Java 11+) and the ASM 7.3.1 jars it needs run as modules (``--module-path``) whenever the
+runtime lacks its own (:func:`eval.spice.java_has_nashorn`). All of them are on Maven Central.
 
 Cache layout (``spice_cache_dir()``; default ``~/.cache/captioner/spice``, env
 ``CAPTIONER_SPICE_DIR``)::
@@ -149,7 +151,7 @@ ARTIFACTS: tuple[MavenArtifact, ...] = (
 
 @dataclass(frozen=True)
 class SpiceInstall:
-    """A verified SPICE installation: ``java --module-path modules_dir -jar jar``."""
+    """A verified SPICE installation: ``java [--module-path modules_dir] -jar jar``."""
 
     root: Path
 
