@@ -1,0 +1,101 @@
+"""``captioner prepare-dataset``: a Karpathy-split JSON file from a folder of photos and a
+captions file, ready for ``captioner prepare-features`` and ``captioner fit``.
+
+    captioner prepare-dataset --captions captions.txt --images photos/ \\
+        --out data/mine/dataset_mine.json --split 0.8,0.1,0.1 --seed 0
+
+Captions files: JSONL (``{"image": "dir/a.jpg", "captions": ["...", ...]}`` per line), CSV or
+TSV with the header ``image,caption`` (one caption per line, as Flickr8k's ``captions.txt``),
+or a COCO captions file (ids kept as ``cocoid``). Captions are tokenized as in Karpathy's
+files: NFKC, lower case, everything but letters, numbers and whitespace deleted, split on
+whitespace.
+
+--split: fractions (0.8,0.1,0.1), counts (800,100,100; images beyond them are left out) or a
+JSON file {"train": [paths], "val": [...], "test": [...]}; random splits depend only on the
+images and --seed.
+
+Bad records, empty captions, missing or unreadable images and duplicate entries are skipped and
+listed (--on-error skip, the default) or stop the command at the first one with exit status 2
+(--on-error fail). An empty split always stops it; the output file is then not written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+HELP = "make a Karpathy-split JSON from a folder of photos and a captions file (JSONL, CSV, COCO)"
+
+PROG = "captioner prepare-dataset"
+
+
+def _parser() -> argparse.ArgumentParser:
+    from data_prep.dataset_import import DEFAULT_SPLIT, FORMATS, ON_ERROR
+
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--captions", required=True, type=Path, help="captions file")
+    parser.add_argument("--images", required=True, type=Path,
+                        help="image folder; the captions' image paths are relative to it")
+    parser.add_argument("--out", required=True, type=Path, help="Karpathy JSON file to write")
+    parser.add_argument("--format", choices=FORMATS, default="auto",
+                        help="captions file format (default: from the extension and content)")
+    parser.add_argument("--split", default=DEFAULT_SPLIT,
+                        help="train,val,test fractions or counts, or a JSON split file "
+                             "(default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of random splits (default 0)")
+    parser.add_argument("--on-error", choices=ON_ERROR, default="skip",
+                        help="skip bad items and list them, or stop at the first (exit 2)")
+    parser.add_argument("--name", help="'dataset' field (default: the output file name "
+                                       "without 'dataset_' and '.json')")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    from data_prep.dataset_import import (
+        REASONS,
+        DatasetImportError,
+        ImportOptions,
+        first_names,
+        import_dataset,
+    )
+
+    options = ImportOptions(
+        captions=args.captions, images=args.images, out=args.out, fmt=args.format,
+        split=args.split, seed=args.seed, on_error=args.on_error, name=args.name,
+    )
+    try:
+        report = import_dataset(options, progress=not args.no_progress)
+    except (DatasetImportError, OSError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+
+    print(f"wrote {report.out} (dataset {report.name!r}, captions read as {report.fmt})")
+    for split, count in report.images.items():
+        print(f"  {split + ':':<6} {count} images, {report.captions[split]} captions")
+    for reason, problems in report.problems.items():
+        names = first_names([problem.item for problem in problems])
+        print(f"{PROG}: skipped {len(problems)} ({REASONS[reason]}): {names}\n"
+              f"  e.g. {problems[0].detail}", file=sys.stderr)
+    if report.left_out:
+        print(f"{PROG}: left out {len(report.left_out)} usable images beyond the --split "
+              f"counts: {first_names(report.left_out)}", file=sys.stderr)
+    if report.uncaptioned:
+        print(f"{PROG}: note: {len(report.uncaptioned)} images in {args.images} have no "
+              f"captions and were not used: {first_names(report.uncaptioned)}", file=sys.stderr)
+    _print_next_steps(args.out, args.images)
+    return 0
+
+
+def _print_next_steps(out: Path, images: Path) -> None:
+    features = out.with_name("features_resnet101.h5")
+    data, root, cache = (shlex.quote(str(path)) for path in (out, images, features))
+    print("next:")
+    print(f"  captioner prepare-features --data {data} --images {root} "
+          f"--arch resnet101 --weights IMAGENET1K_V2 --out {cache}")
+    print(f"  captioner fit --config configs/flickr30k_tvmax.yaml --data.karpathy_json {data} "
+          f"--data.image_root {root} --data.feature_cache {cache}")

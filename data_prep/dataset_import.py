@@ -1,0 +1,680 @@
+"""Turn a folder of photos and a captions file into a Karpathy-split JSON file.
+
+The result is read unchanged by :func:`data_prep.karpathy.load_karpathy` (and so by
+``captioner prepare-features`` and ``captioner fit``). Image names are paths relative to the
+image folder, written with ``/``.
+
+Captions files (the reader is chosen by :func:`detect_format`, or explicitly):
+
+* ``jsonl``: one object per line, ``{"image": "relative/path.jpg", "captions": ["...", ...]}``
+  (other keys are ignored; blank lines are allowed);
+* ``csv`` / ``tsv``: a header line naming the columns ``image`` and ``caption`` (other columns
+  are ignored), then one caption per line; an image has as many lines as captions. CSV fields
+  follow the usual quoting (Flickr8k's ``captions.txt``: captions holding commas are quoted);
+  TSV fields are taken literally, without quoting;
+* ``coco``: a COCO captions file (``captions_train2014.json``): ``images`` with ``id`` and
+  ``file_name``, ``annotations`` with ``image_id`` and ``caption``; the ids are kept as
+  ``cocoid``, so results can be scored against the same file.
+
+A second record for the same image (a JSONL line or a COCO image repeating a path, a COCO id
+used twice) is a ``duplicate_entry``: the first record is kept and the later one is skipped,
+never merged, because a file concatenated twice would otherwise double every caption. (CSV and
+TSV files list an image once per caption by design.) Two paths with the same file name in
+different folders are different images.
+
+Every problem is reported under one of the reasons in :data:`REASONS`. With
+``on_error="skip"`` the bad record, caption or image is left out and listed in the
+:class:`ImportReport`; with ``on_error="fail"`` the first problem raises
+:class:`DatasetImportError`. Problems with the input as a whole (unreadable captions file,
+missing CSV header, invalid ``--split``, an empty split) always raise.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import tempfile
+import unicodedata
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path, PurePosixPath
+
+from data_prep.images import ImageLoadError, load_image
+
+FORMATS: tuple[str, ...] = ("auto", "jsonl", "csv", "tsv", "coco")
+SPLITS: tuple[str, ...] = ("train", "val", "test")
+ON_ERROR: tuple[str, ...] = ("skip", "fail")
+DEFAULT_SPLIT = "0.8,0.1,0.1"
+# Files counted as images when the image folder is searched for photos without captions.
+IMAGE_SUFFIXES = frozenset(
+    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
+)
+# Reason -> how it is named in messages, in the order the checks run.
+REASONS: dict[str, str] = {
+    "malformed_record": "malformed record",
+    "invalid_path": "invalid image path",
+    "duplicate_entry": "duplicate entry",
+    "empty_caption": "empty caption",
+    "no_captions": "image without captions",
+    "missing_image": "missing image",
+    "unreadable_image": "unreadable image",
+    "not_in_split_file": "image not in the split file",
+    "unknown_in_split_file": "split-file name without captions",
+}
+
+
+class DatasetImportError(ValueError):
+    """A problem that stops the import; the message names the file, line or field and value."""
+
+
+def tokenize(raw: str) -> list[str]:
+    """Karpathy-style tokens of a caption.
+
+    The rule: normalize to Unicode NFKC, lower-case (``str.lower``), delete every character
+    that is not a letter, a number, a combining mark (Unicode categories L*, N*, M*) or
+    whitespace, and split on whitespace. Deleting rather than splitting at punctuation is what
+    Karpathy's preprocessing did (neuraltalk2 removed ``string.punctuation``):
+    ``"A man's T-shirt, 2 dogs!"`` -> ``["a", "mans", "tshirt", "2", "dogs"]``; accented and
+    non-Latin words stay whole (``"Café"`` -> ``["café"]``).
+    """
+    text = unicodedata.normalize("NFKC", raw).lower()
+    kept = "".join(
+        char for char in text if char.isspace() or unicodedata.category(char)[0] in "LNM"
+    )
+    return kept.split()
+
+
+@dataclass
+class CaptionRecord:
+    """One image of a captions file: ``image`` is its normalized relative path, ``where`` the
+    place it was read from (``captions.jsonl line 3``), ``cocoid`` its COCO id if known."""
+
+    image: str
+    captions: list[str]
+    where: str
+    cocoid: int | None = None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reported problem: ``reason`` (a key of :data:`REASONS`), ``item`` (the image path
+    or record it concerns) and a one-line ``detail`` naming the file and line."""
+
+    reason: str
+    item: str
+    detail: str
+
+
+class ProblemLog:
+    """Collects problems (``on_error="skip"``) or raises at the first (``"fail"``)."""
+
+    def __init__(self, on_error: str) -> None:
+        if on_error not in ON_ERROR:
+            raise DatasetImportError(f"on_error must be one of {', '.join(ON_ERROR)}")
+        self.on_error = on_error
+        self.problems: list[Problem] = []
+
+    def add(self, reason: str, item: str, detail: str) -> None:
+        if self.on_error == "fail":
+            raise DatasetImportError(f"{REASONS[reason]}: {detail}")
+        self.problems.append(Problem(reason, item, detail))
+
+    def by_reason(self) -> dict[str, list[Problem]]:
+        """The problems grouped by reason, reasons in :data:`REASONS` order."""
+        groups: dict[str, list[Problem]] = {}
+        for reason in REASONS:
+            found = [p for p in self.problems if p.reason == reason]
+            if found:
+                groups[reason] = found
+        return groups
+
+
+# --- reading captions files -------------------------------------------------------------------
+
+
+def detect_format(path: Path) -> str:
+    """The format of captions file ``path``: by extension (``.jsonl``/``.ndjson``, ``.csv``,
+    ``.tsv``), else by content: a first line holding a JSON object with an ``image`` key is
+    JSONL, any other JSON object is COCO, a header line with a tab is TSV, else CSV."""
+    suffix = path.suffix.lower()
+    by_suffix = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv"}
+    if suffix in by_suffix:
+        return by_suffix[suffix]
+    first = _first_line(path)
+    if first.lstrip().startswith("{"):
+        try:
+            record = json.loads(first)
+        except json.JSONDecodeError:
+            return "coco"  # an object spread over several lines: a whole-file JSON document
+        return "jsonl" if isinstance(record, dict) and "image" in record else "coco"
+    return "tsv" if "\t" in first else "csv"
+
+
+def read_captions(path: Path, fmt: str, log: ProblemLog) -> list[CaptionRecord]:
+    """The images of captions file ``path`` in format ``fmt`` (``"auto"``: detected), one
+    record per image in file order, paths normalized, duplicates reported."""
+    if fmt not in FORMATS:
+        raise DatasetImportError(f"unknown captions format {fmt!r}; expected one of "
+                                 f"{', '.join(FORMATS)}")
+    if not path.is_file():
+        raise DatasetImportError(f"{path}: captions file not found")
+    if fmt == "auto":
+        fmt = detect_format(path)
+    if fmt == "jsonl":
+        return _gather(_read_jsonl(path, log), log, merge=False)
+    if fmt == "coco":
+        return _gather(_read_coco(path, log), log, merge=False)
+    return _gather(_read_delimited(path, "\t" if fmt == "tsv" else ",", log), log, merge=True)
+
+
+def _open_text(path: Path):
+    # utf-8-sig: spreadsheet programs often write a byte-order mark before the header.
+    return path.open(encoding="utf-8-sig", newline="")
+
+
+def _first_line(path: Path) -> str:
+    with _open_text(path) as handle:
+        for line in _decoded_lines(handle, path):
+            if line.strip():
+                return line
+    raise DatasetImportError(f"{path}: captions file is empty")
+
+
+def _read_jsonl(path: Path, log: ProblemLog) -> list[CaptionRecord]:
+    records = []
+    with _open_text(path) as handle:
+        for number, line in enumerate(_decoded_lines(handle, path), start=1):
+            if not line.strip():
+                continue
+            where = f"{path.name} line {number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                log.add("malformed_record", where, f"{path} line {number}: not valid JSON "
+                        f"({exc.msg} at column {exc.colno})")
+                continue
+            image = record.get("image") if isinstance(record, dict) else None
+            captions = record.get("captions") if isinstance(record, dict) else None
+            if not isinstance(record, dict):
+                problem = f"must be a JSON object, got {type(record).__name__}"
+            elif not isinstance(image, str):
+                problem = f"field 'image' must be a string, got {image!r}"
+            elif not isinstance(captions, list) or not all(isinstance(c, str) for c in captions):
+                problem = f"field 'captions' must be a list of strings, got {captions!r}"
+            else:
+                records.append(CaptionRecord(image, list(captions), where))
+                continue
+            log.add("malformed_record", where, f"{path} line {number}: {problem}")
+    return records
+
+
+def _decoded_lines(handle, path: Path):
+    """The lines of text file ``handle``; a decoding error names the file."""
+    try:
+        yield from handle
+    except UnicodeDecodeError as exc:
+        raise DatasetImportError(f"{path}: not UTF-8 text ({exc.reason})") from exc
+
+
+def _read_delimited(path: Path, delimiter: str, log: ProblemLog) -> list[CaptionRecord]:
+    shown = "image,caption" if delimiter == "," else "image<TAB>caption"
+    quoting = csv.QUOTE_MINIMAL if delimiter == "," else csv.QUOTE_NONE
+    records = []
+    with _open_text(path) as handle:
+        reader = csv.reader(_decoded_lines(handle, path), delimiter=delimiter, quoting=quoting)
+        try:
+            header = next(reader, [])
+            columns = [name.strip().lower() for name in header]
+            if "image" not in columns or "caption" not in columns:
+                raise DatasetImportError(
+                    f"{path}: line 1 must be the header {shown!r} (columns 'image' and "
+                    f"'caption'), got {delimiter.join(header)!r}"
+                )
+            image_column, caption_column = columns.index("image"), columns.index("caption")
+            for row in reader:
+                if not any(field.strip() for field in row):
+                    continue
+                where = f"{path.name} line {reader.line_num}"
+                if len(row) != len(header):
+                    log.add("malformed_record", where,
+                            f"{path} line {reader.line_num}: {len(row)} fields, expected "
+                            f"{len(header)} ({delimiter.join(header)}); captions holding the "
+                            f"delimiter must be quoted")
+                    continue
+                records.append(CaptionRecord(row[image_column], [row[caption_column]], where))
+        except csv.Error as exc:
+            raise DatasetImportError(f"{path} line {reader.line_num}: {exc}") from exc
+    return records
+
+
+def _read_coco(path: Path, log: ProblemLog) -> list[CaptionRecord]:
+    try:
+        with path.open(encoding="utf-8-sig") as handle:
+            data = json.load(handle)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DatasetImportError(f"{path}: not valid JSON ({exc})") from exc
+    for key in ("images", "annotations"):
+        if not isinstance(data, dict) or not isinstance(data.get(key), list):
+            karpathy = isinstance(data, dict) and "dataset" in data
+            hint = (" (this looks like a Karpathy split file already: give it to "
+                    "prepare-features directly)") if karpathy else ""
+            raise DatasetImportError(
+                f"{path}: not a COCO captions file: field {key!r} must be a list{hint}"
+            )
+    by_id: dict[int, CaptionRecord] = {}
+    left_out: set[int] = set()  # ids of skipped images, whose captions need no second report
+    for index, image in enumerate(data["images"]):
+        where = f"{path.name} images[{index}]"
+        image_id = image.get("id") if isinstance(image, dict) else None
+        file_name = image.get("file_name") if isinstance(image, dict) else None
+        if not _is_int(image_id) or not isinstance(file_name, str):
+            log.add("malformed_record", where, f"{path}: images[{index}] needs an integer 'id' "
+                    f"and a string 'file_name', got {image!r}")
+            if _is_int(image_id):
+                left_out.add(image_id)
+        elif image_id in by_id:
+            log.add("duplicate_entry", file_name, f"{path}: images[{index}] ({file_name}) "
+                    f"repeats id {image_id} of {by_id[image_id].where}; skipped")
+        else:
+            by_id[image_id] = CaptionRecord(file_name, [], where, cocoid=image_id)
+    for index, annotation in enumerate(data["annotations"]):
+        where = f"{path.name} annotations[{index}]"
+        image_id = annotation.get("image_id") if isinstance(annotation, dict) else None
+        caption = annotation.get("caption") if isinstance(annotation, dict) else None
+        if image_id in by_id and isinstance(caption, str):
+            by_id[image_id].captions.append(caption)
+        elif image_id in left_out:
+            continue
+        elif not _is_int(image_id) or not isinstance(caption, str):
+            log.add("malformed_record", where, f"{path}: annotations[{index}] needs an integer "
+                    f"'image_id' and a string 'caption', got {annotation!r}")
+        else:
+            log.add("malformed_record", where, f"{path}: annotations[{index}] refers to image_id "
+                    f"{image_id}, which is not in 'images'")
+    return list(by_id.values())
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def normalize_image_path(name: str) -> str | None:
+    """``name`` as a clean relative POSIX path (``./a//b.jpg`` -> ``a/b.jpg``), or None when
+    it is empty, absolute or leaves the image folder (``..``)."""
+    path = PurePosixPath(name.strip())
+    if not path.parts or path.is_absolute() or ".." in path.parts or str(path) == ".":
+        return None
+    return str(path)
+
+
+def _gather(records: Iterable[CaptionRecord], log: ProblemLog, *, merge: bool
+            ) -> list[CaptionRecord]:
+    """Normalize the paths; with ``merge``, join the captions of records of the same image,
+    else report every later record of an image as a duplicate entry."""
+    kept: dict[str, CaptionRecord] = {}
+    for record in records:
+        image = normalize_image_path(record.image)
+        if image is None:
+            log.add("invalid_path", record.where, f"{record.where}: image path {record.image!r} "
+                    "must be a non-empty path relative to the image folder, without '..'")
+        elif image not in kept:
+            record.image = image
+            kept[image] = record
+        elif merge:
+            kept[image].captions.extend(record.captions)
+        else:
+            log.add("duplicate_entry", image, f"{image}: listed again at {record.where} (first "
+                    f"at {kept[image].where}); the later entry is skipped")
+    return list(kept.values())
+
+
+# --- checks ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Item:
+    """A usable image: ``sentences`` holds ``(raw, tokens)`` per caption, in input order."""
+
+    image: str
+    sentences: tuple[tuple[str, tuple[str, ...]], ...]
+    where: str
+    cocoid: int | None = None
+
+
+def tokenized_items(records: Iterable[CaptionRecord], log: ProblemLog) -> list[Item]:
+    """Tokenize every caption; captions without words are reported as ``empty_caption`` and
+    dropped, images left without captions as ``no_captions``."""
+    items = []
+    for record in records:
+        sentences = []
+        for number, raw in enumerate(record.captions, start=1):
+            tokens = tuple(tokenize(raw))
+            if tokens:
+                sentences.append((raw.strip(), tokens))
+            else:
+                log.add("empty_caption", f"{record.image} caption {number}",
+                        f"{record.image}: caption {number} ({record.where}) has no words: {raw!r}")
+        if sentences:
+            items.append(Item(record.image, tuple(sentences), record.where, record.cocoid))
+        else:
+            log.add("no_captions", record.image,
+                    f"{record.image} ({record.where}) has no non-empty caption")
+    return items
+
+
+def _probe(path: Path) -> tuple[str, str] | None:
+    """None when ``path`` is a usable image, else ``(reason, message)``."""
+    if not path.exists():
+        return "missing_image", f"{path}: file not found"
+    try:
+        # A full decode, as training does: truncated JPEGs pass a header check.
+        load_image(path)
+    except ImageLoadError as exc:
+        return "unreadable_image", str(exc)
+    return None
+
+
+def readable_items(items: list[Item], image_root: Path, log: ProblemLog, *,
+                   progress: bool = False) -> list[Item]:
+    """The items whose image file exists and decodes (:func:`data_prep.images.load_image`,
+    which also refuses images over ``MAX_IMAGE_PIXELS``); the others are reported as
+    ``missing_image`` or ``unreadable_image``. Files are decoded on a few threads (Pillow
+    releases the GIL while decoding)."""
+    from tqdm.auto import tqdm
+
+    good = []
+    pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1))
+    try:
+        results = pool.map(_probe, [image_root / item.image for item in items])
+        bar = tqdm(results, total=len(items), desc="checking images", unit="img",
+                   disable=not progress)
+        for item, result in zip(items, bar, strict=True):
+            if result is None:
+                good.append(item)
+            else:
+                reason, message = result
+                log.add(reason, item.image, f"{message} (listed at {item.where})")
+    finally:
+        # At the first failure with on_error="fail", images not yet started are not decoded.
+        pool.shutdown(wait=True, cancel_futures=True)
+    return good
+
+
+def uncaptioned_images(image_root: Path, listed: set[str]) -> list[str]:
+    """Image files (by :data:`IMAGE_SUFFIXES`) under ``image_root`` whose relative path is not
+    in ``listed``, sorted."""
+    found = (path for path in image_root.rglob("*")
+             if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file())
+    return sorted(
+        name for name in (path.relative_to(image_root).as_posix() for path in found)
+        if name not in listed
+    )
+
+
+# --- splits ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SplitSpec:
+    """How images are split: ``fractions`` (three exact fractions summing to 1), ``counts``
+    (three image counts) or ``lists`` (image path -> split, from a split file)."""
+
+    fractions: tuple[Fraction, ...] | None = None
+    counts: tuple[int, ...] | None = None
+    lists: dict[str, str] | None = None
+
+
+def parse_split(text: str) -> SplitSpec:
+    """Parse ``--split``: ``0.8,0.1,0.1`` (fractions: numbers with a decimal point, summing to
+    exactly 1), ``800,100,100`` (image counts: integers) or the path of a JSON split file
+    ``{"train": [paths], "val": [...], "test": [...]}`` (paths as in the captions file)."""
+    if text.lower().endswith(".json") or Path(text).is_file():
+        return SplitSpec(lists=_read_split_file(Path(text)))
+    parts = [part.strip() for part in text.split(",")]
+    usage = ("expected train,val,test fractions (0.8,0.1,0.1), counts (800,100,100) or a JSON "
+             "split file")
+    if len(parts) != 3:
+        raise DatasetImportError(f"--split {text!r}: {usage}")
+    if all(part.isdigit() for part in parts):
+        return SplitSpec(counts=tuple(int(part) for part in parts))
+    try:
+        fractions = tuple(Fraction(part) for part in parts)
+    except (ValueError, ZeroDivisionError):
+        raise DatasetImportError(f"--split {text!r}: {usage}") from None
+    if any(f < 0 for f in fractions) or sum(fractions) != 1:
+        raise DatasetImportError(
+            f"--split {text!r}: fractions must be >= 0 and sum to 1, they sum to "
+            f"{float(sum(fractions)):g}"
+        )
+    return SplitSpec(fractions=fractions)
+
+
+def _read_split_file(path: Path) -> dict[str, str]:
+    try:
+        with path.open(encoding="utf-8-sig") as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        raise DatasetImportError(f"--split {path}: split file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DatasetImportError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict) or set(data) - set(SPLITS):
+        keys = sorted(data) if isinstance(data, dict) else type(data).__name__
+        raise DatasetImportError(f"{path}: split file must be an object with keys among "
+                                 f"{', '.join(SPLITS)}, got {keys}")
+    split_of: dict[str, str] = {}
+    for split, names in data.items():
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise DatasetImportError(f"{path}: field {split!r} must be a list of image paths")
+        for name in names:
+            image = normalize_image_path(name)
+            if image is None:
+                raise DatasetImportError(f"{path}: field {split!r}: invalid image path {name!r}")
+            if image in split_of:
+                raise DatasetImportError(f"{path}: image {image!r} is listed in {split_of[image]!r}"
+                                         f" and again in {split!r}")
+            split_of[image] = split
+    return split_of
+
+
+def split_sizes(n: int, fractions: tuple[Fraction, ...]) -> tuple[int, ...]:
+    """Split ``n`` images by ``fractions`` (summing to 1): each split gets the floor of its
+    share and the images left over go to the largest remainders, ties to the earlier split."""
+    exact = [n * f for f in fractions]
+    sizes = [int(share) for share in exact]
+    order = sorted(range(len(exact)), key=lambda i: (-(exact[i] - sizes[i]), i))
+    for i in order[: n - sum(sizes)]:
+        sizes[i] += 1
+    return tuple(sizes)
+
+
+def assign_splits(items: list[Item], spec: SplitSpec, seed: int, log: ProblemLog, *,
+                  listed: set[str]) -> tuple[dict[str, list[Item]], list[str]]:
+    """Images per split (each split in path order) and the paths left out by ``counts``.
+
+    Random splits shuffle the images sorted by path with ``random.Random(seed)``, so the
+    result depends only on the set of usable images and the seed, not on the order of the
+    captions file. With a split file, usable images it does not list are reported as
+    ``not_in_split_file``, and names it lists that no record of the captions file has (``listed``
+    holds every path the captions file named) as ``unknown_in_split_file``.
+    """
+    by_path = {item.image: item for item in items}
+    if spec.lists is not None:
+        chosen: dict[str, list[str]] = {split: [] for split in SPLITS}
+        for image in sorted(by_path):
+            if image in spec.lists:
+                chosen[spec.lists[image]].append(image)
+            else:
+                log.add("not_in_split_file", image, f"{image} is in no list of the split file")
+        for image in sorted(set(spec.lists) - listed):
+            log.add("unknown_in_split_file", image,
+                    f"{image} ({spec.lists[image]}) is in the split file but not in the captions")
+        return _items_by_split(chosen, by_path), []
+
+    order = sorted(by_path)
+    random.Random(seed).shuffle(order)
+    if spec.counts is not None:
+        sizes = spec.counts
+        if sum(sizes) > len(order):
+            raise DatasetImportError(
+                f"--split {','.join(map(str, sizes))}: {sum(sizes)} images requested, "
+                f"{len(order)} usable"
+            )
+    else:
+        sizes = split_sizes(len(order), spec.fractions)
+    chosen, start = {}, 0
+    for split, size in zip(SPLITS, sizes, strict=True):
+        chosen[split] = sorted(order[start:start + size])
+        start += size
+    return _items_by_split(chosen, by_path), sorted(order[start:])
+
+
+def _items_by_split(chosen: dict[str, list[str]], by_path: dict[str, Item]
+                    ) -> dict[str, list[Item]]:
+    return {split: [by_path[image] for image in sorted(names)] for split, names in chosen.items()}
+
+
+# --- output ------------------------------------------------------------------------------------
+
+
+def karpathy_json(splits: dict[str, list[Item]], name: str) -> dict:
+    """The Karpathy-format document: images in split order (train, val, test), ``imgid`` their
+    index, ``sentid`` a running index over all captions; ``filepath`` is the folder part of
+    the path (``""`` for none), ``cocoid`` present only for COCO input."""
+    images, sentid = [], 0
+    for split in SPLITS:
+        for item in splits[split]:
+            path = PurePosixPath(item.image)
+            imgid = len(images)
+            sentids = list(range(sentid, sentid + len(item.sentences)))
+            sentid += len(sentids)
+            record = {
+                "filepath": "" if str(path.parent) == "." else str(path.parent),
+                "filename": path.name,
+                "imgid": imgid,
+                "split": split,
+                "sentids": sentids,
+                "sentences": [
+                    {"tokens": list(tokens), "raw": raw, "imgid": imgid, "sentid": k}
+                    for (raw, tokens), k in zip(item.sentences, sentids, strict=True)
+                ],
+            }
+            if item.cocoid is not None:
+                record["cocoid"] = item.cocoid
+            images.append(record)
+    return {"images": images, "dataset": name}
+
+
+def write_json_atomically(data: object, path: Path) -> None:
+    """Write ``data`` as UTF-8 JSON to ``path`` through a temporary file in the same folder and
+    ``os.replace``, so ``path`` is never half-written. The file gets the mode a plain
+    ``open(path, "w")`` would (``0o666`` minus the umask); ``mkstemp`` alone makes it 0600."""
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            os.fchmod(handle.fileno(), 0o666 & ~_umask())
+            json.dump(data, handle, ensure_ascii=False)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    # The umask can only be read by setting it; it is restored at once.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# --- the whole import --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ImportOptions:
+    """What :func:`import_dataset` reads and writes; ``name`` None: the output file's stem
+    without a leading ``dataset_``."""
+
+    captions: Path
+    images: Path
+    out: Path
+    fmt: str = "auto"
+    split: str = DEFAULT_SPLIT
+    seed: int = 0
+    on_error: str = "skip"
+    name: str | None = None
+
+
+@dataclass
+class ImportReport:
+    """What was written: ``images`` / ``captions`` per split, ``problems`` by reason,
+    ``left_out`` (usable images beyond ``--split`` counts) and ``uncaptioned`` (image files
+    in the folder that the captions file does not name)."""
+
+    out: Path
+    name: str
+    fmt: str
+    images: dict[str, int]
+    captions: dict[str, int]
+    problems: dict[str, list[Problem]] = field(default_factory=dict)
+    left_out: list[str] = field(default_factory=list)
+    uncaptioned: list[str] = field(default_factory=list)
+
+
+def dataset_name(out: Path) -> str:
+    """``dataset_flickr8k.json`` -> ``flickr8k``; ``photos.json`` -> ``photos``."""
+    stem = out.stem
+    return stem.removeprefix("dataset_") or stem
+
+
+def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportReport:
+    """Read, check, split and write; see the module docstring.
+
+    Raises:
+        DatasetImportError: a fatal problem, or any problem with ``on_error="fail"``; the
+            output file is then not written.
+    """
+    images, out = Path(options.images), Path(options.out)
+    if not images.is_dir():
+        raise DatasetImportError(f"{images}: image folder not found")
+    if out.exists() and Path(options.captions).exists() and out.samefile(options.captions):
+        raise DatasetImportError(f"{out}: the output would overwrite the captions file")
+    if out.is_dir():
+        raise DatasetImportError(f"{out}: is a folder; give the JSON file to write")
+    spec = parse_split(options.split)
+    log = ProblemLog(options.on_error)
+    fmt = options.fmt
+    if fmt == "auto" and Path(options.captions).is_file():
+        fmt = detect_format(Path(options.captions))
+    records = read_captions(Path(options.captions), fmt, log)
+    listed = {record.image for record in records}
+    items = readable_items(tokenized_items(records, log), images, log, progress=progress)
+    splits, left_out = assign_splits(items, spec, options.seed, log, listed=listed)
+    for split in SPLITS:
+        if not splits[split]:
+            raise DatasetImportError(
+                f"split {split!r} would be empty ({len(items)} usable images, --split "
+                f"{options.split}); nothing was written"
+            )
+    name = options.name or dataset_name(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomically(karpathy_json(splits, name), out)
+    return ImportReport(
+        out=out,
+        name=name,
+        fmt=fmt,
+        images={split: len(splits[split]) for split in SPLITS},
+        captions={split: sum(len(i.sentences) for i in splits[split]) for split in SPLITS},
+        problems=log.by_reason(),
+        left_out=left_out,
+        uncaptioned=uncaptioned_images(images, listed),
+    )
+
+
+def first_names(names: list[str], limit: int = 10) -> str:
+    """``a, b, c`` or ``a, ..., j and 5 more`` when there are more than ``limit``."""
+    shown = ", ".join(names[:limit])
+    return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
