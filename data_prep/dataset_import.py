@@ -227,11 +227,13 @@ def _read_delimited(path: Path, delimiter: str, log: ProblemLog) -> list[Caption
     with _open_text(path) as handle:
         reader = csv.reader(_decoded_lines(handle, path), delimiter=delimiter, quoting=quoting)
         try:
-            header = next(reader, [])
+            header = next((row for row in reader if row), None)
+            if header is None:
+                raise DatasetImportError(f"{path}: captions file is empty")
             columns = [name.strip().lower() for name in header]
             if "image" not in columns or "caption" not in columns:
                 raise DatasetImportError(
-                    f"{path}: line 1 must be the header {shown!r} (columns 'image' and "
+                    f"{path}: the first line must be the header {shown!r} (columns 'image' and "
                     f"'caption'), got {delimiter.join(header)!r}"
                 )
             image_column, caption_column = columns.index("image"), columns.index("caption")
@@ -390,14 +392,15 @@ def readable_items(items: list[Item], image_root: Path, log: ProblemLog, *,
     pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1))
     try:
         results = pool.map(_probe, [image_root / item.image for item in items])
-        bar = tqdm(results, total=len(items), desc="checking images", unit="img",
-                   disable=not progress)
-        for item, result in zip(items, bar, strict=True):
-            if result is None:
-                good.append(item)
-            else:
-                reason, message = result
-                log.add(reason, item.image, f"{message} (listed at {item.where})")
+        with tqdm(total=len(items), desc="checking images", unit="img",
+                  disable=not progress) as bar:
+            for item, result in zip(items, results, strict=True):
+                bar.update()
+                if result is None:
+                    good.append(item)
+                else:
+                    reason, message = result
+                    log.add(reason, item.image, f"{message} (listed at {item.where})")
     finally:
         # At the first failure with on_error="fail", images not yet started are not decoded.
         pool.shutdown(wait=True, cancel_futures=True)
