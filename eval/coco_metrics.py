@@ -3,12 +3,16 @@
 Follows ``pycocoevalcap.eval.COCOEvalCap.evaluate``: PTB-tokenize hypotheses and references
 (:mod:`eval.ptb`, sanitized, in a temporary directory), then call pycocoevalcap's scorers on
 the tokenized captions; SPICE runs through :mod:`eval.spice` (Java 17 ready). CIDEr here is
-pycocoevalcap's ``Cider`` (CIDEr-D, document frequencies from the evaluated references), so a
-single image scores 0 by construction.
+pycocoevalcap's ``Cider`` (CIDEr-D, document frequencies from the evaluated references). Its
+IDF weights log(N / df) are all 0 when the references hold N = 1 image, so pycocoevalcap
+returns 0 there even for a caption equal to its reference: with fewer than 2 images CIDEr
+(corpus and per image) is reported as NaN, with a warning, instead.
 """
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -97,7 +101,8 @@ def score_captions(
     ``metrics`` picks among "Bleu" (gives Bleu_1..Bleu_4), "METEOR", "ROUGE_L", "CIDEr",
     "SPICE". Both mappings must have the same ids and every image at least one reference.
     SPICE needs ``captioner fetch-spice`` first (SpiceJarsError otherwise, checked before any
-    other metric runs). ``spice_install`` overrides the installation found in the cache."""
+    other metric runs). ``spice_install`` overrides the installation found in the cache.
+    CIDEr of a single image is NaN (corpus and per image) with a UserWarning saying why."""
     _check_metrics(metrics)
     _check_inputs(hypotheses, references)
     if "SPICE" in metrics and spice_install is None:
@@ -131,7 +136,15 @@ def score_captions(
     if "CIDEr" in metrics:
         from pycocoevalcap.cider.cider import Cider
 
-        record("CIDEr", *Cider().compute_score(gts, res))
+        if len(ids) < 2:
+            warnings.warn(
+                "CIDEr is undefined (NaN) for a single image: its IDF weights log(N/df) are 0 "
+                "when the references hold N = 1 image",
+                stacklevel=2,
+            )
+            record("CIDEr", math.nan, [math.nan] * len(ids))
+        else:
+            record("CIDEr", *Cider().compute_score(gts, res))
     if "SPICE" in metrics:
         from eval.spice import spice_scores
 

@@ -188,3 +188,34 @@ def test_rep_is_nan_with_a_warning_when_every_caption_is_empty():
     assert np.isnan(scores.corpus["REP"])
     assert scores.corpus["Bleu_4"] == pytest.approx(0.0, abs=1e-6)
     assert [scores.per_image[i]["REP"] for i in (1, 2)] == [0.0, 0.0]
+
+
+def test_cider_of_a_single_image_is_nan_with_a_warning():
+    from eval.scoring import compute_metrics
+
+    # pycocoevalcap gives 0.0 here even for a caption equal to its reference: log(N/df) = 0.
+    references = {7: ["a red circle above a blue square", "a blue square under a red circle"]}
+    with pytest.warns(UserWarning, match=r"CIDEr is undefined \(NaN\) for a single image") as w:
+        scores = compute_metrics({7: "a red circle above a blue square"}, references, ("CIDEr",))
+    assert len(w) == 1
+    assert np.isnan(scores.corpus["CIDEr"]) and np.isnan(scores.per_image[7]["CIDEr"])
+
+
+def test_cider_of_two_images_equals_pycocoevalcap(reference_tokens):
+    import warnings
+
+    from pycocoevalcap.cider.cider import Cider
+
+    from eval.scoring import compute_metrics
+
+    gts, res = reference_tokens
+    ids = [11, 12]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scores = compute_metrics(
+            {i: HYPOTHESES[i] for i in ids}, {i: REFERENCES[i] for i in ids}, ("CIDEr",)
+        )
+    corpus, per_image = Cider().compute_score({i: gts[i] for i in ids}, {i: res[i] for i in ids})
+    assert corpus > 0
+    assert scores.corpus["CIDEr"] == corpus
+    assert [scores.per_image[i]["CIDEr"] for i in ids] == list(per_image)
