@@ -223,19 +223,29 @@ class CaptionDataModule(L.LightningDataModule):
 
     def _check_inputs_exist(self, entries) -> None:
         """Fail before training when an image file or a cached feature is missing."""
+        note = ""
         if self.feature_cache is None:
             missing = [str(entry.path) for entry in entries if not entry.path.is_file()]
             what = "image files"
         else:
             cache = FeatureCache(self.feature_cache)
-            missing = [str(entry.image_id) for entry in entries if entry.image_id not in cache]
+            missing_ids = [entry.image_id for entry in entries if entry.image_id not in cache]
+            missing = [str(image_id) for image_id in missing_ids]
             what = f"image ids in the feature cache {self.feature_cache}"
+            skipped = set(cache.skipped_ids).intersection(missing_ids)
+            if skipped:
+                from data_prep.features import skipped_images_path
+
+                note = (
+                    f" ({len(skipped)} of them skipped as unusable images when the cache was "
+                    f"made: files and reasons in {skipped_images_path(self.feature_cache)})"
+                )
         if missing:
             shown = ", ".join(missing[:_MISSING_SHOWN])
             extra = len(missing) - _MISSING_SHOWN
             more = f" and {extra} more" if extra > 0 else ""
             raise FileNotFoundError(
-                f"{self.karpathy_json}: {len(missing)} {what} missing: {shown}{more}"
+                f"{self.karpathy_json}: {len(missing)} {what} missing: {shown}{more}{note}"
             )
 
     def _loader(self, split: str, *, train: bool) -> DataLoader:

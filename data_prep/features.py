@@ -8,17 +8,30 @@ image for the paper's ResNet at 256 px. Layout of the file:
 * ``image_ids``: int64 (N,), row i of ``features`` belongs to ``image_ids[i]``;
 * attributes ``format``, ``version``, ``grid`` (H, W), ``channels`` (C) and ``encoder``
   (a JSON object describing the encoder that produced the features, e.g. arch, weights, image
-  size), so that a cache made by another encoder is detected instead of silently used.
+  size), so that a cache made by another encoder is detected instead of silently used;
+* attribute ``skipped_ids``: JSON list of the ids of source images that have no features
+  because they could not be read (absent in caches of older versions: none skipped); their
+  paths and reasons are in the sidecar file ``NAME.skipped.json`` (:func:`skipped_images_path`),
+  a JSON list of ``{"id", "path", "reason"}``, written only when images were skipped;
+* a resumable cache (``resume_key`` given to the writer) also keeps its bookkeeping:
+  ``resume_key`` (JSON: whatever determines the rows, e.g. encoder settings and the ordered
+  image ids) and ``progress`` (JSON: ``rows``, ``skipped`` records and CRC-32 checksums of the
+  committed ``features`` and ``image_ids`` bytes).
 
 The writer fills a temporary file beside the destination and renames it over the destination
 only when its ``with`` block ends without an exception, so an interrupted run never leaves a
-truncated cache behind.
+truncated cache behind. With a ``resume_key`` the temporary file is ``.NAME.partial.h5``
+(:func:`partial_cache_path`): :meth:`FeatureCacheWriter.commit` makes the rows written so far
+durable, and a later writer with the same key continues from the committed rows instead of
+starting over (a process killed at any point loses at most the rows since the last commit).
+Files are created with the process's umask (0644 normally).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import zlib
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,6 +41,36 @@ import numpy as np
 
 _FORMAT = "captioner.feature-cache"
 _VERSION = 1
+_VERIFY_ROWS = 256  # rows read at a time when the checksums of a partial file are verified
+
+
+def partial_cache_path(path: str | Path) -> Path:
+    """The file a resumable :class:`FeatureCacheWriter` fills for the cache ``path``:
+    ``dir/.NAME.partial.h5`` for ``dir/NAME.h5``."""
+    path = Path(path)
+    return path.with_name(f".{path.stem}.partial{path.suffix}")
+
+
+def skipped_images_path(path: str | Path) -> Path:
+    """The sidecar file listing the skipped images of the cache ``path``:
+    ``dir/NAME.skipped.json`` for ``dir/NAME.h5``."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.skipped.json")
+
+
+def partial_resume_key(path: str | Path) -> dict[str, Any] | None:
+    """The ``resume_key`` recorded in the partial file of the cache ``path``; None when there is
+    no partial file or it cannot be read (the writer then says why when it opens)."""
+    import h5py
+
+    partial = partial_cache_path(path)
+    if not partial.is_file():
+        return None
+    try:
+        with h5py.File(partial, "r") as file:
+            return json.loads(file.attrs["resume_key"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
 
 
 class FeatureCacheWriter:
@@ -38,6 +81,16 @@ class FeatureCacheWriter:
         grid: (H, W) of the feature grid.
         channels: C, the feature size per grid cell.
         encoder: JSON-serialisable description of the encoder, stored in the file.
+        resume_key: JSON-serialisable description of everything that determines the rows
+            (encoder settings, the ordered source image ids, ...). With it the writer is
+            resumable: it fills :func:`partial_cache_path`, :meth:`commit` makes the rows
+            durable, and opening finds the committed rows of an earlier writer with the same
+            key, ``grid``, ``channels`` and ``encoder`` (checksums verified): :attr:`done`
+            says how many source images they cover. A partial file that cannot be read, is
+            damaged or was made with another key is replaced, and :attr:`restarted` says why.
+
+    Every source image is either written (:meth:`add`) or skipped (:meth:`skip`), in source
+    order, so ``done`` = rows + skipped images is the position to continue from.
     """
 
     def __init__(
@@ -47,19 +100,41 @@ class FeatureCacheWriter:
         grid: tuple[int, int],
         channels: int,
         encoder: Mapping[str, Any],
+        resume_key: Mapping[str, Any] | None = None,
     ):
         self.path = Path(path)
         self.grid = _positive_ints(grid, "grid", length=2)
         (self.channels,) = _positive_ints((channels,), "channels", length=1)
-        if not isinstance(encoder, Mapping):
-            raise TypeError(f"encoder must be a dict, got {type(encoder).__name__}")
-        try:
-            self._encoder_json = json.dumps(dict(encoder), sort_keys=True)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"encoder description is not JSON-serialisable: {exc}") from exc
-        self._temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        self._encoder_json = _json_object(encoder, "encoder description")
+        self._key_json = None if resume_key is None else _json_object(resume_key, "resume_key")
+        if self._key_json is None:
+            self._temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        else:
+            self._temporary = partial_cache_path(self.path)
         self._file = None
         self._ids: set[int] = set()
+        self._skipped: list[dict[str, Any]] = []
+        self._crc = {"features": 0, "image_ids": 0}
+        self.restarted: str | None = None
+
+    @property
+    def resumable(self) -> bool:
+        return self._key_json is not None
+
+    @property
+    def rows(self) -> int:
+        """Rows written so far (committed or not)."""
+        return len(self._ids)
+
+    @property
+    def done(self) -> int:
+        """Source images dealt with so far: rows written plus images skipped."""
+        return len(self._ids) + len(self._skipped)
+
+    @property
+    def skipped(self) -> list[dict[str, Any]]:
+        """Skipped images so far: ``{"id", "path", "reason"}`` records in source order."""
+        return [dict(record) for record in self._skipped]
 
     def __enter__(self) -> FeatureCacheWriter:
         import h5py
@@ -67,7 +142,10 @@ class FeatureCacheWriter:
         if self._file is not None:
             raise RuntimeError(f"feature cache writer for {self.path} is already open")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        height, width = self.grid
+        if self.resumable and self._temporary.exists():
+            self.restarted = self._resume()
+            if self.restarted is None:
+                return self
         self._file = h5py.File(self._temporary, "w")
         self._file.attrs.update(
             {
@@ -78,6 +156,7 @@ class FeatureCacheWriter:
                 "encoder": self._encoder_json,
             }
         )
+        height, width = self.grid
         shape = (0, height, width, self.channels)
         self._file.create_dataset(
             "features",
@@ -87,13 +166,69 @@ class FeatureCacheWriter:
             chunks=(1, *shape[1:]),
         )
         self._file.create_dataset("image_ids", shape=(0,), maxshape=(None,), dtype=np.int64)
+        if self.resumable:
+            self._file.attrs["resume_key"] = self._key_json
+            self.commit()
         return self
+
+    def _resume(self) -> str | None:
+        """Open the partial file and keep its committed rows; returns None, or why it cannot be
+        used (it is then closed and will be overwritten)."""
+        import h5py
+
+        try:
+            file = h5py.File(self._temporary, "a")
+        except OSError as exc:
+            return f"cannot be read ({_one_line(exc)})"
+        try:
+            reason = self._adopt(file)
+        except (OSError, KeyError, TypeError, ValueError, RuntimeError) as exc:
+            reason = f"is damaged ({_one_line(exc)})"
+        if reason is not None:
+            file.close()
+            return reason
+        self._file = file
+        return None
+
+    def _adopt(self, file) -> str | None:
+        attrs = file.attrs
+        if attrs.get("format") != _FORMAT or "progress" not in attrs:
+            return "is not a partial feature cache"
+        if attrs.get("resume_key") != self._key_json:
+            return "was made with other settings or for other images"
+        if (
+            tuple(int(v) for v in attrs["grid"]) != self.grid
+            or int(attrs["channels"]) != self.channels
+            or attrs["encoder"] != self._encoder_json
+        ):
+            return "was made by another encoder"
+        progress = json.loads(attrs["progress"])
+        rows = int(progress["rows"])
+        features, ids = file["features"], file["image_ids"]
+        if features.shape[0] < rows or ids.shape[0] < rows:
+            return f"is damaged (it commits {rows} rows but holds {features.shape[0]})"
+        # Rows written after the last commit may be torn: drop them.
+        features.resize(rows, axis=0)
+        ids.resize(rows, axis=0)
+        crc = {"features": 0, "image_ids": 0}
+        for start in range(0, rows, _VERIFY_ROWS):
+            for name in crc:
+                block = np.ascontiguousarray(file[name][start : start + _VERIFY_ROWS])
+                crc[name] = zlib.crc32(block.tobytes(), crc[name])
+        if crc != progress["crc32"]:
+            return "is damaged (checksum of its committed rows differs)"
+        stored = [int(i) for i in ids[:]]
+        if len(set(stored)) != rows:
+            return "is damaged (duplicate image ids)"
+        self._ids = set(stored)
+        self._skipped = [dict(record) for record in progress["skipped"]]
+        self._crc = crc
+        return None
 
     def add(self, image_ids: Sequence[int], feats: np.ndarray) -> None:
         """Append features ``feats`` (N, H, W, C), floating point (stored as float16, must be
         finite after the cast) of the images ``image_ids`` (N distinct ints, new to the file)."""
-        if self._file is None:
-            raise RuntimeError("FeatureCacheWriter.add must be called inside its 'with' block")
+        self._check_open("add")
         ids = [_image_id(value) for value in image_ids]
         feats = np.asarray(feats)
         expected = (len(ids), *self.grid, self.channels)
@@ -104,12 +239,9 @@ class FeatureCacheWriter:
             )
         if not np.issubdtype(feats.dtype, np.floating):
             raise TypeError(f"features must be floating point, got dtype {feats.dtype}")
-        counts = Counter(ids)
-        duplicates = sorted(i for i, n in counts.items() if n > 1 or i in self._ids)
-        if duplicates:
-            raise ValueError(f"image ids already written to {self.path}: {duplicates[:10]}")
+        self._check_new(ids)
         with np.errstate(over="ignore"):  # overflow is reported below, naming the images
-            half = feats.astype(np.float16)
+            half = np.ascontiguousarray(feats.astype(np.float16))
         finite = np.isfinite(half).reshape(len(ids), -1).all(axis=1)
         if not finite.all():
             bad = [ids[i] for i in np.flatnonzero(~finite)]
@@ -117,29 +249,77 @@ class FeatureCacheWriter:
                 f"features of image ids {bad[:10]} are not finite in float16 (NaN, inf, or "
                 f"beyond +-65504)"
             )
+        stored = np.array(ids, dtype=np.int64)
         start = len(self._ids)
         features, stored_ids = self._file["features"], self._file["image_ids"]
         features.resize(start + len(ids), axis=0)
         stored_ids.resize(start + len(ids), axis=0)
         features[start:] = half
-        stored_ids[start:] = np.array(ids, dtype=np.int64)
+        stored_ids[start:] = stored
         self._ids.update(ids)
+        self._crc["features"] = zlib.crc32(half.tobytes(), self._crc["features"])
+        self._crc["image_ids"] = zlib.crc32(stored.tobytes(), self._crc["image_ids"])
+
+    def skip(self, image_id: int, path: str | Path, reason: str) -> None:
+        """Record that the source image ``image_id`` (file ``path``) has no features because of
+        ``reason`` (one line)."""
+        self._check_open("skip")
+        image_id = _image_id(image_id)
+        self._check_new([image_id])
+        self._skipped.append({"id": image_id, "path": str(path), "reason": str(reason)})
+
+    def commit(self) -> None:
+        """Make the rows and skipped images so far durable (resumable writers only): the data
+        are flushed to the file before the ``progress`` attribute that counts them is written,
+        so rows torn by a crash are never counted."""
+        self._check_open("commit")
+        if not self.resumable:
+            raise RuntimeError("FeatureCacheWriter.commit needs a resume_key")
+        self._file.flush()
+        self._file.attrs["progress"] = json.dumps(
+            {"rows": len(self._ids), "skipped": self._skipped, "crc32": self._crc},
+            sort_keys=True,
+        )
+        self._file.flush()
+
+    def _check_open(self, method: str) -> None:
+        if self._file is None:
+            raise RuntimeError(
+                f"FeatureCacheWriter.{method} must be called inside its 'with' block"
+            )
+
+    def _check_new(self, ids: list[int]) -> None:
+        seen = self._ids | {record["id"] for record in self._skipped}
+        counts = Counter(ids)
+        duplicates = sorted(i for i, n in counts.items() if n > 1 or i in seen)
+        if duplicates:
+            raise ValueError(f"image ids already written to {self.path}: {duplicates[:10]}")
 
     def __exit__(self, exc_type, exc, traceback) -> None:
-        file, self._file = self._file, None
+        file = self._file
         try:
+            if exc_type is None:
+                if self.resumable:
+                    self.commit()
+                file.attrs["skipped_ids"] = json.dumps([r["id"] for r in self._skipped])
             file.close()
             if exc_type is None:
+                _fsync(self._temporary)
                 os.replace(self._temporary, self.path)
+                _write_skipped_sidecar(skipped_images_path(self.path), self._skipped)
         finally:
-            self._temporary.unlink(missing_ok=True)
+            self._file = None
+            # A resumable writer keeps its partial file for the next run.
+            if not self.resumable:
+                self._temporary.unlink(missing_ok=True)
 
 
 class FeatureCache:
     """Read-only access to a cache written by :class:`FeatureCacheWriter`.
 
     The HDF5 file is opened lazily in each process, so instances can be handed to DataLoader
-    worker processes.
+    worker processes. ``skipped_ids`` lists the source images that were skipped as unreadable
+    when the cache was made (see :func:`skipped_images_path` for their paths and reasons).
     """
 
     def __init__(self, path: str | Path):
@@ -154,6 +334,7 @@ class FeatureCache:
                 self.encoder: dict[str, Any] = json.loads(file.attrs["encoder"])
                 self.grid: tuple[int, int] = tuple(int(v) for v in file.attrs["grid"])
                 self.channels = int(file.attrs["channels"])
+                self.skipped_ids: list[int] = json.loads(file.attrs.get("skipped_ids", "[]"))
                 ids = file["image_ids"][:]
         except OSError as exc:
             raise ValueError(f"{self.path}: not a readable HDF5 feature cache ({exc})") from exc
@@ -246,6 +427,42 @@ def _positive_ints(values: Sequence[int], name: str, *, length: int) -> tuple[in
     ):
         raise ValueError(f"{name} must be {length} positive integer(s), got {values!r}")
     return tuple(int(v) for v in values)
+
+
+def _json_object(value: Mapping[str, Any], name: str) -> str:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a dict, got {type(value).__name__}")
+    try:
+        return json.dumps(dict(value), sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} is not JSON-serialisable: {exc}") from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_skipped_sidecar(path: Path, skipped: list[dict[str, Any]]) -> None:
+    """Write the skipped-images list atomically, or remove a stale one when none was skipped."""
+    if not skipped:
+        path.unlink(missing_ok=True)
+        return
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with temporary.open("w", encoding="utf-8") as handle:  # created with the umask
+            json.dump(skipped, handle, indent=1)
+            handle.write("\n")
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def _image_id(value: Any) -> int:

@@ -168,11 +168,13 @@ def _named_state_dict(arch: str, name: str) -> tuple[dict[str, Tensor], str]:
             url, map_location="cpu", progress=True, weights_only=True
         )
     except Exception as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
         raise EncoderWeightsError(
             f"encoder weights {enum.__name__}.{member} are not in the torch hub cache and "
-            f"could not be downloaded ({exc}). Download {url} on a machine with network access "
-            f"and place it at {cached} (the cache of torch.hub.get_dir(); set TORCH_HOME to "
-            "move it), or pass the path of a local state_dict file as the weights."
+            f"could not be downloaded ({reason}); expected file: {cached} (download {url} on a "
+            "machine with network access and place it there; TORCH_HOME moves the cache), or "
+            "pass the path of a local state_dict file as the weights, or use a random "
+            "initialization (prepare-features --weights none; encoder_weights: null in a config)"
         ) from exc
     return state_dict, url
 

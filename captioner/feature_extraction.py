@@ -1,0 +1,572 @@
+"""Encode the images of a Karpathy split once with a frozen ResNet and cache their grid features
+(the library behind ``captioner prepare-features``; cache format: :mod:`data_prep.features`).
+
+:func:`extract_features` is built for COCO scale (123k images, hours of encoding):
+
+1. the destination is checked before any work (a folder, an unwritable place: one error);
+2. every image of the chosen splits is pre-checked (:func:`check_image`: a regular file, a
+   readable image of at most ``MAX_IMAGE_PIXELS`` pixels whose data decode); with
+   ``on_error="fail"`` all unusable files are reported at once before anything is encoded,
+   with ``on_error="skip"`` they are left out and recorded in the cache (``skipped_ids``) and in
+   the sidecar ``NAME.skipped.json``. An image that passes the check but fails to decode while
+   encoding is treated the same way (skipped with its reason, or one error naming the file);
+3. the cache is filled through a resumable :class:`~data_prep.features.FeatureCacheWriter`
+   (``.NAME.partial.h5`` beside the destination, committed after every batch): a run killed at
+   any point continues from the committed images when the same command runs again, and the
+   finished cache equals an uninterrupted run's (same ids, bitwise-equal features, same
+   attributes). The partial file records the settings and the ordered image ids; a rerun with
+   other settings is refused instead of discarding the work.
+
+With ``weights=None`` the encoder is randomly initialized (``seed``) and its batch-norm statistics
+are estimated on the first ``calibration_images`` training images: a random network's features
+are far more informative with normalized activations (on the synthetic demo data, validation
+CIDEr 0.96 instead of 0.57 after the same training, measured). Those weights are saved beside
+the cache (:func:`encoder_weights_path`) and that file is recorded as the weights, so that a model
+trained on the cache loads the very encoder that produced it; an interrupted run keeps them in
+``.NAME.encoder.partial.pt`` and reuses them when it resumes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import struct
+import tempfile
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from data_prep import images as image_files
+from data_prep.features import (
+    FeatureCacheWriter,
+    partial_cache_path,
+    partial_resume_key,
+    skipped_images_path,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from captioner.model.encoder import GridEncoder
+    from data_prep.karpathy import ImageEntry
+
+ON_ERROR = ("fail", "skip")
+SHOWN_BAD_IMAGES = 10  # unusable images listed by name in a message; the rest are counted
+_CHECK_BATCH = 64  # images per pre-check work item
+
+
+class FeatureExtractionError(ValueError):
+    """A problem with the inputs or the destination; the message names it."""
+
+
+def encoder_weights_path(cache_path: str | Path) -> Path:
+    """Where the weights of a randomly initialized encoder are saved for ``cache_path``."""
+    cache_path = Path(cache_path)
+    return cache_path.with_name(f"{cache_path.stem}.encoder.pt")
+
+
+def _partial_weights_path(cache_path: Path) -> Path:
+    return cache_path.with_name(f".{cache_path.stem}.encoder.partial.pt")
+
+
+def extract_features(
+    karpathy_json: str | Path,
+    image_root: str | Path,
+    out: str | Path,
+    *,
+    arch: str = "resnet101",
+    layer: str = "layer4",
+    weights: str | None = "IMAGENET1K_V2",
+    image_size: int = 256,
+    splits: tuple[str, ...] = ("train", "val", "test"),
+    batch_size: int = 32,
+    num_workers: int = 2,
+    device: str = "cpu",
+    seed: int = 0,
+    calibration_images: int = 64,
+    progress: bool = True,
+    on_error: str = "fail",
+    log: Callable[[str], None] | None = None,
+) -> dict:
+    """Encode the images of ``splits`` with the ResNet ``arch`` up to stage ``layer`` and write
+    the cache ``out`` (see the module docstring); returns the encoder dict recorded in it
+    (``arch``, ``layer``, ``weights``, ``image_size``, ``init``).
+
+    ``weights=None``: random initialization (``seed``) with batch-norm statistics estimated on
+    the first ``calibration_images`` training images, saved to :func:`encoder_weights_path`.
+    ``on_error``: ``"fail"`` or ``"skip"`` unusable images. ``log`` receives one line per
+    event (bad images, resuming, what was encoded); progress bars go to stderr.
+
+    Raises:
+        FeatureExtractionError: bad options, an unwritable destination, unusable images
+            (``on_error="fail"``), a partial cache made with other settings.
+        ValueError, OSError, EncoderWeightsError: unreadable split file, unknown weights name,
+            weights that cannot be loaded (each names the file or value).
+    """
+    import torch
+
+    from captioner.model.encoder import ARCHITECTURES, LAYERS, build_encoder
+    from data_prep.karpathy import load_karpathy
+
+    say = log or (lambda line: None)
+    _check_options(on_error, image_size, batch_size, num_workers)
+    for name, value, valid in (("arch", arch, ARCHITECTURES), ("layer", layer, LAYERS)):
+        if value not in valid:
+            raise FeatureExtractionError(
+                f"unknown encoder {name} {value!r}; valid: {', '.join(valid)}"
+            )
+    out = Path(out)
+    check_destination(out)
+    max_pixels = image_files.MAX_IMAGE_PIXELS
+    dataset = load_karpathy(karpathy_json, image_root)
+    entries = _source_entries(dataset, splits, karpathy_json)
+    # Named and local weights load before the (long) pre-check, so that a missing file is
+    # reported at once; a random encoder needs readable images and comes after it.
+    encoder = None if weights is None else build_encoder(arch, weights, layer=layer)
+
+    reasons = precheck_images(
+        [entry.path for entry in entries], num_workers=num_workers, progress=progress,
+        max_pixels=max_pixels,
+    )
+    bad = [(entry, reason) for entry, reason in zip(entries, reasons, strict=True) if reason]
+    if bad and on_error == "fail":
+        raise FeatureExtractionError(
+            _bad_images_message(bad, len(entries), "cannot be used")
+            + f"\n(fix or remove them, or rerun with --on-error skip to encode the other "
+            f"{len(entries) - len(bad)})"
+        )
+    if bad:
+        say(_bad_images_message(bad, len(entries), "cannot be used and will be skipped"))
+
+    settings = {
+        "arch": arch, "layer": layer, "weights": weights, "image_size": image_size,
+        "batch_size": batch_size, "device": torch.device(device).type, "max_pixels": max_pixels,
+    }
+    if weights is None:
+        settings.update(seed=seed, calibration_images=calibration_images)
+    ids = [entry.image_id for entry in entries]
+    key = {"settings": settings, "images": _ids_fingerprint(ids)}
+    _refuse_other_partial(out, key)
+
+    if weights is None:
+        weights_sha256, init = _random_encoder_weights(
+            out, dataset.split("train"), key, arch=arch, image_size=image_size, seed=seed,
+            calibration_images=calibration_images, on_error=on_error,
+        )
+        encoder = build_encoder(arch, _partial_weights_path(out), layer=layer)
+        recorded_weights = str(encoder_weights_path(out).resolve())
+    else:
+        local = Path(weights)
+        weights_sha256 = _sha256(local) if local.is_file() else None
+        recorded_weights, init = weights, "loaded weights"
+    key["weights_sha256"] = weights_sha256
+    encoder = encoder.to(device).eval()
+    config = {
+        "arch": arch, "layer": layer, "weights": recorded_weights, "image_size": image_size,
+        "init": init,
+    }
+
+    grid = _grid(encoder, image_size, device)
+    writer = FeatureCacheWriter(
+        out, grid=grid, channels=encoder.channels, encoder=config, resume_key=key
+    )
+    with writer:
+        _report_start(writer, len(entries), say)
+        encoded = _encode(
+            writer, encoder, entries, reasons, image_size=image_size, batch_size=batch_size,
+            num_workers=num_workers, device=device, on_error=on_error, progress=progress,
+            max_pixels=max_pixels,
+        )
+        if weights is None:
+            _install_copy(_partial_weights_path(out), encoder_weights_path(out))
+    if weights is None:
+        _partial_weights_path(out).unlink(missing_ok=True)
+    skipped = writer.skipped
+    note = f", {len(skipped)} skipped (listed in {skipped_images_path(out)})" if skipped else ""
+    say(f"encoded {encoded} images in this run; {out} holds {writer.rows} of {len(entries)}{note}")
+    return config
+
+
+def _check_options(on_error: str, image_size: int, batch_size: int, num_workers: int) -> None:
+    if on_error not in ON_ERROR:
+        raise FeatureExtractionError(
+            f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}"
+        )
+    for name, value, low in (
+        ("image size", image_size, 1), ("batch size", batch_size, 1),
+        ("number of workers", num_workers, 0),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise FeatureExtractionError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def check_destination(out: Path) -> None:
+    """Fail before any work when the cache ``out`` cannot be written: ``out`` is a folder or
+    another non-regular file, or its folder cannot be created or written to (tested by creating
+    a temporary file in it, which also catches read-only file systems).
+
+    Raises:
+        FeatureExtractionError: naming the path and the problem.
+    """
+    if out.is_dir():
+        raise FeatureExtractionError(f"{out}: is a folder; give the path of the .h5 file to write")
+    if out.exists() and not out.is_file():
+        raise FeatureExtractionError(f"{out}: exists and is not a regular file")
+    folder = out.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise FeatureExtractionError(
+            f"{out}: cannot write to the folder {folder} ({exc.strerror or exc})"
+        ) from exc
+
+
+def _source_entries(dataset, splits: Sequence[str], karpathy_json) -> list[ImageEntry]:
+    """The images of ``splits`` in split order, each image once."""
+    entries, seen = [], set()
+    for split in splits:
+        try:
+            split_entries = dataset.split(split)
+        except KeyError as exc:
+            raise FeatureExtractionError(f"{karpathy_json}: {exc.args[0]}") from None
+        for entry in split_entries:
+            if entry.image_id not in seen:
+                seen.add(entry.image_id)
+                entries.append(entry)
+    if not entries:
+        raise FeatureExtractionError(
+            f"{karpathy_json}: no images in the splits {', '.join(splits)}"
+        )
+    return entries
+
+
+def check_image(path: str | Path, max_pixels: int | None = None) -> str | None:
+    """Why the image file ``path`` cannot be encoded, or None when it can.
+
+    Fast, without a full decode: the file must be a regular, non-empty file that Pillow
+    recognizes, of at most ``max_pixels`` pixels (default ``data_prep.images.MAX_IMAGE_PIXELS``)
+    and whose data are complete: JPEG data are decoded at 1/8 scale (the entropy-coded data are
+    all read, so truncation is found, at about a third of a full decode's cost), PNG chunks are
+    checked against their CRCs, other formats are decoded. A FIFO or device is never opened.
+    """
+    path = Path(path)
+    max_pixels = image_files.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
+    try:
+        status = path.stat()
+    except FileNotFoundError:
+        return "file not found"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if stat.S_ISDIR(status.st_mode):
+        return "is a folder, not an image file"
+    if not stat.S_ISREG(status.st_mode):
+        return "is not a regular file (a FIFO, socket or device)"
+    if status.st_size == 0:
+        return "is empty (0 bytes)"
+    return _check_image_data(path, max_pixels)
+
+
+def _check_image_data(path: Path, max_pixels: int) -> str | None:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our limit is lower
+            with Image.open(path) as image:
+                width, height = image.size
+                if width * height > max_pixels:
+                    return (
+                        f"image of {width}x{height} = {width * height:,} pixels exceeds the "
+                        f"limit of {max_pixels:,} pixels (possible decompression bomb)"
+                    )
+                if image.format == "JPEG":
+                    image.draft(image.mode, (max(1, width // 8), max(1, height // 8)))
+                    image.load()
+                elif image.format == "PNG":
+                    image.verify()
+                else:
+                    image.load()
+    except PermissionError:
+        return "permission denied"
+    except UnidentifiedImageError:
+        return "not an image file (unrecognised format)"
+    except Image.DecompressionBombError as exc:
+        return f"refused as a decompression bomb ({_one_line(exc)})"
+    except (OSError, SyntaxError, ValueError, EOFError, struct.error) as exc:
+        return f"corrupt or truncated image ({_one_line(exc)})"
+    return None
+
+
+def precheck_images(
+    paths: Sequence[Path], *, num_workers: int = 0, progress: bool = False,
+    max_pixels: int | None = None,
+) -> list[str | None]:
+    """:func:`check_image` of every path, in order (``num_workers`` worker processes)."""
+    from torch.utils.data import DataLoader
+    from tqdm.auto import tqdm
+
+    checks = _ImageChecks(list(paths), max_pixels)
+    loader = DataLoader(
+        checks, batch_size=_CHECK_BATCH, num_workers=num_workers, collate_fn=list
+    )
+    reasons: list[str | None] = []
+    with tqdm(total=len(checks), desc="checking images", unit="img", disable=not progress) as bar:
+        for batch in loader:
+            reasons.extend(batch)
+            bar.update(len(batch))
+    return reasons
+
+
+class _ImageChecks:
+    """Dataset: index -> :func:`check_image` of that path."""
+
+    def __init__(self, paths: list[Path], max_pixels: int | None) -> None:
+        self.paths = paths
+        self.max_pixels = max_pixels
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> str | None:
+        return check_image(self.paths[index], self.max_pixels)
+
+
+def _bad_images_message(bad: Sequence[tuple[Any, str]], total: int, what: str) -> str:
+    lines = [f"{len(bad)} of {total} images {what}:"]
+    lines += [f"  {entry.path}: {reason}" for entry, reason in bad[:SHOWN_BAD_IMAGES]]
+    if len(bad) > SHOWN_BAD_IMAGES:
+        lines.append(f"  and {len(bad) - SHOWN_BAD_IMAGES} more")
+    return "\n".join(lines)
+
+
+def _ids_fingerprint(ids: Sequence[int]) -> dict[str, Any]:
+    digest = hashlib.sha256(json.dumps(list(ids)).encode()).hexdigest()
+    return {"count": len(ids), "ids_sha256": digest}
+
+
+def _refuse_other_partial(out: Path, key: dict[str, Any]) -> None:
+    """A partial cache made with other settings or for other images holds work that a run with
+    these settings would throw away: refuse, and say what differs."""
+    recorded = partial_resume_key(out)
+    if recorded is None:
+        return
+    differences = []
+    before, now = recorded.get("settings", {}), key["settings"]
+    for name in sorted(before.keys() | now.keys()):
+        if before.get(name) != now.get(name):
+            differences.append(f"{name} {before.get(name)!r} there, {now.get(name)!r} now")
+    if recorded.get("images") != key["images"]:
+        count = (recorded.get("images") or {}).get("count")
+        differences.append(f"another list of images ({count} there, {key['images']['count']} now)")
+    if differences:
+        raise FeatureExtractionError(
+            f"{partial_cache_path(out)} is an unfinished cache made with other settings "
+            f"({'; '.join(differences)}): rerun with its settings to finish it, or delete it "
+            "to start over"
+        )
+
+
+def _random_encoder_weights(
+    out: Path, train: Sequence[ImageEntry], key: dict[str, Any], *, arch: str, image_size: int,
+    seed: int, calibration_images: int, on_error: str,
+) -> tuple[str, str]:
+    """Make (or, when resuming, reuse) the random encoder's weights file; returns its SHA-256
+    and the ``init`` description.
+
+    The file of an interrupted run is reused when the partial cache was made with it (same
+    SHA-256), so the resumed rows and the new ones come from one encoder even if calibration
+    were not bitwise reproducible."""
+    path = _partial_weights_path(out)
+    recorded = partial_resume_key(out)
+    images = _calibration_inputs(train, calibration_images, image_size, on_error)
+    init = f"random (seed {seed}), batch-norm statistics of {len(images)} images"
+    if recorded is not None and path.is_file():
+        digest = _sha256(path)
+        if digest == recorded.get("weights_sha256"):
+            return digest, init
+    resnet = _calibrated_random_resnet(arch, images, seed)
+    _save_state_dict(resnet.state_dict(), path)
+    return _sha256(path), init
+
+
+def _calibration_inputs(
+    entries: Sequence[ImageEntry], count: int, image_size: int, on_error: str
+) -> list[torch.Tensor]:
+    """The first ``count`` readable training images, preprocessed, float32 (3, S, S) each."""
+    images = []
+    transform = image_files.imagenet_transform(image_size)
+    for entry in entries:
+        if len(images) == count:
+            break
+        try:
+            images.append(transform(image_files.load_image(entry.path)))
+        except image_files.ImageLoadError as exc:
+            if on_error == "fail":
+                raise FeatureExtractionError(
+                    f"image id {entry.image_id} (calibration of the random encoder): {exc}"
+                ) from None
+    if not images:
+        raise FeatureExtractionError(
+            "random encoder initialization needs readable training images for batch norm"
+        )
+    return images
+
+
+def _calibrated_random_resnet(arch: str, images: Sequence[torch.Tensor], seed: int):
+    """A randomly initialized torchvision ResNet whose batch-norm running statistics are the
+    exact mean and variance of its activations on ``images`` (no gradient step)."""
+    import torch
+    import torchvision
+
+    torch.manual_seed(seed)
+    resnet = torchvision.models.get_model(arch, weights=None)
+    for module in resnet.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.reset_running_stats()
+            module.momentum = None  # cumulative average over all calibration batches
+    resnet.train()
+    with torch.no_grad():
+        for start in range(0, len(images), 16):
+            resnet(torch.stack(list(images[start : start + 16])))
+    return resnet.eval()
+
+
+def _save_state_dict(state_dict: dict, path: Path) -> None:
+    """``torch.save`` through a temporary file + rename; the file gets the umask's mode."""
+    import torch
+
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        with temporary.open("wb") as handle:
+            torch.save(state_dict, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _install_copy(source: Path, destination: Path) -> None:
+    """Copy ``source`` over ``destination`` atomically (the copy gets the umask's mode)."""
+    temporary = destination.with_name(f".{destination.name}.{os.getpid()}.tmp")
+    try:
+        shutil.copyfile(source, temporary)
+        with temporary.open("rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, destination)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _grid(encoder: GridEncoder, image_size: int, device: str) -> tuple[int, int]:
+    import torch
+
+    with torch.no_grad():
+        probe = encoder(torch.zeros(1, 3, image_size, image_size, device=device))
+    return int(probe.shape[1]), int(probe.shape[2])
+
+
+def _report_start(writer: FeatureCacheWriter, total: int, say: Callable[[str], None]) -> None:
+    partial = partial_cache_path(writer.path)
+    if writer.restarted:
+        say(f"starting over: {partial} {writer.restarted}")
+    elif writer.done:
+        skipped = len(writer.skipped)
+        detail = f" ({writer.rows} encoded, {skipped} skipped)" if skipped else " encoded"
+        say(f"resuming: {writer.done} of {total} images already{detail} ({partial})")
+
+
+def _encode(
+    writer: FeatureCacheWriter, encoder: GridEncoder, entries: Sequence[ImageEntry],
+    reasons: Sequence[str | None], *, image_size: int, batch_size: int, num_workers: int,
+    device: str, on_error: str, progress: bool, max_pixels: int,
+) -> int:
+    """Encode ``entries[writer.done:]`` batch by batch, committing after each batch; returns
+    how many images were encoded.
+
+    Batches cover the same source positions as in an uninterrupted run (a resumed run starts
+    at a batch boundary), so the encoder sees the same batches and writes the same bits."""
+    import torch
+    from torch.utils.data import DataLoader
+    from tqdm.auto import tqdm
+
+    start = writer.done
+    loader = DataLoader(
+        _SourceImages(entries[start:], reasons[start:], image_size, max_pixels),
+        batch_size=batch_size, num_workers=num_workers, collate_fn=list,
+    )
+    encoded = 0
+    arch = getattr(encoder, "arch", "encoder")
+    with (
+        torch.no_grad(),
+        tqdm(total=len(entries), initial=start, desc=f"{arch} features", unit="img",
+             disable=not progress) as bar,
+    ):
+        for offset, batch in zip(range(start, len(entries), batch_size), loader, strict=True):
+            chunk = entries[offset : offset + len(batch)]
+            kept, inputs = [], []
+            for entry, (image, reason) in zip(chunk, batch, strict=True):
+                if image is not None:
+                    kept.append(entry.image_id)
+                    inputs.append(image)
+                elif on_error == "skip":
+                    writer.skip(entry.image_id, entry.path, reason)
+                else:
+                    writer.commit()
+                    raise FeatureExtractionError(
+                        f"{entry.path}: {reason} (image id {entry.image_id}); the "
+                        f"{writer.rows} images encoded so far are kept: fix the file, or rerun "
+                        "with --on-error skip, to continue"
+                    )
+            if inputs:
+                features = encoder(torch.stack(inputs).to(device))
+                writer.add(kept, features.half().cpu().numpy())
+                encoded += len(kept)
+            writer.commit()
+            bar.update(len(batch))
+    return encoded
+
+
+class _SourceImages:
+    """Dataset: index -> (float32 (3, S, S) image, None), or (None, reason) for an image that
+    failed the pre-check or cannot be decoded."""
+
+    def __init__(
+        self, entries: Sequence[ImageEntry], reasons: Sequence[str | None], image_size: int,
+        max_pixels: int,
+    ) -> None:
+        self.entries = entries
+        self.reasons = reasons
+        self.transform = image_files.imagenet_transform(image_size)
+        self.max_pixels = max_pixels
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, index: int):
+        if self.reasons[index] is not None:
+            return None, self.reasons[index]
+        path = self.entries[index].path
+        try:
+            image = image_files.load_image(path, max_pixels=self.max_pixels)
+        except image_files.ImageLoadError as exc:
+            return None, str(exc).removeprefix(f"{path}: ")
+        return self.transform(image), None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
