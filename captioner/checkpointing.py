@@ -1,50 +1,146 @@
-"""Checkpoint files written atomically and read safely.
+"""Checkpoint files: written atomically, read as untrusted data.
 
-A checkpoint is first written to a temporary file in the destination folder, flushed to disk,
-then renamed over the destination with :func:`os.replace` (atomic on POSIX and Windows within
-one file system). An interrupted run therefore leaves either the previous checkpoint or the new
-one, never a truncated file that a resume would choke on.
+A checkpoint is written through :func:`data_prep.files.atomic_write` (temporary file in the
+destination folder, fsync, the user's file mode, ``os.replace``): an interrupted run leaves
+either the previous checkpoint or the new one, never a truncated file that a resume would
+choke on.
 
-Loading uses ``torch.load(weights_only=True)``: our checkpoints hold only tensors and plain
-Python containers (the vocabulary is stored as lists and strings), so no pickled code runs.
+Reading treats every checkpoint as untrusted. :func:`load_safely` uses
+``torch.load(weights_only=True)`` (tensors and plain containers only; no pickled code runs) and
+:func:`constructor_arguments` checks the stored hyperparameters as plain data against the
+model's constructor before anything is built from them: numbers, strings, booleans, None and
+lists / dicts of those, no ``class_path`` / ``init_args`` (which jsonargparse would resolve
+into an import), and only the constructor's own parameter names, apart from the bookkeeping
+keys that LightningCLI adds (``_instantiator``, ``_class_path``), which are dropped.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
+import inspect
+import pickle
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
+from data_prep.files import atomic_write
+
+# Keys that LightningCLI stores beside a module's own hyperparameters (Lightning >= 2.3).
+LIGHTNING_HPARAM_KEYS = frozenset({"_instantiator", "_class_path"})
+# Keys of jsonargparse's class specification: a checkpoint holding them could import anything.
+_CLASS_SPEC_KEYS = frozenset({"class_path", "init_args", "__path__"})
+_MAX_DEPTH = 8
+
+
+class CheckpointError(ValueError):
+    """A file that is not a usable captioner checkpoint (the message names file and reason)."""
+
 
 def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
-    """``torch.save`` to ``path`` through a temporary file in the same folder + ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(checkpoint, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    """``torch.save`` to ``path`` through :func:`data_prep.files.atomic_write`."""
+    with atomic_write(path, "wb") as handle:
+        torch.save(checkpoint, handle)
 
 
 def load_safely(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
-    """Read a checkpoint with ``weights_only=True``; a missing file names the path."""
+    """Read a checkpoint with ``weights_only=True``.
+
+    Raises:
+        FileNotFoundError: no such file. CheckpointError: a folder, an empty file, a file
+            that is not a torch checkpoint, or one holding objects other than tensors and
+            plain data (it is refused, never unpickled).
+    """
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a folder, not a checkpoint file")
+    if not path.exists():
         raise FileNotFoundError(f"checkpoint not found: {path}")
+    if not path.is_file():
+        raise CheckpointError(f"{path}: is not a regular file")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path}: is empty (0 bytes), not a checkpoint")
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(
+            f"{path}: holds objects other than tensors and plain data "
+            f"({_unpickler_reason(exc)}); refused, it is not loaded"
+        ) from None
     except Exception as exc:
-        raise ValueError(f"{path}: not a readable captioner checkpoint ({exc})") from exc
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{path}: not a torch checkpoint ({first_line})") from None
+    if not isinstance(checkpoint, dict):
+        raise CheckpointError(
+            f"{path}: holds a {type(checkpoint).__name__}, not a checkpoint dictionary"
+        )
+    return checkpoint
+
+
+def _unpickler_reason(exc: Exception) -> str:
+    """The unpickler's own reason (e.g. 'Unsupported global: GLOBAL os.system'), without
+    torch's advice to load the file with weights_only=False."""
+    for line in str(exc).splitlines():
+        if "WeightsUnpickler error:" in line:
+            return line.split("WeightsUnpickler error:", 1)[1].strip()
+    return type(exc).__name__
+
+
+def constructor_arguments(
+    hparams: Any, constructor: Callable, source: str | Path
+) -> dict[str, Any]:
+    """The hyperparameters ``hparams`` of a checkpoint as keyword arguments of ``constructor``.
+
+    Lightning's bookkeeping keys are dropped; every other key must be a parameter of
+    ``constructor`` and every value plain data.
+
+    Raises:
+        CheckpointError: not a dict, an unknown key, or a value that is not plain data (the
+            message names ``source``, the key and the problem).
+    """
+    if not isinstance(hparams, Mapping):
+        raise CheckpointError(
+            f"{source}: hyperparameters must be a dict, got {type(hparams).__name__}"
+        )
+    parameters = inspect.signature(constructor).parameters
+    arguments = {}
+    for key, value in hparams.items():
+        if key in LIGHTNING_HPARAM_KEYS:
+            continue
+        if key not in parameters or key == "self":
+            raise CheckpointError(
+                f"{source}: unknown hyperparameter {key!r}; this version of captioner's model "
+                f"takes {', '.join(p for p in parameters if p != 'self')}"
+            )
+        check_plain_data(value, f"{source}: hyperparameter {key!r}")
+        arguments[key] = value
+    return arguments
+
+
+def check_plain_data(value: Any, where: str, depth: int = 0) -> None:
+    """Raise :class:`CheckpointError` unless ``value`` is None, a bool, int, float or str, or
+    a list / tuple / str-keyed dict of those, without jsonargparse class specifications."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return
+    if depth >= _MAX_DEPTH:
+        raise CheckpointError(f"{where}: nested deeper than {_MAX_DEPTH} levels")
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            check_plain_data(item, f"{where}[{index}]", depth + 1)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise CheckpointError(f"{where}: dict key {key!r} is not a string")
+            if key in _CLASS_SPEC_KEYS:
+                raise CheckpointError(
+                    f"{where}: holds a class specification ({key!r}); refused, a checkpoint "
+                    "may not name code to import"
+                )
+            check_plain_data(item, f"{where}[{key!r}]", depth + 1)
+        return
+    raise CheckpointError(f"{where}: a {type(value).__name__} is not plain data")
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

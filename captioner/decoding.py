@@ -17,6 +17,8 @@ Conventions shared by both searches:
   ``-inf`` and is never chosen or expanded. Trigram blocking sets the log-prob of a word that
   would repeat a trigram of the hypothesis to ``-inf`` too. A hypothesis left with no word of
   finite log-prob stops where it is (without an end token).
+* ``banned_ids`` are words never generated (their log-prob is set to ``-inf``): the model's
+  :class:`DecodingOptions` ban ``<pad>`` and ``<start>`` always and ``<unk>`` unless allowed.
 * Beam search ranks finished hypotheses by length-normalized log-prob,
   ``log_prob / n ** length_normalization`` with n the number of scored tokens (words plus the
   end token when present); 0 disables the normalization, 1 is the mean log-prob. Default
@@ -32,7 +34,8 @@ Call ``decoder.eval()`` first: decoding with dropout active is rarely what is wa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
@@ -41,6 +44,59 @@ from captioner.losses import word_log_probs
 from captioner.model.decoder import AttentionDecoder
 
 DEFAULT_LENGTH_NORMALIZATION = 0.7
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    """How captions are decoded, in validation, test and every captioning command: the one
+    place of these defaults (a model's own options are ``model.decoding`` of its config and
+    are stored in its checkpoints; the commands' options override them).
+
+    beam_size: beams per image (1 = greedy search). max_length: most words per caption (end
+    token excluded). length_normalization: exponent a of the ranking score log_prob / n ** a.
+    block_trigrams: never repeat a trigram within a caption. allow_unk: let ``<unk>`` be
+    generated (by default it never is: a caption with ``<unk>`` would reach the metrics and
+    the raters).
+    """
+
+    beam_size: int = 3
+    max_length: int = 20
+    length_normalization: float = DEFAULT_LENGTH_NORMALIZATION
+    block_trigrams: bool = False
+    allow_unk: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("beam_size", "max_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"decoding {name} must be an integer >= 1, got {value!r}")
+        value = self.length_normalization
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ValueError(f"decoding length_normalization must be >= 0, got {value!r}")
+        for name in ("block_trigrams", "allow_unk"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"decoding {name} must be true or false, got {getattr(self, name)!r}"
+                )
+
+    @classmethod
+    def coerce(cls, value: DecodingOptions | Mapping | None) -> DecodingOptions:
+        """``value`` itself, the defaults for None, or the options of a dict (unknown keys are
+        refused by name)."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(f"decoding options must be a dict, got {type(value).__name__}")
+        known = {field.name for field in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown decoding option(s) {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(known))}"
+            )
+        return cls(**value)
 
 
 @dataclass
@@ -85,6 +141,16 @@ def _check_arguments(
         raise ValueError(f"max_length must be >= 1, got {max_length}")
 
 
+def _banned_mask(banned_ids: Sequence[int], vocab_size: int, device) -> Tensor:
+    """(V,) bool, True for the words of ``banned_ids``."""
+    mask = torch.zeros(vocab_size, dtype=torch.bool)
+    for index in banned_ids:
+        if not 0 <= index < vocab_size:
+            raise ValueError(f"banned id {index} is outside the vocabulary [0, {vocab_size})")
+        mask[index] = True
+    return mask.to(device)
+
+
 @torch.no_grad()
 def greedy_search(
     decoder: AttentionDecoder,
@@ -94,6 +160,7 @@ def greedy_search(
     end_id: int,
     max_length: int,
     block_trigrams: bool = False,
+    banned_ids: Sequence[int] = (),
     output_mapping: str = "softmax",
 ) -> list[Hypothesis]:
     """Pick the most probable word at every step, for all images at once.
@@ -104,12 +171,14 @@ def greedy_search(
         start_id, end_id: ids of the start and end tokens.
         max_length: most words per caption (end token excluded).
         block_trigrams: never repeat a trigram within a caption.
+        banned_ids: words never generated.
         output_mapping: ``"softmax"``, ``"sparsemax"`` or ``"entmax15"``, as trained.
 
     Returns:
         One :class:`Hypothesis` per image, in input order.
     """
     _check_arguments(decoder, start_id, end_id, max_length)
+    banned = _banned_mask(banned_ids, decoder.vocab_size, features.device)
     encoded = decoder.encode(features)
     state = decoder.initial_state(encoded)
     batch = features.shape[0]
@@ -122,7 +191,7 @@ def greedy_search(
     output_maps, input_maps = [], []
     for t in range(max_length):
         step = decoder.step(encoded, state, tokens)
-        log_probs = word_log_probs(step.scores, output_mapping)
+        log_probs = word_log_probs(step.scores, output_mapping).masked_fill(banned, float("-inf"))
         if block_trigrams:
             log_probs = log_probs.masked_fill(
                 trigram_block_mask(history, decoder.vocab_size), float("-inf")
@@ -222,6 +291,7 @@ def beam_search(
     max_length: int,
     length_normalization: float = DEFAULT_LENGTH_NORMALIZATION,
     block_trigrams: bool = False,
+    banned_ids: Sequence[int] = (),
     output_mapping: str = "softmax",
 ) -> list[Hypothesis]:
     """Batched beam search: all images x beams advance together in one tensor.
@@ -234,6 +304,7 @@ def beam_search(
         max_length: most words per caption (end token excluded).
         length_normalization: exponent a of the ranking score log_prob / n ** a (>= 0).
         block_trigrams: never repeat a trigram within a hypothesis.
+        banned_ids: words never generated.
         output_mapping: ``"softmax"``, ``"sparsemax"`` or ``"entmax15"``, as trained.
 
     Returns:
@@ -245,6 +316,7 @@ def beam_search(
     if length_normalization < 0:
         raise ValueError(f"length_normalization must be >= 0, got {length_normalization}")
     vocab_size, beams = decoder.vocab_size, beam_size
+    banned = _banned_mask(banned_ids, vocab_size, features.device)
     candidates = min(2 * beams, beams * vocab_size)
     batch, device = features.shape[0], features.device
     if batch == 0:
@@ -272,7 +344,7 @@ def beam_search(
     for t in range(max_length):
         image_of_row = active.repeat_interleave(beams)
         step = decoder.step(encoded, state, tokens)
-        log_probs = word_log_probs(step.scores, output_mapping)
+        log_probs = word_log_probs(step.scores, output_mapping).masked_fill(banned, float("-inf"))
         if block_trigrams:
             log_probs = log_probs.masked_fill(
                 trigram_block_mask(history, vocab_size), float("-inf")

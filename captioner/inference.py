@@ -1,17 +1,22 @@
 """Caption images with a trained checkpoint and get the per-word attention maps.
 
-    >>> captioner = Captioner.load("runs/tvmax/best.ckpt")
-    >>> [caption] = captioner.caption(["photo.jpg"], beam_size=3)
+    >>> captioner = Captioner.load("runs/coco_tvmax/version_0/checkpoints/best.ckpt")
+    >>> [caption] = captioner.caption(["photo.jpg"])    # the checkpoint's decoding options
     >>> caption.text, caption.attention.shape          # ('a red circle ...', (T, 8, 8))
 
 A checkpoint is self-contained: its hyperparameters rebuild the model, its state dict holds
 every weight (the encoder included, even when training read cached features) and its
-vocabulary maps ids back to words. It is read with ``torch.load(weights_only=True)``.
+vocabulary maps ids back to words. Every checkpoint that captioner writes loads here, whoever
+wrote it: ``captioner fit`` (LightningCLI adds bookkeeping keys to the hyperparameters, which
+are dropped), the demo, and earlier versions (whose ``beam_size`` / ``max_length``
+hyperparameters become the decoding options). It is read as untrusted data
+(:mod:`captioner.checkpointing`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +25,9 @@ from PIL import Image
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from captioner.checkpointing import load_safely
+from captioner.checkpointing import CheckpointError, load_safely
+from captioner.decoding import DecodingOptions
+from captioner.image_files import ImageResult, load_images
 from captioner.lightning_module import VOCABULARY_KEY, CaptioningModule
 from data_prep.images import imagenet_transform, load_image
 from data_prep.vocab import Vocabulary
@@ -50,7 +57,7 @@ def resolve_device(name: str | None = None) -> torch.device:
     return device
 
 
-class IncompatibleCheckpointError(ValueError):
+class IncompatibleCheckpointError(CheckpointError):
     """A checkpoint that this version of captioner cannot turn into a captioner."""
 
 
@@ -75,9 +82,12 @@ class Caption:
 class Captioner:
     """A trained captioner ready for inference (eval mode, no gradients)."""
 
-    def __init__(self, module: CaptioningModule, vocabulary: Vocabulary) -> None:
+    def __init__(
+        self, module: CaptioningModule, vocabulary: Vocabulary, checkpoint: Path | None = None
+    ) -> None:
         self.module = module.eval()
         self.vocabulary = vocabulary
+        self.checkpoint = checkpoint  # the file it was loaded from, if any
         self.transform = imagenet_transform(module.hparams.image_size)
 
     @property
@@ -92,14 +102,21 @@ class Captioner:
         with torch.no_grad():
             return tuple(self.module.model.encoder(probe).shape[1:3])
 
+    @property
+    def decoding(self) -> DecodingOptions:
+        """The checkpoint's own decoding options (the default of :meth:`caption`)."""
+        return self.module.decoding
+
     @classmethod
     def load(cls, checkpoint_path: str | Path, map_location: str | torch.device = "cpu"):
         """Rebuild the model of a ``CaptioningModule`` checkpoint.
 
         Raises:
             FileNotFoundError: no such file.
-            IncompatibleCheckpointError: not a captioner checkpoint, or hyperparameters / weights
-                that do not fit this version's model (the message says which).
+            CheckpointError: not a readable checkpoint (see
+                :func:`captioner.checkpointing.load_safely`); its subclass
+                IncompatibleCheckpointError: not a captioner checkpoint, or hyperparameters /
+                weights that do not fit this version's model (the message says which).
         """
         path = Path(checkpoint_path)
         checkpoint = load_safely(path, map_location=map_location)
@@ -108,7 +125,10 @@ class Captioner:
                 raise IncompatibleCheckpointError(
                     f"{path}: no {key!r} entry; not a checkpoint written by captioner training"
                 )
-        hparams = dict(checkpoint[_HPARAMS_KEY])
+        try:
+            hparams = CaptioningModule.hparams_from_checkpoint(checkpoint[_HPARAMS_KEY], path)
+        except CheckpointError as exc:
+            raise IncompatibleCheckpointError(str(exc)) from None
         # Every weight is in the state dict: do not fetch the pretrained encoder weights again
         # (they may be unavailable offline, or a local file on another machine).
         hparams["encoder_weights"] = None
@@ -131,7 +151,7 @@ class Captioner:
                 f"{path}: weights do not fit the model built from its hyperparameters: {exc}"
             ) from exc
         module.vocabulary = vocabulary
-        return cls(module.to(map_location), vocabulary)
+        return cls(module.to(map_location), vocabulary, path)
 
     def _batch(self, images: Sequence) -> Tensor:
         tensors = [
@@ -144,29 +164,26 @@ class Captioner:
     def caption(
         self,
         images: Sequence[str | Path | Image.Image],
+        options: DecodingOptions | None = None,
         *,
-        beam_size: int = 3,
-        max_length: int = 20,
         batch_size: int = 16,
         progress: bool = False,
     ) -> list[Caption]:
-        """Beam-search one caption per image, in input order.
+        """Beam-search one caption per image, in input order, with ``options`` (default: the
+        checkpoint's own :attr:`decoding`).
 
         ``images``: file paths or PIL images. An unreadable file raises
         :class:`data_prep.images.ImageLoadError` naming it.
         """
-        if beam_size < 1 or max_length < 1 or batch_size < 1:
-            raise ValueError(
-                f"beam_size, max_length and batch_size must be >= 1, got {beam_size}, "
-                f"{max_length}, {batch_size}"
-            )
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         images = list(images)
         captions: list[Caption] = []
         starts = range(0, len(images), batch_size)
         for start in tqdm(starts, desc="captioning", unit="batch", disable=not progress):
             chunk = images[start : start + batch_size]
             features = self.module.model.encoder(self._batch(chunk))
-            hypotheses = self.module.decode(features, beam_size=beam_size, max_length=max_length)
+            hypotheses = self.module.decode(features, options)
             for offset, (item, hypothesis) in enumerate(zip(chunk, hypotheses, strict=True)):
                 tokens = self.module.words(hypothesis.token_ids)
                 source = str(item) if isinstance(item, (str, Path)) else f"<image {start + offset}>"
@@ -181,6 +198,55 @@ class Captioner:
                     )
                 )
         return captions
+
+    def caption_files(
+        self,
+        paths: Sequence[Path],
+        options: DecodingOptions | None = None,
+        *,
+        batch_size: int = 16,
+        progress: bool = False,
+    ) -> Iterator[tuple[ImageResult, Caption | None]]:
+        """Caption image files batch by batch, in input order: yields each file's
+        :class:`captioner.image_files.ImageResult` with its caption, or None when the file
+        could not be read (the result says why); one unreadable file stops nothing."""
+        with tqdm(total=len(paths), unit="image", disable=not progress, file=sys.stderr) as bar:
+            for start in range(0, len(paths), batch_size):
+                results = load_images(paths[start : start + batch_size])
+                readable = [r for r in results if r.image is not None]
+                captions = iter(
+                    self.caption([r.image for r in readable], options, batch_size=batch_size)
+                )
+                for result in results:
+                    yield result, (next(captions) if result.image is not None else None)
+                bar.update(len(results))
+
+
+def open_captioner(checkpoint: str | Path, device: str | None = None) -> Captioner:
+    """:meth:`Captioner.load` on ``device`` (see :func:`resolve_device`).
+
+    Raises:
+        ValueError: an unknown device, or a checkpoint that cannot be loaded (the message names
+            the file and the reason).
+    """
+    map_location = resolve_device(device)
+    try:
+        return Captioner.load(checkpoint, map_location=map_location)
+    except (CheckpointError, FileNotFoundError):
+        raise
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise CheckpointError(f"{checkpoint}: cannot load the checkpoint: {exc}") from exc
+
+
+def jsonl_record(path: Path, caption: Caption, mapping: str) -> dict:
+    """The ``captioner caption --format jsonl`` record of one caption: image, caption, tokens,
+    log_prob, mapping, grid [h, w] and attention (T x h x w nested lists)."""
+    attention = caption.attention.detach().float().cpu()
+    return {
+        "image": str(path), "caption": caption.text, "tokens": list(caption.tokens),
+        "log_prob": float(caption.log_prob), "mapping": mapping,
+        "grid": list(attention.shape[1:]), "attention": attention.tolist(),
+    }
 
 
 def _rgb(image: Image.Image) -> Image.Image:

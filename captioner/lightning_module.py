@@ -14,6 +14,7 @@ rate x0.99 per epoch after the 10th epoch, d = 512, word embeddings of 256, g = 
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ from pycocoevalcap.bleu.bleu import Bleu
 from pycocoevalcap.cider.cider import Cider
 from torch import Tensor
 
-from captioner.decoding import Hypothesis, beam_search
+from captioner.checkpointing import constructor_arguments
+from captioner.decoding import DecodingOptions, Hypothesis, beam_search
 from captioner.losses import caption_loss
 from captioner.model import CaptionModel
 from captioner.model.decoder import AttentionDecoder
@@ -32,6 +34,8 @@ from captioner.model.encoder import build_encoder
 from data_prep.vocab import Vocabulary
 
 VOCABULARY_KEY = "vocabulary"
+# Hyperparameters of earlier versions that became fields of ``decoding``.
+_LEGACY_DECODING_KEYS = ("beam_size", "max_length")
 
 
 def lr_decay_factor(epoch: int, *, decay: float, decay_after: int) -> float:
@@ -65,7 +69,9 @@ class CaptioningModule(L.LightningModule):
         lr_decay, lr_decay_after: learning rate x ``lr_decay`` per epoch after
             ``lr_decay_after`` epochs.
         gradient_clip_norm: clip the global gradient norm to this value (None: no clipping).
-        beam_size, max_length: decoding for validation and test.
+        decoding: how validation and test decode captions (beam size, maximum length, ...;
+            see :class:`captioner.decoding.DecodingOptions`); stored in every checkpoint as a
+            dict, and the default options of inference with the checkpoint.
     """
 
     def __init__(
@@ -91,11 +97,13 @@ class CaptioningModule(L.LightningModule):
         lr_decay: float = 0.99,
         lr_decay_after: int = 10,
         gradient_clip_norm: float | None = 5.0,
-        beam_size: int = 3,
-        max_length: int = 20,
+        decoding: DecodingOptions = DecodingOptions(),  # noqa: B008 (frozen, never mutated)
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        self.decoding = DecodingOptions.coerce(decoding)
+        # A dict in the hyperparameters keeps checkpoints loadable with weights_only=True.
+        self.hparams["decoding"] = asdict(self.decoding)
         encoder = build_encoder(
             encoder_arch, weights=encoder_weights, trainable=encoder_trainable, layer=encoder_layer
         )
@@ -116,6 +124,22 @@ class CaptioningModule(L.LightningModule):
         self.vocabulary: Vocabulary | None = None
         self._decoded: dict[int, str] = {}
         self._references: dict[int, list[str]] = {}
+
+    @classmethod
+    def hparams_from_checkpoint(cls, stored: Any, source: str | Path) -> dict[str, Any]:
+        """Constructor arguments from a checkpoint's hyperparameters, checked as untrusted
+        plain data (:func:`captioner.checkpointing.constructor_arguments`); earlier versions'
+        ``beam_size`` / ``max_length`` become the ``decoding`` options.
+
+        Raises:
+            CheckpointError: an unknown key or a value that is not plain data.
+        """
+        if isinstance(stored, dict) and any(key in stored for key in _LEGACY_DECODING_KEYS):
+            stored = dict(stored)
+            legacy = {key: stored.pop(key) for key in _LEGACY_DECODING_KEYS if key in stored}
+            decoding = stored.get("decoding")
+            stored["decoding"] = {**legacy, **decoding} if isinstance(decoding, dict) else legacy
+        return constructor_arguments(stored, cls.__init__, source)
 
     # ---------------------------------------------------------------- data and vocabulary
 
@@ -175,18 +199,24 @@ class CaptioningModule(L.LightningModule):
 
     # ---------------------------------------------------------------- model
 
-    def decode(
-        self, features: Tensor, *, beam_size: int | None = None, max_length: int | None = None
-    ) -> list[Hypothesis]:
-        """Beam-search one caption per image of ``features`` (B, h, w, C); the beam size and
-        maximum length default to the model's validation settings."""
+    def decode(self, features: Tensor, options: DecodingOptions | None = None) -> list[Hypothesis]:
+        """Beam-search one caption per image of ``features`` (B, h, w, C) with ``options``
+        (default: the model's own :attr:`decoding`). ``<pad>`` and ``<start>`` are never
+        generated, ``<unk>`` only when the options allow it."""
+        options = options or self.decoding
+        banned = (Vocabulary.PAD_ID, Vocabulary.START_ID)
+        if not options.allow_unk:
+            banned += (Vocabulary.UNK_ID,)
         return beam_search(
             self.model.decoder,
             features,
             start_id=Vocabulary.START_ID,
             end_id=Vocabulary.END_ID,
-            beam_size=beam_size or self.hparams.beam_size,
-            max_length=max_length or self.hparams.max_length,
+            beam_size=options.beam_size,
+            max_length=options.max_length,
+            length_normalization=options.length_normalization,
+            block_trigrams=options.block_trigrams,
+            banned_ids=banned,
             output_mapping=self.hparams.output_mapping,
         )
 

@@ -15,7 +15,8 @@ refuses everything else with an :class:`ImageLoadError` that names the file and 
   255 and turn most of the image white);
 * images of more than :data:`MAX_IMAGE_PIXELS` pixels are refused before they are decoded
   (decompression bombs);
-* missing, unreadable, non-image, corrupt and truncated files are errors.
+* missing, unreadable, non-image, corrupt and truncated files are errors, and so are FIFOs,
+  devices and sockets, refused before they are opened (reading a FIFO would block).
 
 :func:`imagenet_transform` is the TVmax paper's preprocessing: images resized to 256x256
 (section 4, "Settings"), normalised with the ImageNet mean and standard deviation that the
@@ -31,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
+
+from data_prep.files import check_input_file
 
 # 64 megapixels: four times a 24-megapixel camera photo, far above any COCO/Flickr image
 # (at most 640 / 500 px per side), and below Pillow's own warning threshold (~89.5 Mpx).
@@ -61,6 +64,10 @@ def load_image(path: str | Path, *, max_pixels: int = MAX_IMAGE_PIXELS) -> Image
             an unsupported mode, or larger than ``max_pixels`` pixels.
     """
     path = Path(path)
+    try:
+        check_input_file(path)
+    except ValueError as exc:
+        raise ImageLoadError(str(exc)) from None
     try:
         with warnings.catch_warnings():
             # Our own, lower limit below gives the clearer message.

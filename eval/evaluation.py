@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eval.scoring import ALL_METRICS
+
+if TYPE_CHECKING:
+    from captioner.decoding import DecodingOptions
+    from captioner.inference import Captioner
 
 
 @dataclass
@@ -33,25 +38,22 @@ class EvaluationReport:
         }
 
 
-def evaluate_checkpoint(
-    checkpoint: str | Path,
+def evaluate_captioner(
+    captioner: Captioner,
     karpathy_json: str | Path,
     image_root: str | Path,
     *,
     split: str = "test",
     instances: str | Path | None = None,
-    beam_size: int = 3,
-    max_length: int = 20,
+    options: DecodingOptions | None = None,
     batch_size: int = 16,
     metrics: Sequence[str] = ALL_METRICS,
     progress: bool = True,
-    device: str | None = None,
 ) -> EvaluationReport:
-    """Caption every image of ``split`` with ``captioner.inference.Captioner`` on ``device``
-    (default: CUDA when available) and report the caption metrics against the split's raw
-    references, the output-attention statistics and, with a COCO ``instances`` file, object
-    mentions and attention precision."""
-    from captioner.inference import Captioner, resolve_device
+    """Caption every image of ``split`` with ``captioner`` (decoding ``options``, default: the
+    checkpoint's own) and report the caption metrics against the split's raw references, the
+    output-attention statistics and, with a COCO ``instances`` file, object mentions and
+    attention precision."""
     from data_prep.karpathy import load_karpathy
     from eval.attention_stats import attention_statistics
     from eval.objects import InstanceAnnotations, object_statistics
@@ -61,13 +63,9 @@ def evaluate_checkpoint(
     if not entries:
         raise ValueError(f"{karpathy_json}: split {split!r} has no images")
     annotations = InstanceAnnotations.load(instances) if instances is not None else None
-    captioner = Captioner.load(checkpoint, map_location=resolve_device(device))
+    options = options or captioner.decoding
     captions = captioner.caption(
-        [entry.path for entry in entries],
-        beam_size=beam_size,
-        max_length=max_length,
-        batch_size=batch_size,
-        progress=progress,
+        [entry.path for entry in entries], options, batch_size=batch_size, progress=progress
     )
     ids = [entry.image_id for entry in entries]
     hypotheses = {i: c.text for i, c in zip(ids, captions, strict=True)}
@@ -89,12 +87,12 @@ def evaluate_checkpoint(
         results=[{"image_id": i, "caption": hypotheses[i]} for i in ids],
         per_image=scores.per_image,
         info={
-            "checkpoint": str(checkpoint),
+            "checkpoint": str(captioner.checkpoint),
             "data": str(karpathy_json),
             "split": split,
             "num_images": len(ids),
             "output_attention": captioner.output_attention_name,
-            "beam_size": beam_size,
+            "decoding": asdict(options),
             "instances": None if instances is None else str(instances),
         },
     )

@@ -81,8 +81,7 @@ def tiny_model_kwargs(**overrides) -> dict:
         hidden_dim=32,
         dropout=0.0,
         lr=1e-3,
-        beam_size=2,
-        max_length=12,
+        decoding={"beam_size": 2, "max_length": 12},
     )
     kwargs.update(overrides)
     return kwargs

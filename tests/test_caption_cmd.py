@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 
 from captioner.commands import caption as command
-from captioner.commands.caption import coco_image_ids, collect_images
+from captioner.decoding import DecodingOptions
+from captioner.image_files import coco_image_ids, collect_images
 
 FAST = ["--beam-size", "1", "--max-length", "5", "--no-progress", "--device", "cpu"]
 
@@ -78,7 +79,7 @@ def test_jsonl_carries_tokens_and_attention_maps(tiny_checkpoint, photo_dir, cap
                          "jsonl", *FAST]) == 0
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     captioner = Captioner.load(tiny_checkpoint)
-    expected = captioner.caption(images, beam_size=1, max_length=5)
+    expected = captioner.caption(images, DecodingOptions(beam_size=1, max_length=5))
     assert [r["image"] for r in records] == list(map(str, images))
     for record, caption in zip(records, expected, strict=True):
         assert record["caption"] == caption.text == " ".join(record["tokens"])

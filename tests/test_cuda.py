@@ -11,7 +11,7 @@ from test_decoding import END, MAX_LENGTH, START, ending_decoder
 from test_model import random_batch, small_decoder
 
 import captioner.attention as att
-from captioner.decoding import beam_search
+from captioner.decoding import DecodingOptions, beam_search
 from captioner.losses import caption_loss
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -91,9 +91,10 @@ def test_captioner_on_cuda_matches_cpu(tiny_checkpoint, synthetic_data):
 
     paths = [e.path for e in load_karpathy(synthetic_data.karpathy_json,
                                            synthetic_data.image_root).split("test")]
-    cpu = Captioner.load(tiny_checkpoint).caption(paths, beam_size=2, max_length=8)
+    options = DecodingOptions(beam_size=2, max_length=8)
+    cpu = Captioner.load(tiny_checkpoint).caption(paths, options)
     cuda = Captioner.load(tiny_checkpoint, map_location="cuda").caption(
-        paths, beam_size=2, max_length=8
+        paths, options
     )
     assert [c.text for c in cuda] == [c.text for c in cpu]
     for expected, got in zip(cpu, cuda, strict=True):

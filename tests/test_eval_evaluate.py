@@ -42,5 +42,5 @@ def test_evaluate_reports_a_missing_checkpoint(synthetic_data, tmp_path, capsys)
         "--ckpt", str(tmp_path / "none.ckpt"), "--data", str(synthetic_data.karpathy_json),
         "--images", str(synthetic_data.image_root), "--metrics", "Bleu",
     ]  # fmt: skip
-    assert evaluate.main(argv) == 1
+    assert evaluate.main(argv) == 2
     assert "none.ckpt" in capsys.readouterr().err

@@ -9,6 +9,7 @@ import torch
 from PIL import Image
 
 from captioner.checkpointing import load_safely, save_atomically
+from captioner.decoding import DecodingOptions
 from captioner.inference import Caption, Captioner, IncompatibleCheckpointError
 from data_prep.images import ImageLoadError
 
@@ -23,8 +24,9 @@ def test_checkpoint_round_trip_gives_identical_captions(synthetic_data, tiny_fit
     path = tmp_path / "roundtrip.ckpt"
     trainer.save_checkpoint(path, weights_only=False)
     images = _test_images(synthetic_data)
-    before = Captioner(model, data.vocabulary).caption(images, beam_size=2, max_length=8)
-    after = Captioner.load(path).caption(images, beam_size=2, max_length=8)
+    options = DecodingOptions(beam_size=2, max_length=8)
+    before = Captioner(model, data.vocabulary).caption(images, options)
+    after = Captioner.load(path).caption(images, options)
     assert [c.text for c in after] == [c.text for c in before]
     for old, new in zip(before, after, strict=True):
         assert torch.equal(old.attention, new.attention)
@@ -37,7 +39,9 @@ def test_captions_carry_one_attention_map_per_word(tiny_checkpoint, synthetic_da
     assert captioner.grid == (4, 4)
     paths = _test_images(synthetic_data)[:2]
     in_memory = Image.open(paths[0]).convert("L")  # grayscale PIL images are accepted too
-    captions = captioner.caption([*paths, in_memory], beam_size=2, max_length=6, batch_size=2)
+    captions = captioner.caption(
+        [*paths, in_memory], DecodingOptions(beam_size=2, max_length=6), batch_size=2
+    )
     assert len(captions) == 3
     for caption in captions:
         assert isinstance(caption, Caption)

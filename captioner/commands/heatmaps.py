@@ -25,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-from captioner.commands.caption import add_decoding_arguments
+from captioner.commands.options import add_decoding_arguments, decoding_options
 
 HELP = "per-word attention heatmaps, caption strips and raw weights for images"
 
@@ -45,7 +45,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--size", type=int, default=DEFAULT_MAX_SIDE,
                         help="longer image side in pixels (default %(default)s)")
     add_decoding_arguments(parser)
-    parser.add_argument("--no-progress", action="store_true")
     return parser
 
 
@@ -54,11 +53,15 @@ def main(argv: list[str]) -> int:
     if args.vmax is not None and not args.vmax > 0:
         print(f"captioner heatmaps: --vmax must be > 0, got {args.vmax}", file=sys.stderr)
         return 2
-    from captioner.commands.caption import caption_files, collect_images, open_captioner
+    from captioner.image_files import collect_images
+    from captioner.inference import open_captioner
+    from data_prep.files import check_output_dir
 
     try:
+        check_output_dir(args.out)
         paths = collect_images(args.inputs)
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
+        options = [decoding_options(args, captioner.decoding) for captioner in captioners]
     except (OSError, ValueError) as exc:
         print(f"captioner heatmaps: {exc}", file=sys.stderr)
         return 2
@@ -66,21 +69,21 @@ def main(argv: list[str]) -> int:
     from tqdm import tqdm
 
     from captioner.heatmaps import AttentionRecord, shared_vmax, unique_stems, write_heatmaps
+    from data_prep.files import atomic_write
     from data_prep.images import load_image
 
     progress = not args.no_progress and len(paths) > 1
     captions = {}
     failed: dict[Path, str] = {}
     models = unique_stems(args.ckpt)
-    for model, captioner in zip(models, captioners, strict=True):
-        for path, caption, error in caption_files(
-            captioner, paths, beam_size=args.beam_size, max_length=args.max_length,
-            batch_size=args.batch_size, progress=progress,
+    for model, captioner, decoding in zip(models, captioners, options, strict=True):
+        for result, caption in captioner.caption_files(
+            paths, decoding, batch_size=args.batch_size, progress=progress
         ):
             if caption is None:
-                failed[path] = error
+                failed[result.path] = result.error
             else:
-                captions[model, path] = caption
+                captions[model, result.path] = caption
     for error in failed.values():
         print(f"captioner heatmaps: skipped {error}", file=sys.stderr)
     if not captions:
@@ -107,8 +110,8 @@ def main(argv: list[str]) -> int:
                 "mapping": record.mapping, "caption": caption.text,
                 "files": [str(f.relative_to(args.out)) for f in files],
             })
-    (args.out / "index.json").write_text(json.dumps(index, indent=1, ensure_ascii=False),
-                                         encoding="utf-8")
+    with atomic_write(args.out / "index.json") as handle:
+        json.dump(index, handle, indent=1, ensure_ascii=False)
     print(f"wrote heatmaps of {len(good)} images x {len(models)} models to {args.out} "
           f"(colour scale 0..{vmax:.4g})")
     if failed:

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from captioner.commands.caption import add_decoding_arguments
+from captioner.commands.options import add_decoding_arguments, decoding_options
 
 HELP = "caption a Karpathy split with a checkpoint; metrics, attention statistics, objects"
 
@@ -43,31 +43,41 @@ def format_report(report) -> str:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from eval.evaluation import evaluate_checkpoint
+    from captioner.inference import open_captioner
+    from data_prep.files import atomic_write, check_output_dir
+    from eval.evaluation import evaluate_captioner
     from eval.java_tools import JavaToolError
     from eval.scoring import parse_metrics
     from eval.spice_jars import SpiceJarsError
 
+    out = Path(args.out)
     try:
+        check_output_dir(out)
         metrics = parse_metrics(args.metrics)
         if "SPICE" in metrics:
             from eval.spice_jars import locate_spice
 
             locate_spice()  # fail before decoding, not after
-        report = evaluate_checkpoint(
-            args.ckpt, args.data, args.images, split=args.split, instances=args.instances,
-            beam_size=args.beam_size, max_length=args.max_length, batch_size=args.batch_size,
-            metrics=metrics, device=args.device,
+        captioner = open_captioner(args.ckpt, args.device)
+        options = decoding_options(args, captioner.decoding)
+    except (SpiceJarsError, OSError, ValueError) as exc:
+        print(f"captioner evaluate: {exc}", file=sys.stderr)
+        return 2
+    try:
+        report = evaluate_captioner(
+            captioner, args.data, args.images, split=args.split, instances=args.instances,
+            options=options, batch_size=args.batch_size, metrics=metrics,
+            progress=not args.no_progress,
         )  # fmt: skip
     except (SpiceJarsError, JavaToolError, FileNotFoundError, KeyError, ValueError) as exc:
         print(f"captioner evaluate: {exc}", file=sys.stderr)
-        return 1
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+        return 2
     results = out / f"results_{args.split}.json"
-    results.write_text(json.dumps(report.results, indent=1) + "\n", encoding="utf-8")
+    with atomic_write(results) as handle:
+        json.dump(report.results, handle, indent=1)
     metrics_file = out / f"metrics_{args.split}.json"
-    metrics_file.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+    with atomic_write(metrics_file) as handle:
+        json.dump(report.to_dict(), handle, indent=2)
     print(format_report(report))
     print(f"\nwrote {results} and {metrics_file}")
     return 0

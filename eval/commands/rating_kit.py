@@ -14,7 +14,7 @@ import random
 import sys
 from pathlib import Path
 
-from captioner.commands.caption import add_decoding_arguments
+from captioner.commands.options import add_decoding_arguments, decoding_options
 
 HELP = "build a blinded human-rating kit (static HTML) comparing checkpoints"
 
@@ -39,14 +39,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--upsample", choices=UPSAMPLE_MODES, default="nearest")
     parser.add_argument("--size", type=int, default=DEFAULT_MAX_SIDE)
     add_decoding_arguments(parser)
-    parser.add_argument("--no-progress", action="store_true")
     return parser
 
 
 def _candidates(args: argparse.Namespace) -> list[tuple[str, Path]]:
     """(key, path) of every image to sample from, in a deterministic order."""
     if args.image_dir is not None:
-        from captioner.commands.caption import collect_images
+        from captioner.image_files import collect_images
 
         root = args.image_dir
         return [(p.relative_to(root).as_posix(), p) for p in collect_images([root])]
@@ -69,14 +68,15 @@ def main(argv: list[str]) -> int:
     if key_path.resolve().is_relative_to(args.out.resolve()):
         parser.error(f"the key {key_path} must not be inside the kit folder {args.out}")
 
-    from captioner.commands.caption import caption_files, open_captioner
     from captioner.heatmaps import unique_stems
+    from captioner.inference import open_captioner
     from data_prep.images import load_image
     from eval.rating_kit import KitCaption, KitImage, KitModel, build_kit, write_key
 
     try:
         candidates = _candidates(args)
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
+        options = [decoding_options(args, captioner.decoding) for captioner in captioners]
     except (OSError, ValueError) as exc:
         print(f"captioner rating-kit: {exc}", file=sys.stderr)
         return 2
@@ -92,13 +92,12 @@ def main(argv: list[str]) -> int:
               for name, path, c in zip(names, args.ckpt, captioners, strict=True)]
     captions: list[list[KitCaption]] = [[] for _ in sample]
     failed: dict[Path, str] = {}
-    for captioner in captioners:
-        results = caption_files(captioner, paths, beam_size=args.beam_size,
-                                max_length=args.max_length, batch_size=args.batch_size,
-                                progress=not args.no_progress)
-        for i, (path, caption, error) in enumerate(results):
+    for captioner, decoding in zip(captioners, options, strict=True):
+        results = captioner.caption_files(paths, decoding, batch_size=args.batch_size,
+                                          progress=not args.no_progress)
+        for i, (result, caption) in enumerate(results):
             if caption is None:
-                failed[path] = error
+                failed[result.path] = result.error
                 continue
             captions[i].append(KitCaption(caption.text, list(caption.tokens),
                                           caption.attention.float().numpy()))

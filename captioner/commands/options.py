@@ -1,0 +1,54 @@
+"""Options shared by the commands that caption with a checkpoint (caption, heatmaps,
+rating-kit, evaluate): decoding, batch size, device, progress."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields, replace
+
+from captioner.decoding import DecodingOptions
+
+DEVICE_HELP = "torch device: cpu, cuda, cuda:1, ... (default: cuda when available, else cpu)"
+_DECODING_HELP = {
+    "beam_size": "beams per image (1: greedy search)",
+    "max_length": "most words per caption",
+    "length_normalization": "beam ranking score log_prob / n ** A",
+    "block_trigrams": "never repeat a trigram within a caption",
+    "allow_unk": "let <unk> be generated",
+}
+
+
+def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--beam-size``, ``--max-length``, ``--length-normalization``, ``--block-trigrams``,
+    ``--allow-unk`` (each defaulting to the checkpoint's own decoding options, see
+    :class:`captioner.decoding.DecodingOptions`), ``--batch-size``, ``--device`` and
+    ``--no-progress``."""
+    group = parser.add_argument_group(
+        "decoding (defaults: the checkpoint's own options, model.decoding of its config)"
+    )
+    for field in fields(DecodingOptions):
+        flag = "--" + field.name.replace("_", "-")
+        if field.type in (bool, "bool"):
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                               help=_DECODING_HELP.get(field.name))
+        else:
+            kind = int if field.type in (int, "int") else float
+            group.add_argument(flag, type=kind, default=None, metavar="N" if kind is int else "A",
+                               help=_DECODING_HELP.get(field.name))
+    parser.add_argument("--batch-size", type=int, default=16,
+                        help="images per batch (default: %(default)s)")
+    parser.add_argument("--device", help=DEVICE_HELP)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def decoding_options(args: argparse.Namespace, model_options: DecodingOptions) -> DecodingOptions:
+    """``model_options`` with the decoding options given on the command line.
+
+    Raises:
+        ValueError: an option out of range (named).
+    """
+    given = {f.name: getattr(args, f.name) for f in fields(DecodingOptions)
+             if getattr(args, f.name, None) is not None}
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    return replace(model_options, **given)

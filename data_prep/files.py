@@ -1,0 +1,123 @@
+"""Output files: written atomically, with the user's permissions, checked before work starts.
+
+Every file that a command writes goes through :func:`atomic_write`: the content is written to a
+temporary file in the destination folder, flushed to disk, given the mode a plain ``open`` would
+give it (``0o666`` less the umask: ``tempfile.mkstemp`` creates files readable by their owner
+only, and ``os.replace`` would keep that), then renamed over the destination. An interrupted or
+failed write leaves the previous file (or none), never a truncated one, and no temporary file.
+
+:func:`check_output_file` and :func:`check_output_dir` run before a command starts its work, so
+that hours of captioning or encoding are not lost to an output path that cannot be written.
+:func:`check_input_file` refuses FIFOs, devices and sockets by name before anything opens them
+(opening a FIFO for reading blocks until a writer appears).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+
+class OutputPathError(ValueError):
+    """An output path that cannot be written (its message names the path and the reason)."""
+
+
+def file_mode() -> int:
+    """The mode ``open(path, "w")`` gives a new file: ``0o666`` less the process umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+@contextmanager
+def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
+    """Open a temporary file beside ``path`` for writing (``mode`` "w" text UTF-8, or "wb");
+    on a clean exit it is fsynced, given :func:`file_mode` and renamed over ``path``; on an
+    exception it is removed and ``path`` is left as it was."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_write mode must be 'w' or 'wb', got {mode!r}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, file_mode())
+        encoding = "utf-8" if mode == "w" else None
+        with os.fdopen(fd, mode, encoding=encoding) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def check_output_file(path: str | Path) -> Path:
+    """Check that ``path`` can be written as a file (its folder may not exist yet).
+
+    Raises:
+        OutputPathError: ``path`` is a folder or another non-regular file, or its nearest
+            existing parent is not a writable folder.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise OutputPathError(f"{path}: is a folder, expected a file name")
+    if path.exists() and not path.is_file():
+        raise OutputPathError(f"{path}: exists and is not a regular file")
+    _check_writable_parent(path)
+    return path
+
+
+def check_output_dir(path: str | Path) -> Path:
+    """Check that ``path`` is, or can be created as, a writable folder.
+
+    Raises:
+        OutputPathError: ``path`` exists and is not a folder, or is not writable.
+    """
+    path = Path(path)
+    if path.exists():
+        if not path.is_dir():
+            raise OutputPathError(f"{path}: exists and is not a folder")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise OutputPathError(f"{path}: folder is not writable")
+        return path
+    _check_writable_parent(path)
+    return path
+
+
+def _check_writable_parent(path: Path) -> None:
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutputPathError(f"{path}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{path}: folder {parent} is not writable")
+
+
+def check_input_file(path: str | Path) -> Path:
+    """Refuse a FIFO, device or socket by name before anything opens it (opening a FIFO for
+    reading blocks until a writer appears). Missing paths and regular files pass through.
+
+    Raises:
+        ValueError: ``path`` exists and is not a regular file or a folder.
+    """
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return path  # missing or a broken link: the reader reports it by name
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        kind = (
+            "a FIFO" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "not a regular file"
+        )
+        raise ValueError(f"{path}: is {kind}, not an image file")
+    return path
