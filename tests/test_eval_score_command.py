@@ -1,6 +1,8 @@
 """`captioner score` input handling (no SPICE here: see test_eval_scoring.py)."""
 
 import json
+import math
+import os
 import re
 
 import pytest
@@ -124,3 +126,82 @@ def test_spice_without_jars_names_fetch_spice(tmp_path, karpathy, capsys, monkey
     )  # fmt: skip
     assert rc == 1
     assert "captioner fetch-spice" in err
+
+
+@pytest.fixture
+def never_scored(monkeypatch):
+    """Fails the test if scoring starts: output paths must be refused before it."""
+    import eval.scoring
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("scoring started before the output path was checked")
+
+    monkeypatch.setattr(eval.scoring, "compute_metrics", refuse)
+
+
+@pytest.mark.parametrize(
+    ("make_out", "message"),
+    [
+        (lambda tmp: tmp, "is a folder, expected a file name"),
+        (lambda tmp: tmp / "file.txt" / "m.json", "file.txt is not a folder"),
+        (lambda tmp: "/dev/full", "exists and is not a regular file"),
+    ],
+    ids=["existing-folder", "under-a-file", "device"],
+)
+def test_unusable_out_is_refused_before_scoring(
+    tmp_path, karpathy, capsys, never_scored, make_out, message
+):
+    (tmp_path / "file.txt").write_text("not a folder")
+    results = _write(
+        tmp_path / "r.json",
+        [{"image_id": 5, "caption": "a dog"}, {"image_id": 6, "caption": "a cat"}],
+    )
+    out = str(make_out(tmp_path))
+    rc, stdout, err = _score(
+        capsys, "--results", results, "--references", karpathy, "--split", "test",
+        "--metrics", "Bleu", "--out", out,
+    )  # fmt: skip
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("captioner score: ") and message in err, err
+    assert stdout == ""
+    assert (tmp_path / "file.txt").read_text() == "not a folder"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a read-only folder")
+def test_out_in_a_read_only_folder_is_refused_before_scoring(
+    tmp_path, karpathy, capsys, never_scored
+):
+    folder = tmp_path / "read-only"
+    folder.mkdir(mode=0o500)
+    results = _write(tmp_path / "r.json", [{"image_id": 5, "caption": "a"}])
+    rc, _, err = _score(
+        capsys, "--results", results, "--references", karpathy, "--split", "test",
+        "--out", str(folder / "m.json"),
+    )  # fmt: skip
+    assert rc == 2 and "is not writable" in err
+
+
+def test_cider_of_a_single_image_is_nan_with_one_warning_line(tmp_path, capsys):
+    references = _write(
+        tmp_path / "refs.json",
+        {
+            "images": [{"id": 1}],
+            "annotations": [{"image_id": 1, "id": 1, "caption": "A red circle."}],
+        },
+    )
+    results = _write(tmp_path / "r.json", [{"image_id": 1, "caption": "a red circle"}])
+    out = tmp_path / "m.json"
+    rc, stdout, err = _score(
+        capsys, "--results", results, "--references", references, "--metrics", "Bleu,CIDEr",
+        "--out", str(out),
+    )  # fmt: skip
+    assert rc == 0, err
+    assert err == (
+        "warning: CIDEr is undefined (NaN) for a single image: its IDF weights log(N/df) are 0 "
+        "when the references hold N = 1 image\n"
+    )
+    row = next(line for line in stdout.splitlines() if line.startswith("r "))
+    assert row.split()[1:3] == ["-", "nan"]  # SPICE not requested, CIDEr undefined
+    doc = json.loads(out.read_text())
+    assert math.isnan(doc["CIDEr"]) and math.isnan(doc["per_image"]["1"]["CIDEr"])
+    assert doc["Bleu_1"] == pytest.approx(1.0)

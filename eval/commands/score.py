@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 HELP = "score a COCO results file: BLEU, METEOR, ROUGE_L, CIDEr, SPICE and REP"
@@ -26,7 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="Bleu,METEOR,ROUGE_L,CIDEr,SPICE,REP",
         help="comma-separated subset of Bleu,METEOR,ROUGE_L,CIDEr,SPICE,REP (default: all)",
     )
-    parser.add_argument("--out", help="write METRICS.json here")
+    parser.add_argument(
+        "--out", help="write METRICS.json here (checked before scoring, replaced atomically)"
+    )
     parser.add_argument(
         "--allow-empty",
         action="store_true",
@@ -73,6 +76,7 @@ def metrics_document(scores, *, results: str, references: str, split: str | None
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    from data_prep.files import OutputPathError, atomic_write, check_output_file
     from eval.caption_files import (
         CaptionFileError,
         empty_caption_ids,
@@ -85,10 +89,12 @@ def main(argv: list[str]) -> int:
     from eval.table import format_table1
 
     try:
+        if args.out:
+            check_output_file(args.out)
         metrics = parse_metrics(args.metrics)
         hypotheses = load_results(args.results)
         references = load_references(args.references, args.split)
-    except (CaptionFileError, FileNotFoundError, KeyError, ValueError) as exc:
+    except (CaptionFileError, FileNotFoundError, KeyError, OutputPathError, ValueError) as exc:
         print(f"captioner score: {exc}", file=sys.stderr)
         return 2
     problems = check_coverage(hypotheses, references)
@@ -106,21 +112,31 @@ def main(argv: list[str]) -> int:
     if empty:
         print(f"warning: scoring {len(empty)} empty captions (image ids {empty[:10]})")
     try:
-        scores = compute_metrics(hypotheses, references, metrics, spice_timeout=args.spice_timeout)
+        # Metrics that are undefined here (e.g. CIDEr of one image) warn: one line each.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", UserWarning)
+            scores = compute_metrics(
+                hypotheses, references, metrics, spice_timeout=args.spice_timeout
+            )
     except (SpiceJarsError, JavaToolError, RuntimeError, ValueError) as exc:
         print(f"captioner score: {exc}", file=sys.stderr)
         return 1
+    for warning in caught:
+        print(f"warning: {warning.message}", file=sys.stderr)
     print(f"{len(hypotheses)} images")
     for name, value in scores.corpus.items():
         print(f"{name:>8}: {value:.4f}")
     print()
     print(format_table1({Path(args.results).stem: scores.corpus}))
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
         document = metrics_document(
             scores, results=args.results, references=args.references, split=args.split
         )
-        out.write_text(json.dumps(document, indent=2, allow_nan=True) + "\n", encoding="utf-8")
-        print(f"\nwrote {out}")
+        try:
+            with atomic_write(args.out) as handle:
+                handle.write(json.dumps(document, indent=2, allow_nan=True) + "\n")
+        except OSError as exc:
+            print(f"captioner score: could not write {args.out}: {exc}", file=sys.stderr)
+            return 1
+        print(f"\nwrote {args.out}")
     return 0
