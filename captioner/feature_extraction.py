@@ -154,8 +154,8 @@ def extract_features(
 
     if weights is None:
         weights_sha256, init = _random_encoder_weights(
-            out, dataset.split("train"), key, arch=arch, image_size=image_size, seed=seed,
-            calibration_images=calibration_images, on_error=on_error,
+            out, dataset.split("train"), arch=arch, image_size=image_size, seed=seed,
+            calibration_images=calibration_images,
         )
         encoder = build_encoder(arch, _partial_weights_path(out), layer=layer)
         recorded_weights = str(encoder_weights_path(out).resolve())
@@ -163,7 +163,7 @@ def extract_features(
         local = Path(weights)
         weights_sha256 = _sha256(local) if local.is_file() else None
         recorded_weights, init = weights, "loaded weights"
-    key["weights_sha256"] = weights_sha256
+    key.update(weights_sha256=weights_sha256, init=init)
     encoder = encoder.to(device).eval()
     config = {
         "arch": arch, "layer": layer, "weights": recorded_weights, "image_size": image_size,
@@ -373,44 +373,44 @@ def _refuse_other_partial(out: Path, key: dict[str, Any]) -> None:
 
 
 def _random_encoder_weights(
-    out: Path, train: Sequence[ImageEntry], key: dict[str, Any], *, arch: str, image_size: int,
-    seed: int, calibration_images: int, on_error: str,
+    out: Path, train: Sequence[ImageEntry], *, arch: str, image_size: int, seed: int,
+    calibration_images: int,
 ) -> tuple[str, str]:
     """Make (or, when resuming, reuse) the random encoder's weights file; returns its SHA-256
     and the ``init`` description.
 
-    The file of an interrupted run is reused when the partial cache was made with it (same
-    SHA-256), so the resumed rows and the new ones come from one encoder even if calibration
-    were not bitwise reproducible."""
+    The file of an interrupted run is reused, with its recorded description, when the partial
+    cache was made with it (same SHA-256): the resumed rows and the new ones then come from one
+    encoder even if calibration were not bitwise reproducible or its images had changed."""
     path = _partial_weights_path(out)
-    recorded = partial_resume_key(out)
-    images = _calibration_inputs(train, calibration_images, image_size, on_error)
+    recorded = partial_resume_key(out) or {}
+    if path.is_file() and recorded.get("init") and _sha256(path) == recorded["weights_sha256"]:
+        return recorded["weights_sha256"], recorded["init"]
+    images = _calibration_inputs(train, calibration_images, image_size)
     init = f"random (seed {seed}), batch-norm statistics of {len(images)} images"
-    if recorded is not None and path.is_file():
-        digest = _sha256(path)
-        if digest == recorded.get("weights_sha256"):
-            return digest, init
     resnet = _calibrated_random_resnet(arch, images, seed)
     _save_state_dict(resnet.state_dict(), path)
     return _sha256(path), init
 
 
 def _calibration_inputs(
-    entries: Sequence[ImageEntry], count: int, image_size: int, on_error: str
+    entries: Sequence[ImageEntry], count: int, image_size: int
 ) -> list[torch.Tensor]:
-    """The first ``count`` readable training images, preprocessed, float32 (3, S, S) each."""
+    """The first ``count`` usable training images, preprocessed, float32 (3, S, S) each.
+
+    Unusable ones are passed over here whatever ``on_error`` says (the encoding pass reports
+    them), so that both modes calibrate on the same images."""
     images = []
     transform = image_files.imagenet_transform(image_size)
     for entry in entries:
         if len(images) == count:
             break
+        if check_image(entry.path) is not None:
+            continue  # e.g. a FIFO, which load_image would block on
         try:
             images.append(transform(image_files.load_image(entry.path)))
-        except image_files.ImageLoadError as exc:
-            if on_error == "fail":
-                raise FeatureExtractionError(
-                    f"image id {entry.image_id} (calibration of the random encoder): {exc}"
-                ) from None
+        except image_files.ImageLoadError:
+            continue
     if not images:
         raise FeatureExtractionError(
             "random encoder initialization needs readable training images for batch norm"

@@ -54,11 +54,16 @@ def _parser() -> argparse.ArgumentParser:
         help="torchvision weights name, a local state_dict file, or 'none' (random init) "
         "(default: %(default)s)",
     )
-    parser.add_argument("--image-size", type=int, default=256, help="default: %(default)s")
+    parser.add_argument(
+        "--image-size", type=int, default=256,
+        help="images are resized to this many pixels square (default: %(default)s)",
+    )
     parser.add_argument(
         "--splits", default="train,val,test", help="comma-separated splits (default: %(default)s)"
     )
-    parser.add_argument("--batch-size", type=int, default=32, help="default: %(default)s")
+    parser.add_argument(
+        "--batch-size", type=int, default=32, help="images per batch (default: %(default)s)"
+    )
     parser.add_argument(
         "--num-workers", type=int, default=2,
         help="image-reading worker processes (default: %(default)s)",

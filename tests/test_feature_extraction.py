@@ -1,0 +1,394 @@
+"""`captioner prepare-features` and captioner.feature_extraction: the pre-check of every image,
+skipping unusable images, resuming after SIGKILL with a result equal to an uninterrupted run's,
+one-line errors, help text and file modes."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import time
+import urllib.error
+import zlib
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import captioner.feature_extraction as fx
+from captioner.commands.prepare_features import main
+from captioner.data import CaptionDataModule
+from data_prep.features import FeatureCache, partial_cache_path, skipped_images_path
+
+SIZE = 64
+ENCODER_ARGS = ["--arch", "resnet18", "--layer", "layer3", "--weights", "none",
+                "--image-size", str(SIZE), "--batch-size", "8", "--num-workers", "0",
+                "--no-progress"]
+
+
+@pytest.fixture(autouse=True)
+def umask_022():
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+def _make_dataset(root: Path, n: int, *, seed: int = 0) -> tuple[Path, Path, list[int]]:
+    """``n`` random 64 px PNGs and a Karpathy JSON (80% train, then val, test); returns the
+    JSON, the image folder and the image ids in file order."""
+    images = root / "images"
+    images.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    records = []
+    for i in range(n):
+        pixels = rng.integers(0, 256, (SIZE // 8, SIZE // 8, 3), dtype=np.uint8)
+        Image.fromarray(pixels).resize((SIZE, SIZE)).save(images / f"{i}.png")
+        split = "train" if i < 0.8 * n else ("val" if i < 0.9 * n else "test")
+        records.append({
+            "filename": f"{i}.png", "imgid": i, "cocoid": 1000 + i, "split": split,
+            "sentences": [{"tokens": ["a", "picture", str(i % 7)], "raw": "a picture"}],
+        })
+    data = root / "data.json"
+    data.write_text(json.dumps({"dataset": "test", "images": records}))
+    return data, images, [1000 + i for i in range(n)]
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG that claims ``width`` x ``height`` pixels and holds no pixel data."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b"")
+
+
+def _spoil(images: Path, ids: list[int]) -> dict[int, str]:
+    """Replace images of ``ids`` (8 of them) by unusable files; returns id -> expected reason."""
+    jpeg = io.BytesIO()
+    noise = np.random.default_rng(1).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(jpeg, "JPEG")
+    kinds = {
+        "empty": (b"", "is empty"),
+        "text": (b"this is not a picture\n", "not an image file"),
+        "truncated": (jpeg.getvalue()[: len(jpeg.getvalue()) // 2], "truncated"),
+        "bomb": (_png_header(100_000, 100_000), "decompression bomb"),
+        "large": (_png_header(9_000, 9_000), "exceeds the limit of 64,000,000 pixels"),
+        "fifo": (None, "not a regular file"),
+        "missing": (None, "file not found"),
+        "folder": (None, "is a folder"),
+    }
+    expected = {}
+    for image_id, (kind, (content, reason)) in zip(ids, kinds.items(), strict=True):
+        path = images / f"{image_id - 1000}.png"
+        path.unlink()
+        if kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "folder":
+            path.mkdir()
+        elif content is not None:
+            path.write_bytes(content)
+        expected[image_id] = reason
+    return expected
+
+
+def _run(capsys, *args) -> tuple[int, str, str]:
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _user_error(code: int, err: str) -> str:
+    assert code == 2
+    assert err.startswith("captioner prepare-features: ") and "Traceback" not in err
+    return err
+
+
+def _cache_contents(path: Path) -> tuple[list[int], dict, np.ndarray]:
+    with h5py.File(path, "r") as file:
+        attrs = {key: np.asarray(value).tolist() for key, value in file.attrs.items()}
+        return file["image_ids"][:].tolist(), attrs, file["features"][:]
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_precheck_lists_every_unusable_file_before_encoding(tmp_path, capsys):
+    data, images, ids = _make_dataset(tmp_path, 30)
+    expected = _spoil(images, ids[2:10])
+    for image_id in ids[20:25]:  # 13 bad files in all: 10 named, "and 3 more"
+        (images / f"{image_id - 1000}.png").unlink()
+    out = tmp_path / "out" / "features.h5"
+    code, _, err = _run(capsys, "--data", data, "--images", images, "--out", out, *ENCODER_ARGS)
+    _user_error(code, err)
+    assert "13 of 30 images cannot be used" in err and "and 3 more" in err
+    for image_id, reason in expected.items():
+        assert re.search(rf"/{image_id - 1000}\.png: .*{reason}", err), (reason, err)
+    assert "--on-error skip" in err
+    assert not out.exists() and not partial_cache_path(out).exists()
+
+    # Every case is found by check_image itself too, with the same reasons.
+    reasons = fx.precheck_images([images / f"{i - 1000}.png" for i in ids])
+    assert [i for i, r in zip(ids, reasons, strict=True) if r] == ids[2:10] + ids[20:25]
+
+
+def test_pixel_limit_is_read_from_data_prep(tmp_path, monkeypatch):
+    path = tmp_path / "small.png"
+    Image.new("RGB", (SIZE, SIZE)).save(path)
+    assert fx.check_image(path) is None
+    monkeypatch.setattr("data_prep.images.MAX_IMAGE_PIXELS", SIZE * SIZE - 1)
+    assert "exceeds the limit of 4,095 pixels" in fx.check_image(path)
+
+
+def test_skip_mode_records_the_skipped_images_and_training_names_them(tmp_path, capsys):
+    data, images, ids = _make_dataset(tmp_path, 40)
+    expected = _spoil(images, ids[:8])
+    # Passes the pre-check, fails when decoded: floating-point pixels have no 8-bit mapping.
+    float_image = ids[30]
+    Image.new("F", (SIZE, SIZE)).save(images / f"{float_image - 1000}.png", "TIFF")
+    out = tmp_path / "features.h5"
+    code, stdout, err = _run(capsys, "--data", data, "--images", images, "--out", out,
+                             *ENCODER_ARGS, "--on-error", "skip")
+    assert code == 0, err
+    assert "8 of 40 images cannot be used and will be skipped" in stdout
+    assert "encoded 31 images in this run" in stdout
+
+    skipped = [*expected, float_image]
+    cache = FeatureCache(out)
+    assert cache.skipped_ids == skipped
+    assert cache.image_ids == [i for i in ids if i not in skipped]
+    records = json.loads(skipped_images_path(out).read_text())
+    assert [r["id"] for r in records] == skipped
+    assert records[-1]["path"] == str(images / f"{float_image - 1000}.png")
+    assert "floating-point" in records[-1]["reason"]
+    for record in records[:-1]:
+        assert expected[record["id"]] in record["reason"]
+    for path in (out, skipped_images_path(out), fx.encoder_weights_path(out)):
+        assert _mode(path) == 0o644, path
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "data.json", "features.encoder.pt", "features.h5", "features.skipped.json", "images"]
+
+    module = CaptionDataModule(data, images, feature_cache=out, min_count=1, num_workers=0)
+    with pytest.raises(FileNotFoundError) as error:
+        module.setup("fit")
+    message = str(error.value)
+    assert "9 image ids in the feature cache" in message and "1000, 1001, 1002" in message
+    assert "9 of them skipped as unusable images" in message
+    assert str(skipped_images_path(out)) in message
+
+
+def test_decode_failure_stops_with_one_line_and_a_skip_rerun_resumes(tmp_path, capsys):
+    data, images, ids = _make_dataset(tmp_path, 32)
+    bad = images / "20.png"
+    Image.new("F", (SIZE, SIZE)).save(bad, "TIFF")
+    out = tmp_path / "features.h5"
+    args = ["--data", data, "--images", images, "--out", out, *ENCODER_ARGS]
+    code, _, err = _run(capsys, *args)
+    err = _user_error(code, err)
+    assert err.count("\n") == 1 and str(bad) in err and "image id 1020" in err
+    assert "16 images encoded so far are kept" in err
+    assert partial_cache_path(out).is_file() and not out.exists()
+
+    code, stdout, err = _run(capsys, *args, "--on-error", "skip")
+    assert code == 0, err
+    assert "resuming: 16 of 32 images already encoded" in stdout
+    assert "encoded 15 images in this run" in stdout
+    assert FeatureCache(out).skipped_ids == [1020]
+
+
+def test_resume_reuses_the_random_encoder_and_refuses_other_settings(tmp_path, capsys,
+                                                                     monkeypatch):
+    data, images, _ = _make_dataset(tmp_path, 48)
+    out = tmp_path / "features.h5"
+    args = ["--data", data, "--images", images, "--out", out, *ENCODER_ARGS]
+    assert _run(capsys, *args)[0] == 0
+    reference = _cache_contents(out)
+    reference_weights = fx.encoder_weights_path(out).read_bytes()
+
+    # Interrupt after three batches (Ctrl-C): the partial cache and weights are kept.
+    original_add, calls = fx.FeatureCacheWriter.add, []
+
+    def interrupted_add(self, *a, **k):
+        calls.append(1)
+        if len(calls) > 3:
+            raise KeyboardInterrupt
+        original_add(self, *a, **k)
+
+    monkeypatch.setattr(fx.FeatureCacheWriter, "add", interrupted_add)
+    code, _, err = _run(capsys, *args)
+    assert code == 130 and "run the same command again" in err
+    monkeypatch.setattr(fx.FeatureCacheWriter, "add", original_add)
+    assert partial_cache_path(out).is_file()
+
+    code, _, err = _run(capsys, *args, "--batch-size", "16")
+    err = _user_error(code, err)
+    assert "batch_size 8 there, 16 now" in err and "delete it to start over" in err
+
+    # A resumed run must not calibrate again: a different encoder would change the features.
+    def other_encoder(*a, **k):
+        raise AssertionError("the random encoder was made again instead of reused")
+
+    monkeypatch.setattr(fx, "_calibrated_random_resnet", other_encoder)
+    code, stdout, err = _run(capsys, *args)
+    assert code == 0, err
+    assert "resuming: 24 of 48 images already encoded" in stdout
+    assert "encoded 24 images in this run" in stdout
+    ids, attrs, features = _cache_contents(out)
+    assert ids == reference[0] and attrs == reference[1]
+    assert features.tobytes() == reference[2].tobytes()
+    assert fx.encoder_weights_path(out).read_bytes() == reference_weights
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "data.json", "features.encoder.pt", "features.h5", "images"]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "checksum"])
+def test_a_damaged_partial_cache_is_started_over_with_a_message(tmp_path, capsys, damage):
+    data, images, ids = _make_dataset(tmp_path, 24)
+    out = tmp_path / "features.h5"
+    args = ["--data", data, "--images", images, "--out", out, *ENCODER_ARGS]
+    Image.new("F", (SIZE, SIZE)).save(images / "12.png", "TIFF")  # fails when decoded
+    assert _run(capsys, *args)[0] == 2  # 8 images committed
+    partial = partial_cache_path(out)
+    if damage == "garbage":
+        partial.write_bytes(b"\0" * 4096)
+        expected = "cannot be read"
+    else:
+        with h5py.File(partial, "a") as file:
+            assert json.loads(file.attrs["progress"])["rows"] == 8
+            file["features"][3] += 1
+        expected = "is damaged (checksum"
+    (images / "12.png").unlink()
+    Image.new("RGB", (SIZE, SIZE)).save(images / "12.png")
+    code, stdout, err = _run(capsys, *args)
+    assert code == 0, err
+    assert f"starting over: {partial} {expected}" in stdout
+    assert "encoded 24 images in this run" in stdout
+    assert FeatureCache(out).image_ids == ids
+
+
+def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path, capsys):
+    data, images, _ = _make_dataset(tmp_path, 160)
+    out = tmp_path / "features.h5"
+    args = ["--data", data, "--images", images, "--out", out, *ENCODER_ARGS]
+    assert _run(capsys, *args)[0] == 0
+    reference = _cache_contents(out)
+    reference_weights = fx.encoder_weights_path(out).read_bytes()
+    out.unlink()
+    fx.encoder_weights_path(out).unlink()
+
+    command = [sys.executable, "-m", "captioner.cli", "prepare-features", *map(str, args)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    partial, committed, deadline = partial_cache_path(out), 0, time.monotonic() + 120
+    try:
+        while committed < 40 and time.monotonic() < deadline and process.poll() is None:
+            committed = _committed_rows(partial)
+            time.sleep(0.01)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.communicate()
+    assert process.returncode == -signal.SIGKILL, "finished before it could be killed"
+    assert 40 <= committed < 160
+    weights_at_kill = fx._partial_weights_path(out).read_bytes()
+    assert weights_at_kill == reference_weights
+
+    rerun = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    done = int(re.search(r"resuming: (\d+) of 160 images already encoded", rerun.stdout)[1])
+    assert committed <= done < 160 and done % 8 == 0
+    assert f"encoded {160 - done} images in this run" in rerun.stdout
+    ids, attrs, features = _cache_contents(out)
+    assert ids == reference[0] and attrs == reference[1]
+    assert features.tobytes() == reference[2].tobytes()
+    assert fx.encoder_weights_path(out).read_bytes() == reference_weights
+    assert _mode(out) == 0o644 and _mode(fx.encoder_weights_path(out)) == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "data.json", "features.encoder.pt", "features.h5", "images"]
+
+
+def _committed_rows(partial: Path) -> int:
+    """Rows the partial file commits, read while another process writes it (0 when it cannot
+    be read at this instant)."""
+    try:
+        with h5py.File(partial, "r", locking=False) as file:
+            return json.loads(file.attrs["progress"])["rows"]
+    except (OSError, KeyError, ValueError, RuntimeError):
+        return 0
+
+
+def test_user_errors_are_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+    data, images, _ = _make_dataset(tmp_path, 4)
+    base = ["--data", data, "--images", images]
+    (tmp_path / "folder.h5").mkdir()
+    (tmp_path / "file").write_text("x")
+    cases = [
+        (["--out", tmp_path / "folder.h5", *ENCODER_ARGS], "folder.h5: is a folder"),
+        (["--out", tmp_path / "file" / "sub" / "f.h5", *ENCODER_ARGS], "cannot write to"),
+        (["--out", tmp_path / "f.h5", *ENCODER_ARGS, "--arch", "resnet7"],
+         "unknown encoder arch 'resnet7'; valid: resnet18"),
+        (["--out", tmp_path / "f.h5", *ENCODER_ARGS, "--layer", "layer2"],
+         "unknown encoder layer 'layer2'; valid: layer3, layer4"),
+        (["--out", tmp_path / "f.h5", *ENCODER_ARGS, "--batch-size", "0"],
+         "batch size must be an integer >= 1"),
+        (["--out", tmp_path / "f.h5", *ENCODER_ARGS, "--splits", "train,dev"], "unknown split"),
+        (["--out", tmp_path / "f.h5", *ENCODER_ARGS, "--weights", "IMAGENET9"],
+         "unknown weights 'IMAGENET9' for resnet18"),
+    ]
+    for args, message in cases:
+        code, _, err = _run(capsys, *base, *args)
+        err = _user_error(code, err)
+        assert message in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.json", "file", "folder.h5",
+                                                          "images"]
+
+    # Offline without the pretrained weights in the hub cache.
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("network is unreachable")
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
+    previous = torch.hub.get_dir()
+    torch.hub.set_dir(str(tmp_path / "hub"))
+    try:
+        code, _, err = _run(capsys, *base, "--out", tmp_path / "f.h5", "--arch", "resnet18",
+                            "--weights", "IMAGENET1K_V1", "--num-workers", "0")
+    finally:
+        torch.hub.set_dir(previous)
+    err = _user_error(code, err)
+    assert err.count("\n") == 1
+    assert str(tmp_path / "hub" / "checkpoints" / "resnet18-f37072fd.pth") in err
+    assert "--weights none" in err and "local state_dict file" in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write to read-only folders")
+def test_read_only_output_folder(tmp_path, capsys):
+    data, images, _ = _make_dataset(tmp_path, 4)
+    folder = tmp_path / "ro"
+    folder.mkdir(mode=0o555)
+    code, _, err = _run(capsys, "--data", data, "--images", images, "--out", folder / "f.h5",
+                        *ENCODER_ARGS)
+    assert "cannot write to the folder" in _user_error(code, err)
+
+
+def test_help_shows_every_default_and_no_markup(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert "``" not in text and ":func:" not in text
+    text = text[text.index("\noptions:"):]
+    for option, default in [("--arch", "resnet101"), ("--layer", "layer4"),
+                            ("--weights", "IMAGENET1K_V2"), ("--image-size", "256"),
+                            ("--splits", "train,val,test"), ("--batch-size", "32"),
+                            ("--num-workers", "2"), ("--seed", "0"), ("--on-error", "fail")]:
+        block = text[text.index(f"  {option}"):].split("\n  --", 1)[0]
+        assert f"default: {default})" in block, (option, block)
+    assert "--no-progress" in text
