@@ -1,14 +1,23 @@
-"""HDF5 feature cache: round trip, atomic writes, validation, missing keys."""
+"""HDF5 feature cache: round trip, atomic writes, validation, missing keys, resumable writes,
+skipped images."""
 
 from __future__ import annotations
 
+import json
+import os
 import pickle
 
 import h5py
 import numpy as np
 import pytest
 
-from data_prep.features import FeatureCache, FeatureCacheWriter
+from data_prep.features import (
+    FeatureCache,
+    FeatureCacheWriter,
+    partial_cache_path,
+    partial_resume_key,
+    skipped_images_path,
+)
 
 GRID = (2, 3)
 CHANNELS = 4
@@ -124,3 +133,140 @@ def test_reading_bad_files(tmp_path):
         file["x"] = np.zeros(3)
     with pytest.raises(ValueError, match="other.h5.*not a feature cache"):
         FeatureCache(tmp_path / "other.h5")
+
+
+KEY = {"settings": {"arch": "resnet18"}, "images": [1, 2, 3, 4, 5]}
+
+
+def _resumable(path, key=KEY, encoder=ENCODER):
+    return FeatureCacheWriter(path, grid=GRID, channels=CHANNELS, encoder=encoder,
+                              resume_key=key)
+
+
+def _attrs(path) -> dict:
+    with h5py.File(path, "r") as file:
+        return {key: np.asarray(value).tolist() for key, value in file.attrs.items()}
+
+
+def test_resumable_writer_continues_from_the_committed_rows(tmp_path):
+    feats = _features(5, 0)
+    straight = tmp_path / "straight" / "features.h5"
+    with _resumable(straight) as writer:
+        writer.add([1, 2], feats[:2])
+        writer.skip(3, "images/3.jpg", "file not found")
+        writer.add([4, 5], feats[3:])
+        assert writer.restarted is None and writer.done == 5
+
+    path = tmp_path / "features.h5"
+    partial = partial_cache_path(path)
+    with pytest.raises(KeyboardInterrupt), _resumable(path) as writer:
+        writer.add([1, 2], feats[:2])
+        writer.skip(3, "images/3.jpg", "file not found")
+        writer.commit()
+        writer.add([4], feats[3:4])  # not committed: dropped on resume
+        raise KeyboardInterrupt
+    assert partial.is_file() and not path.exists()
+    assert partial_resume_key(path) == KEY
+
+    with _resumable(path) as writer:
+        assert writer.restarted is None
+        assert (writer.done, writer.rows) == (3, 2)
+        assert writer.skipped == [{"id": 3, "path": "images/3.jpg", "reason": "file not found"}]
+        writer.add([4, 5], feats[3:])
+    assert not partial.exists()
+    cache = FeatureCache(path)
+    assert cache.image_ids == [1, 2, 4, 5] and cache.skipped_ids == [3]
+    assert np.array_equal(cache.get_many([1, 2, 4, 5]), feats[[0, 1, 3, 4]])
+    assert _attrs(path) == _attrs(straight)
+    assert json.loads(skipped_images_path(path).read_text()) == [
+        {"id": 3, "path": "images/3.jpg", "reason": "file not found"}]
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ("key", "was made with other settings or for other images"),
+        ("encoder", "was made by another encoder"),
+        ("checksum", "is damaged (checksum of its committed rows differs)"),
+        ("rows", "is damaged (it commits 2 rows but holds 1)"),
+        ("garbage", "cannot be read"),
+    ],
+)
+def test_an_unusable_partial_file_is_replaced_and_says_why(tmp_path, change, reason):
+    path = tmp_path / "features.h5"
+    with pytest.raises(KeyboardInterrupt), _resumable(path) as writer:
+        writer.add([1, 2], _features(2, 0))
+        writer.commit()
+        raise KeyboardInterrupt
+    partial = partial_cache_path(path)
+    key, encoder = KEY, ENCODER
+    if change == "key":
+        key = {**KEY, "images": [1, 2, 3]}
+    elif change == "encoder":
+        encoder = {**ENCODER, "image_size": 32}
+    elif change == "garbage":
+        partial.write_bytes(b"\0" * 1000)
+    else:
+        with h5py.File(partial, "a") as file:
+            if change == "checksum":
+                file["features"][1, 0, 0, 0] += 1
+            else:
+                file["features"].resize(1, axis=0)
+    with _resumable(path, key=key, encoder=encoder) as writer:
+        assert writer.restarted == reason or writer.restarted.startswith(reason)
+        assert writer.done == 0
+        writer.add([7], _features(1, 1))
+    assert FeatureCache(path).image_ids == [7]
+
+
+def test_skipped_images_and_sidecar(tmp_path):
+    path = tmp_path / "features.h5"
+    sidecar = skipped_images_path(path)
+    assert sidecar.name == "features.skipped.json"
+    with _writer(path) as writer:
+        writer.skip(9, "a/9.jpg", "is empty (0 bytes)")
+        writer.add([1], _features(1, 0))
+        with pytest.raises(ValueError, match=r"already.*\[9\]"):
+            writer.skip(9, "a/9.jpg", "again")
+        with pytest.raises(ValueError, match=r"already.*\[1\]"):
+            writer.skip(1, "a/1.jpg", "again")
+    assert FeatureCache(path).skipped_ids == [9]
+    assert json.loads(sidecar.read_text())[0]["id"] == 9
+    with _writer(path) as writer:  # rewritten without skipped images: no stale sidecar
+        writer.add([1], _features(1, 0))
+    assert FeatureCache(path).skipped_ids == [] and not sidecar.exists()
+    with h5py.File(path, "a") as file:  # a cache of an older version has no attribute
+        del file.attrs["skipped_ids"]
+    assert FeatureCache(path).skipped_ids == []
+
+
+def test_cache_files_follow_the_umask(tmp_path):
+    previous = os.umask(0o027)
+    try:
+        with _resumable(tmp_path / "features.h5") as writer:
+            writer.skip(2, "x.jpg", "file not found")
+            writer.add([1], _features(1, 0))
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "features.h5").stat().st_mode & 0o777 == 0o640
+    assert skipped_images_path(tmp_path / "features.h5").stat().st_mode & 0o777 == 0o640
+
+
+def test_commit_needs_a_resume_key(tmp_path):
+    with _writer(tmp_path / "f.h5") as writer, pytest.raises(RuntimeError, match="resume_key"):
+        writer.commit()
+    assert partial_resume_key(tmp_path / "f.h5") is None
+    partial_cache_path(tmp_path / "f.h5").write_text("not hdf5")
+    assert partial_resume_key(tmp_path / "f.h5") is None
+
+
+def test_rows_after_the_last_commit_never_reach_the_cache(tmp_path):
+    path = tmp_path / "features.h5"
+    with pytest.raises(KeyboardInterrupt), _resumable(path) as writer:
+        writer.add([1, 2], _features(2, 0))
+        writer.commit()
+        writer.add([3], _features(1, 1))
+        raise KeyboardInterrupt
+    with _resumable(path) as writer:
+        assert writer.rows == 2
+    assert FeatureCache(path).image_ids == [1, 2]
