@@ -14,6 +14,8 @@ rate x0.99 per epoch after the 10th epoch, d = 512, word embeddings of 256, g = 
 
 from __future__ import annotations
 
+import math
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -328,5 +330,13 @@ def corpus_scores(decoded: dict[int, str], references: dict[int, list[str]]) -> 
     hypotheses = {i: [decoded[i]] for i in ids}
     refs = {i: list(references[i]) for i in ids}
     bleu, _ = Bleu(4).compute_score(refs, hypotheses, verbose=0)
-    cider, _ = Cider().compute_score(refs, hypotheses)
+    if len(ids) < 2:
+        # CIDEr-D's IDF weights log(N/df) are 0 for N = 1 image: undefined, not 0.
+        warnings.warn(
+            "val/CIDEr is undefined (NaN) for a single image: its IDF weights log(N/df) are 0 "
+            "when the references hold N = 1 image", stacklevel=2,
+        )
+        cider = math.nan
+    else:
+        cider, _ = Cider().compute_score(refs, hypotheses)
     return {"Bleu_4": float(bleu[3]), "CIDEr": float(cider)}

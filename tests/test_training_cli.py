@@ -1,22 +1,25 @@
-"""`captioner fit|validate` (LightningCLI) and `captioner prepare-features` on tiny data,
-including resume from a checkpoint and a 2-process DDP run on CPU (gloo)."""
+"""`captioner fit|validate|test` (LightningCLI) and `captioner prepare-features` on tiny data:
+named run folders, an exact resume, untrusted --ckpt_path files, one-line user errors and a
+2-process DDP run on CPU (gloo)."""
 
 from __future__ import annotations
 
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from PIL import Image
 
-from captioner.checkpointing import load_safely
+from captioner.checkpointing import load_safely, save_atomically
 from captioner.commands.lightning import main as lightning_main
-from captioner.commands.prepare_features import encoder_weights_path, extract_features
+from captioner.feature_extraction import encoder_weights_path, extract_features
 from data_prep.features import FeatureCache
 from eval.commands.demo import ENCODER_LAYER as DEMO_LAYER
 
@@ -57,18 +60,21 @@ def test_paper_configs_parse_with_the_paper_settings(name, capsys):
 
 
 @pytest.mark.parametrize("mapping", MAPPINGS)
-def test_demo_configs_equal_the_demo_command_settings(mapping, capsys):
-    from eval.commands.demo import FULL, feature_cache_path, model_settings
+def test_demo_configs_read_what_the_default_demo_writes(mapping, capsys):
+    """configs/demo_*.yaml train on the default demo's data (the demo itself trains with
+    them, overriding only the paths of its own run)."""
+    from eval.commands.demo import FULL, dataset_dir, feature_cache_path
 
     config = _print_config(REPO / "configs" / f"demo_{mapping}.yaml", capsys)
+    root = dataset_dir(Path("demo_out"), FULL)
     cache = feature_cache_path(Path("demo_out"), FULL)
-    expected = model_settings(mapping, FULL, str(encoder_weights_path(cache)))
-    assert config["data"]["image_size"] == expected.pop("image_size")  # linked to the model
-    model = {key: config["model"][key] for key in expected}
-    assert model == expected
+    assert config["data"]["karpathy_json"] == str(root / "dataset_synthetic.json")
+    assert config["data"]["image_root"] == str(root / "images")
     assert config["data"]["feature_cache"] == str(cache)
-    assert config["data"]["batch_size"] == FULL.batch_size
-    assert config["trainer"]["max_epochs"] == FULL.epochs
+    assert config["model"]["encoder_weights"] == str(encoder_weights_path(cache))
+    assert config["data"]["image_size"] == FULL.image_size
+    assert config["model"]["output_attention"] == mapping
+    assert config["model"]["decoding"]["beam_size"] == 3
 
 
 @pytest.fixture(scope="module")
@@ -106,55 +112,165 @@ def _cli_args(dataset, cache: Path, out: Path, *extra: str) -> list[str]:
         "--data.eval_batch_size", "4",
         "--model.encoder_weights", weights,
         "--model.hidden_dim", "32", "--model.feature_dim", "32", "--model.embed_dim", "16",
-        "--model.max_length", "8", "--model.beam_size", "2",
+        "--model.dropout", "0.3",  # dropout draws random numbers: resume must restore them
+        "--model.decoding.max_length", "8", "--model.decoding.beam_size", "2",
         "--trainer.limit_train_batches", "2",
         "--trainer.limit_val_batches", "1",
         "--trainer.enable_progress_bar", "false",
-        "--trainer.default_root_dir", str(out),
-        "--trainer.logger.init_args.save_dir", str(out / "logs"),
-        "--checkpoint.dirpath", str(out / "checkpoints"),
+        "--trainer.logger.init_args.save_dir", str(out / "runs"),
         *extra,
     ]
 
 
-def test_fit_validate_and_resume_through_the_cli(synthetic_data, tiny_cache, tmp_path):
+def _run(*argv: str) -> tuple[int, str, str]:
+    """``captioner ARGV`` in a subprocess: (exit status, stdout, stderr)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-m", "captioner.cli", *argv], env=env,
+                         capture_output=True, text=True, timeout=300)
+    return run.returncode, run.stdout, run.stderr
+
+
+def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
+    synthetic_data, tiny_cache, tmp_path
+):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert lightning_main(["fit", *_cli_args(synthetic_data, tiny_cache, straight),
+                           "--trainer.max_epochs", "3"]) == 0
+    # "Killed" after epoch 2's checkpoint: the same config stopped there, then resumed.
+    args = _cli_args(synthetic_data, tiny_cache, resumed)
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "2"]) == 0
+    run = resumed / "runs" / "demo_softmax" / "version_0"
+    assert load_safely(run / "checkpoints" / "last.ckpt")["global_step"] == 4
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "3", "--ckpt_path", "last"]) == 0
+
+    assert sorted(p.name for p in (resumed / "runs" / "demo_softmax").iterdir()) == ["version_0"]
+    a = load_safely(straight / "runs" / "demo_softmax" / "version_0" / "checkpoints" / "last.ckpt")
+    b = load_safely(run / "checkpoints" / "last.ckpt")
+    assert (a["epoch"], a["global_step"]) == (b["epoch"], b["global_step"]) == (2, 6)
+    for name, tensor in a["state_dict"].items():
+        assert torch.equal(tensor, b["state_dict"][name]), name
+    assert a["lr_schedulers"] == b["lr_schedulers"]
+    best = [s for k, s in b["callbacks"].items() if k.startswith("ModelCheckpoint")][0]
+    assert Path(best["best_model_path"]).parent == run / "checkpoints"
+    # The metrics of the first part are kept beside the resumed part's.
+    assert (run / "metrics.part1.csv").is_file() and (run / "metrics.csv").is_file()
+    progress = json.loads((run / "checkpoints" / "progress.json").read_text())
+    assert (progress["epochs_done"], progress["global_step"]) == (3, 6)
+
+
+def test_last_checkpoint_is_written_every_epoch_whatever_the_score(
+    synthetic_data, tiny_cache, tmp_path
+):
+    # lr 0 keeps the weights, so validation CIDEr never improves after epoch 0: Lightning's own
+    # save_last would leave last.ckpt at epoch 0.
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--model.lr", "0.0")
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "3"]) == 0
+    checkpoints = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints"
+    assert load_safely(checkpoints / "last.ckpt")["global_step"] == 6
+    assert len(list(checkpoints.glob("best-*.ckpt"))) == 1
+
+
+def test_fit_prints_the_run_folder_and_checkpoints_and_runs_lists_them(
+    synthetic_data, tiny_cache, tmp_path
+):
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--run_name", "tiny")
+    code, out, err = _run("fit", *args, "--trainer.max_epochs", "1")
+    assert code == 0, err[-2000:]
+    run = tmp_path / "runs" / "tiny" / "version_0"
+    assert f"run folder: {run}" in out
+    best = next((run / "checkpoints").glob("best-*.ckpt"))
+    assert f"best checkpoint: {best}" in out
+    assert f"last checkpoint: {run / 'checkpoints' / 'last.ckpt'}" in out
+    assert "Tip:" not in out + err and "module(s) in eval mode at the start" not in err
+
+    code, out, err = _run("runs", "--root", str(tmp_path / "runs"))
+    assert code == 0, err
+    row = next(line for line in out.splitlines() if line.startswith("tiny"))
+    assert "version_0" in row and str(best) in row and " 1 " in row
+
+
+def test_validate_and_test_take_a_cli_checkpoint_and_best(synthetic_data, tiny_cache, tmp_path):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
-    last = tmp_path / "checkpoints" / "last.ckpt"
-    best = sorted((tmp_path / "checkpoints").glob("best-*.ckpt"))
-    assert len(best) == 1 and last.is_file()
-    assert load_safely(last)["global_step"] == 2
-
-    # Resume: the second epoch continues from step 2 with the restored optimizer state.
-    resume = ["--trainer.max_epochs", "2", "--ckpt_path", str(last)]
-    assert lightning_main(["fit", *args, *resume]) == 0
-    resumed = load_safely(last)
-    assert resumed["global_step"] == 4
-    assert resumed["vocabulary"] == load_safely(best[0])["vocabulary"]
-
-    assert lightning_main(["validate", *args, "--ckpt_path", str(best[0])]) == 0
-    metrics = list(csv.DictReader(next((tmp_path / "logs").rglob("metrics.csv")).open()))
+    best = next((tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints").glob("best*"))
+    assert lightning_main(["validate", *args, "--ckpt_path", str(best)]) == 0
+    assert lightning_main(["test", *args, "--ckpt_path", "best"]) == 0
+    metrics = [row for path in (tmp_path / "runs").rglob("metrics.csv")
+               for row in csv.DictReader(path.open())]
     assert any(row.get("val/CIDEr") for row in metrics)
+    assert any(row.get("test/CIDEr") for row in metrics)
 
 
-def test_missing_cache_key_is_an_error_naming_it(synthetic_data, tiny_cache, tmp_path):
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--ckpt_path", "last"], "no run of 'demo_softmax' has a last.ckpt"),
+        (["--ckpt_path", "nowhere.ckpt"], "nowhere.ckpt: no such checkpoint file"),
+        (["--data.karpathy_json", "missing.json"], "missing.json"),
+        (["--model.output_attention", "nosuchmax"], "nosuchmax"),
+        (["--model.output_attention", "tvmax", "--model.output_attention_kwargs",
+          "{lam: -1}"], "lam"),
+    ],
+)
+def test_user_errors_are_one_line_and_exit_2(synthetic_data, tiny_cache, tmp_path, extra,
+                                             message):
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    code, out, err = _run("fit", *args, "--trainer.max_epochs", "1", *extra)
+    assert code == 2, err[-2000:]
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
+    assert len(errors) == 1 and message in errors[0], err
+
+
+def test_a_checkpoint_cannot_make_fit_import_code(synthetic_data, tiny_cache, tmp_path):
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    last = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints" / "last.ckpt"
+    checkpoint = load_safely(last)
+    checkpoint["hyper_parameters"]["output_attention_kwargs"] = {"lam": {"class_path": "this.X"}}
+    evil = tmp_path / "evil.ckpt"
+    save_atomically(checkpoint, evil)
+    code, out, err = _run("test", *args, "--ckpt_path", str(evil))
+    assert code == 2 and "class specification" in err and "evil.ckpt" in err
+    assert "Zen of Python" not in out + err  # `import this` prints it
+
+
+def test_checkpoints_of_earlier_versions_still_load(synthetic_data, tiny_cache, tmp_path):
+    from captioner.inference import Captioner
+
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    last = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints" / "last.ckpt"
+    checkpoint = load_safely(last)
+    hparams = checkpoint["hyper_parameters"]
+    assert "_instantiator" in hparams  # what LightningCLI stores beside the arguments
+    del hparams["decoding"]
+    hparams.update(beam_size=1, max_length=5)  # the keys before DecodingOptions
+    old = tmp_path / "old.ckpt"
+    save_atomically(checkpoint, old)
+    captioner = Captioner.load(old)
+    assert (captioner.decoding.beam_size, captioner.decoding.max_length) == (1, 5)
+    assert lightning_main(["test", *args, "--ckpt_path", str(old)]) == 0
+
+
+def test_missing_cache_key_is_an_error_naming_it(synthetic_data, tiny_cache, tmp_path, capsys):
     raw = json.loads(synthetic_data.karpathy_json.read_text())
     raw["images"][0]["cocoid"] = 987654
     broken = tmp_path / "dataset_extra.json"
     broken.write_text(json.dumps(raw))
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--data.karpathy_json", str(broken))
-    with pytest.raises(FileNotFoundError, match="987654"):
-        lightning_main(["fit", *args, "--trainer.max_epochs", "1"])
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 2
+    assert "987654" in capsys.readouterr().err
 
 
-def test_cache_of_another_encoder_is_refused(synthetic_data, tiny_cache, tmp_path):
+def test_cache_of_another_encoder_is_refused(synthetic_data, tiny_cache, tmp_path, capsys):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--model.encoder_arch", "resnet34",
                      "--model.encoder_weights", "null")
-    with pytest.raises(ValueError, match="arch='resnet18'.*resnet34"):
-        lightning_main(["fit", *args, "--trainer.max_epochs", "1"])
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 2
+    assert re.search("arch='resnet18'.*resnet34", capsys.readouterr().err)
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--model.encoder_layer", "layer4")
-    with pytest.raises(ValueError, match="layer='layer3'.*layer='layer4'"):
-        lightning_main(["fit", *args, "--trainer.max_epochs", "1"])
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 2
+    assert re.search("layer='layer3'.*layer='layer4'", capsys.readouterr().err)
 
 
 def test_two_process_ddp_on_cpu(synthetic_data, tiny_cache, tmp_path):
@@ -171,7 +287,8 @@ def test_two_process_ddp_on_cpu(synthetic_data, tiny_cache, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert "distributed_backend=gloo" in run.stderr + run.stdout
     assert "All distributed processes registered" in run.stderr + run.stdout
-    checkpoint = load_safely(tmp_path / "checkpoints" / "last.ckpt")
+    checkpoints = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints"
+    checkpoint = load_safely(checkpoints / "last.ckpt")
     assert checkpoint["global_step"] == 2  # per process: 2 batches of the sharded data
-    metrics = list(csv.DictReader(next((tmp_path / "logs").rglob("metrics.csv")).open()))
+    metrics = list(csv.DictReader(next((tmp_path / "runs").rglob("metrics.csv")).open()))
     assert any(row.get("val/CIDEr") for row in metrics)

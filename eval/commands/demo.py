@@ -7,8 +7,9 @@
    mixes the cells too much for shapes to be told apart) and caches the float16 16 x 16 grid
    features (``captioner prepare-features``); its weights are saved beside the cache and end up
    in every checkpoint, so the checkpoints caption raw images.
-3. Trains softmax, sparsemax and TVmax output-attention captioners with the same
-   CaptioningModule / CaptionDataModule as ``captioner fit`` (best epoch on val/CIDEr).
+3. Trains softmax, sparsemax and TVmax output-attention captioners through the same
+   LightningCLI and configs as ``captioner fit`` (``configs/demo_*.yaml``; best epoch on
+   val/CIDEr), into ``OUT/runs/demo_<mapping>/version_N/`` with the exact config of each run.
 4. Decodes the test split from the images with each best checkpoint and scores it with the
    coco-caption metrics and REP, the share of zero attention, and the attention precision
    (share of output attention on the named shape's mask while its word is generated).
@@ -37,67 +38,34 @@ MAPPINGS = ("softmax", "sparsemax", "tvmax")
 
 @dataclass(frozen=True)
 class DemoSettings:
-    """Dataset size and training budget of one demo run."""
+    """Dataset and figures of one demo run, and its overrides of ``configs/demo_*.yaml``
+    (command-line options of ``captioner fit``; the default run has none)."""
 
     n_train: int
     n_val: int
     n_test: int
     image_size: int
-    epochs: int
-    batch_size: int
-    lr: float
-    lr_decay: float
-    lr_decay_after: int
-    hidden_dim: int
-    attention_dim: int
     n_figures: int
     spice: bool
+    overrides: tuple[str, ...] = ()
     seed: int = 0
 
 
-FULL = DemoSettings(
-    n_train=500, n_val=80, n_test=100, image_size=256, epochs=12, batch_size=64, lr=3e-3,
-    lr_decay=0.8, lr_decay_after=4, hidden_dim=128, attention_dim=32, n_figures=3, spice=True,
-)
+FULL = DemoSettings(n_train=500, n_val=80, n_test=100, image_size=256, n_figures=3, spice=True)
 QUICK = DemoSettings(
-    n_train=64, n_val=6, n_test=6, image_size=128, epochs=4, batch_size=16, lr=3e-3,
-    lr_decay=1.0, lr_decay_after=3, hidden_dim=32, attention_dim=16, n_figures=1, spice=False,
+    n_train=64, n_val=6, n_test=6, image_size=128, n_figures=1, spice=False,
+    overrides=(
+        "--trainer.max_epochs=4", "--data.batch_size=16", "--model.lr_decay=1.0",
+        "--model.lr_decay_after=3", "--model.hidden_dim=32", "--model.feature_dim=32",
+        "--model.embed_dim=16", "--model.attention_dim=16",
+    ),
 )
 ENCODER_ARCH = "resnet18"
 # Measured on the default run (softmax): layer3 gave test CIDEr 1.18 and attention precision
 # 23.7%, layer4 0.95 and 15.4%.
 ENCODER_LAYER = "layer3"
-# The paper's lam = 0.01 is relative to its model's score scale: with the demo model TVmax then
-# fused almost nothing (8.1 groups over 9.1 nonzero cells) and acted as sparsemax; lam = 0.1
-# fuses (4.3 groups over 10.8 cells) and lifted attention precision from 10.0% to 37.6%.
-TVMAX_LAM = 0.1
-
-
-def model_settings(mapping: str, settings: DemoSettings, encoder_weights: str) -> dict:
-    """CaptioningModule arguments of the demo model with ``mapping`` output attention (the
-    same values as ``configs/demo_<mapping>.yaml``)."""
-    return {
-        "encoder_arch": ENCODER_ARCH,
-        "encoder_weights": encoder_weights,
-        "encoder_trainable": False,
-        "encoder_layer": ENCODER_LAYER,
-        "image_size": settings.image_size,
-        "input_attention": "softmax",
-        "output_attention": mapping,
-        "output_attention_kwargs": {"lam": TVMAX_LAM} if mapping == "tvmax" else None,
-        "feature_dim": settings.hidden_dim,
-        "embed_dim": settings.hidden_dim // 2,
-        "hidden_dim": settings.hidden_dim,
-        "attention_dim": settings.attention_dim,
-        "dropout": 0.1,
-        "lr": settings.lr,
-        # A short run needs a faster decay than the paper's x0.99 per epoch after 10 epochs:
-        # with a constant rate, validation CIDEr swung by +-0.15 between epochs (measured).
-        "lr_decay": settings.lr_decay,
-        "lr_decay_after": settings.lr_decay_after,
-        "beam_size": 3,
-        "max_length": 16,
-    }
+# The demo's configs, in the source tree (the README installs the project editable).
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def dataset_dir(out: Path, settings: DemoSettings) -> Path:
@@ -111,7 +79,7 @@ def feature_cache_path(out: Path, settings: DemoSettings) -> Path:
 
 def prepare_data(out: Path, settings: DemoSettings):
     """The synthetic dataset and its ResNet-18 feature cache, made once and reused."""
-    from captioner.commands.prepare_features import encoder_weights_path, extract_features
+    from captioner.feature_extraction import encoder_weights_path, extract_features
     from data_prep.synthetic import SyntheticDataset, generate
 
     root = dataset_dir(out, settings)
@@ -135,46 +103,46 @@ def prepare_data(out: Path, settings: DemoSettings):
     return dataset, cache, str(encoder_weights_path(cache).resolve())
 
 
+def fit_arguments(mapping: str, dataset, cache: Path, weights: str, settings: DemoSettings,
+                  out: Path) -> list[str]:
+    """``captioner fit`` options that train the demo's ``mapping`` captioner: its config, the
+    paths of this run's data, and the settings' overrides."""
+    return [
+        "--config", str(CONFIGS / f"demo_{mapping}.yaml"),
+        "--data.karpathy_json", str(dataset.karpathy_json),
+        "--data.image_root", str(dataset.image_root),
+        "--data.feature_cache", str(cache),
+        "--data.image_size", str(settings.image_size),
+        "--model.encoder_weights", weights,
+        "--trainer.logger.init_args.save_dir", str(out / "runs"),
+        "--trainer.enable_model_summary", "false",
+        "--seed_everything", str(settings.seed),
+        *settings.overrides,
+    ]
+
+
 def train(mapping: str, dataset, cache: Path, weights: str, settings: DemoSettings,
           out: Path) -> Path:
-    """Train one captioner; returns its best checkpoint (copied to ``OUT/<mapping>.ckpt``)."""
-    import lightning as L
-    from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.loggers import CSVLogger
+    """Train one captioner through the same CLI and config as ``captioner fit``; returns its
+    best checkpoint (copied to ``OUT/<mapping>.ckpt``)."""
+    from captioner.training_cli import build_cli
 
-    from captioner.checkpointing import AtomicCheckpointIO
-    from captioner.data import CaptionDataModule
-    from captioner.lightning_module import CaptioningModule
-
-    L.seed_everything(settings.seed, verbose=False)
-    data = CaptionDataModule(
-        dataset.karpathy_json, dataset.image_root, feature_cache=cache, min_count=1,
-        image_size=settings.image_size, batch_size=settings.batch_size, eval_batch_size=50,
-        num_workers=0,
-    )
-    model = CaptioningModule(data.vocab_size, **model_settings(mapping, settings, weights))
-    checkpoints = ModelCheckpoint(
-        dirpath=out / "checkpoints" / mapping, monitor="val/CIDEr", mode="max",
-        filename="best", auto_insert_metric_name=False,
-    )
-    trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_epochs=settings.epochs, callbacks=[checkpoints],
-        logger=CSVLogger(out / "logs", name=mapping), plugins=[AtomicCheckpointIO()],
-        num_sanity_val_steps=0, enable_model_summary=False, log_every_n_steps=10,
-    )
-    print(f"\n== training the {mapping} captioner ({settings.epochs} epochs)")
-    trainer.fit(model, datamodule=data)
+    cli = build_cli(fit_arguments(mapping, dataset, cache, weights, settings, out), run=False)
+    print(f"\n== training the {mapping} captioner ({cli.trainer.max_epochs} epochs)")
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    print(cli.run_summary())
     best = out / f"{mapping}.ckpt"
-    shutil.copyfile(checkpoints.best_model_path, best)
+    shutil.copyfile(cli.best_callback.best_model_path, best)
     return best
 
 
 def evaluate(checkpoint: Path, dataset, metrics: tuple[str, ...]):
-    from eval.evaluation import evaluate_checkpoint
+    from captioner.inference import Captioner
+    from eval.evaluation import evaluate_captioner
 
-    return evaluate_checkpoint(
-        checkpoint, dataset.karpathy_json, dataset.image_root, split="test",
-        instances=dataset.instances["test"], beam_size=3, max_length=16, metrics=metrics,
+    return evaluate_captioner(
+        Captioner.load(checkpoint), dataset.karpathy_json, dataset.image_root, split="test",
+        instances=dataset.instances["test"], metrics=metrics,
     )
 
 
@@ -222,7 +190,7 @@ def write_figures(out: Path, entries, checkpoints: dict[str, Path], n_images: in
 
     paths = [e.path for e in entries[:n_images]]
     captions = {
-        name: Captioner.load(path).caption(paths, beam_size=3, max_length=16)
+        name: Captioner.load(path).caption(paths)
         for name, path in checkpoints.items()
     }
     maps = [c.attention.numpy() for cs in captions.values() for c in cs if c.tokens]

@@ -1,0 +1,42 @@
+"""``captioner runs``: the training runs under a runs folder, with their progress.
+
+One line per ``ROOT/NAME/version_N``: epochs done, global step, the best validation score
+(``val/CIDEr`` unless the run chose another) and the best and last checkpoints, as recorded in
+``checkpoints/progress.json`` at the run's last save.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HELP = "list training runs (runs/NAME/version_N) with their best validation CIDEr and checkpoints"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="captioner runs", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, default=Path("runs"),
+                        help="runs folder (default: %(default)s)")
+    args = parser.parse_args(argv)
+
+    from captioner.training_runs import list_runs
+
+    runs = list_runs(args.root)
+    if not runs:
+        print(f"captioner runs: no runs under {args.root}", file=sys.stderr)
+        return 1
+    header = f"{'run':<24} {'version':<10} {'epochs':>6} {'step':>8} {'best':>8}  checkpoints"
+    print(header)
+    for run in runs:
+        progress = run.progress
+        if progress is None:
+            print(f"{run.name:<24} version_{run.version:<2} {'-':>6} {'-':>8} {'-':>8}  "
+                  "(no checkpoint yet)")
+            continue
+        score = progress.get("best_score")
+        print(f"{run.name:<24} version_{run.version:<2} {progress['epochs_done']:>6} "
+              f"{progress['global_step']:>8} {'-' if score is None else f'{score:.4f}':>8}  "
+              f"best {progress.get('best_checkpoint') or '-'}  last {progress['last_checkpoint']}")
+    return 0

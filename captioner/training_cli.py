@@ -1,0 +1,208 @@
+"""The LightningCLI of ``captioner fit|validate|test`` (and of the demo's training).
+
+On top of Lightning's CLI over :class:`CaptioningModule` and :class:`CaptionDataModule`:
+
+* runs are named: the CSV logger writes ``runs/NAME/version_N`` with NAME the first config
+  file's stem or ``--run_name`` (see :mod:`captioner.training_runs`);
+* ``--ckpt_path last`` (fit) resumes the newest version of NAME that has a ``last.ckpt``, in
+  the same folder; ``--ckpt_path best`` or ``last`` (validate, test) use that version's best or
+  last checkpoint;
+* a checkpoint given to ``--ckpt_path`` is read as untrusted data: tensors only, and its
+  hyperparameters are checked as plain data against the model's constructor before they reach
+  jsonargparse (which would import any ``class_path`` they named);
+* :class:`captioner.training_runs.LastCheckpoint` (options ``--last.*``) writes ``last.ckpt``
+  every epoch; the best checkpoint on ``val/CIDEr`` is Lightning's ModelCheckpoint
+  (``--checkpoint.*``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+from pathlib import Path
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI
+
+from captioner.checkpointing import load_safely
+from captioner.data import CaptionDataModule
+from captioner.lightning_module import CaptioningModule
+from captioner.training_runs import (
+    LastCheckpoint,
+    latest_resumable,
+    set_aside_metrics,
+)
+
+CHECKPOINT_DEFAULTS = {
+    "checkpoint.monitor": "val/CIDEr",
+    "checkpoint.mode": "max",
+    "checkpoint.save_last": False,  # last.ckpt is LastCheckpoint's, written every epoch
+    "checkpoint.filename": "best-epoch{epoch:02d}-cider{val/CIDEr:.4f}",
+    "checkpoint.auto_insert_metric_name": False,
+}
+TRAINER_DEFAULTS = {
+    "plugins": {"class_path": "captioner.checkpointing.AtomicCheckpointIO"},
+    "logger": {
+        "class_path": "lightning.pytorch.loggers.CSVLogger",
+        "init_args": {"save_dir": "runs"},
+    },
+}
+_DEFAULT_LOGGER_NAME = "lightning_logs"
+
+
+class _NoAdvertising(logging.Filter):
+    """Drops Lightning's product tip ("Tip: ... try installing litmodels") from every fit."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tip:" not in str(record.msg)
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdvertising())
+# The frozen encoder stays in eval mode on purpose (fixed batch-norm statistics, as in the
+# paper); Lightning warns about it at the start of every fit.
+warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
+_NAMED_CHECKPOINTS = ("last", "best")
+
+
+class UserError(ValueError):
+    """A problem with the command line, a config or a file the user named."""
+
+
+class CaptionerCLI(LightningCLI):
+    """LightningCLI with named run folders, safe ``--ckpt_path`` and ``last``/``best``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        # The run name comes from the first --config of the command line, which the parsed
+        # config no longer tells apart from the configs it includes.
+        given = kwargs.get("args")
+        self._first_config = _first_config(sys.argv[1:] if given is None else list(given))
+        super().__init__(*args, **kwargs)
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(CHECKPOINT_DEFAULTS)
+        parser.add_lightning_class_args(LastCheckpoint, "last")
+        parser.add_argument(
+            "--run_name", type=str | None, default=None,
+            help="runs/NAME/version_N folder name (default: the first config file's stem)",
+        )
+        parser.link_arguments("data.image_size", "model.image_size")
+        parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
+
+    # LightningCLI hook (Lightning 2.6): reads --ckpt_path's hyperparameters into the config.
+    def _parse_ckpt_path(self) -> None:
+        subcommand = self.config.get("subcommand")
+        if not subcommand:
+            return
+        config = self.config[subcommand]
+        ckpt_path = config.get("ckpt_path")
+        if ckpt_path is None:
+            return
+        if ckpt_path in _NAMED_CHECKPOINTS:
+            ckpt_path = self._resolve_named(subcommand, config, ckpt_path)
+            config["ckpt_path"] = str(ckpt_path)
+        path = Path(ckpt_path)
+        if not path.is_file():
+            raise UserError(f"--ckpt_path {path}: no such checkpoint file")
+        hparams = CaptioningModule.hparams_from_checkpoint(
+            load_safely(path).get(CaptioningModule.CHECKPOINT_HYPER_PARAMS_KEY, {}), path
+        )
+        self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+
+    def _resolve_named(self, subcommand: str, config, which: str) -> Path:
+        """``last`` / ``best`` of the newest run of this config; fit resumes into that run."""
+        root, name = self._run_root(config), self.run_name(config)
+        if subcommand == "fit" and which == "best":
+            raise UserError("--ckpt_path best: fit resumes from 'last' or a checkpoint file")
+        found = latest_resumable(root, name)
+        if found is None:
+            raise UserError(
+                f"--ckpt_path {which}: no run of {name!r} has a last.ckpt under {root / name}; "
+                "train first (without --ckpt_path) or give a checkpoint file"
+            )
+        version, last = found
+        if subcommand == "fit":
+            self._resume_version = version
+            return last
+        if which == "last":
+            return last
+        progress = load_safely(last).get("callbacks", {})
+        best = next((s.get("best_model_path") for k, s in progress.items()
+                     if k.startswith("ModelCheckpoint") and s.get("best_model_path")), None)
+        if not best or not Path(best).is_file():
+            raise UserError(f"--ckpt_path best: {last} names no existing best checkpoint")
+        return Path(best)
+
+    def before_instantiate_classes(self) -> None:
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        logger = config.trainer.get("logger")
+        init_args = getattr(logger, "init_args", None)
+        if init_args is None or "name" not in init_args:
+            return
+        if init_args.get("name") in (None, _DEFAULT_LOGGER_NAME):
+            init_args["name"] = self.run_name(config)
+        version = getattr(self, "_resume_version", None)
+        if version is not None and "version" in init_args:
+            init_args["version"] = version
+            folder = Path(init_args["save_dir"]) / init_args["name"] / f"version_{version}"
+            step = load_safely(config["ckpt_path"]).get("global_step", 0)
+            set_aside_metrics(folder, step)
+
+    def run_name(self, config) -> str:
+        if config.get("run_name"):
+            return config["run_name"]
+        return Path(self._first_config).stem if self._first_config else "captioner"
+
+    @staticmethod
+    def _run_root(config) -> Path:
+        logger = config.trainer.get("logger")
+        init_args = getattr(logger, "init_args", None)
+        save_dir = init_args.get("save_dir") if init_args is not None else None
+        return Path(save_dir or "runs")
+
+    @property
+    def best_callback(self) -> ModelCheckpoint:
+        """The ModelCheckpoint of the best checkpoint (``--checkpoint.*``)."""
+        return next(c for c in self.trainer.callbacks if isinstance(c, ModelCheckpoint))
+
+    def run_summary(self) -> str:
+        """Where the run went: its folder, best and last checkpoints."""
+        trainer = self.trainer
+        best = self.best_callback
+        last = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)
+        lines = [f"run folder: {trainer.log_dir}"]
+        if best.best_model_path:
+            score = best.best_model_score
+            lines.append(f"best checkpoint: {best.best_model_path} "
+                         f"({best.monitor} {float(score):.4f})" if score is not None else "")
+        if last is not None and last.path is not None:
+            lines.append(f"last checkpoint: {last.path} ({trainer.current_epoch} epochs done, "
+                         f"step {trainer.global_step})")
+        return "\n".join(line for line in lines if line)
+
+
+def _first_config(args: list[str]) -> str | None:
+    """The value of the first ``--config`` / ``-c`` option of ``args``."""
+    for index, arg in enumerate(args):
+        if arg in ("--config", "-c") and index + 1 < len(args):
+            return args[index + 1]
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def build_cli(args: list[str] | None, *, run: bool = True) -> CaptionerCLI:
+    """The CLI for ``args`` (sub-command first when ``run``; None: sys.argv)."""
+    return CaptionerCLI(
+        CaptioningModule,
+        CaptionDataModule,
+        args=args,
+        run=run,
+        trainer_defaults=TRAINER_DEFAULTS,
+        seed_everything_default=0,
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={"prog": "captioner"},
+    )
+

@@ -1,0 +1,199 @@
+"""Run folders of ``captioner fit`` and the state that makes a resume exact.
+
+A run lives in ``ROOT/NAME/version_N/`` (ROOT ``runs`` by default, NAME the config file's stem
+or ``--run_name``): ``metrics.csv`` and ``hparams.yaml`` of the CSV logger, and
+``checkpoints/`` with the best checkpoint(s) on ``val/CIDEr``, ``last.ckpt`` and
+``progress.json`` (epoch, step, best score and paths of the last save; what ``captioner runs``
+lists).
+
+:class:`LastCheckpoint` writes ``last.ckpt`` at the end of every training epoch, after the
+epoch's validation (so it holds the updated best-score tracking), whatever the score did, and
+every ``every_n_train_steps`` optimizer steps when that is > 0. It also stores the random
+number generators' states (torch, CUDA, numpy, Python) and restores them on resume, so that a
+run resumed from an end-of-epoch checkpoint draws the same shuffles and dropout masks as an
+uninterrupted run and ends with the same weights. A resume from a mid-epoch checkpoint
+continues at its step, but the rest of that epoch draws a new shuffle.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
+
+from data_prep.files import atomic_write
+
+LAST_NAME = "last.ckpt"
+PROGRESS_NAME = "progress.json"
+_VERSION_DIR = re.compile(r"^version_(\d+)$")
+
+
+class LastCheckpoint(Checkpoint):
+    """``last.ckpt`` every epoch (and every N steps), with the RNG states for exact resumes.
+
+    A :class:`~lightning.pytorch.callbacks.Checkpoint`, so that Lightning runs it after the
+    callbacks that are not and, among checkpoint callbacks, in the order given: after the
+    best-checkpoint ModelCheckpoint, whose updated state it then stores.
+
+    Args:
+        every_n_train_steps: also save every this many optimizer steps (0: only per epoch).
+    """
+
+    def __init__(self, every_n_train_steps: int = 0) -> None:
+        if every_n_train_steps < 0:
+            raise ValueError(f"every_n_train_steps must be >= 0, got {every_n_train_steps}")
+        self.every_n_train_steps = every_n_train_steps
+        self.path: Path | None = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        n = self.every_n_train_steps
+        if n and trainer.global_step % n == 0:
+            self._save(trainer)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._save(trainer)
+
+    def _save(self, trainer: L.Trainer) -> None:
+        if trainer.sanity_checking or trainer.fast_dev_run:
+            return
+        best = _best_callback(trainer)
+        folder = Path(best.dirpath) if best is not None and best.dirpath else _log_dir(trainer)
+        self.path = folder / LAST_NAME
+        trainer.save_checkpoint(self.path, weights_only=False)  # full state
+        if trainer.is_global_zero:
+            write_progress(folder, trainer, self.path)
+
+    def state_dict(self) -> dict[str, Any]:
+        # Called while the checkpoint is written, so these are the states at the save.
+        return {"rng": _rng_states()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Called when fit restores a checkpoint, before any data is drawn.
+        if "rng" in state_dict:
+            _set_rng_states(state_dict["rng"])
+
+
+def _best_callback(trainer: L.Trainer) -> ModelCheckpoint | None:
+    return next((c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)), None)
+
+
+def _log_dir(trainer: L.Trainer) -> Path:
+    return Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints"
+
+
+def _rng_states() -> dict[str, Any]:
+    """The generators' states as tensors and plain data (loadable with weights_only=True)."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()  # noqa: NPY002 (the global state is what code draws from)
+    version, python_state, gauss = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],
+        "python": [version, list(python_state), gauss],
+    }
+
+
+def _set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    kind, keys, position, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))  # noqa: NPY002
+    version, python_state, gauss = states["python"]
+    random.setstate((version, tuple(python_state), gauss))
+
+
+def write_progress(folder: Path, trainer: L.Trainer, last: Path) -> None:
+    """``progress.json`` beside ``last``: epochs done, step, best score and checkpoints."""
+    best = _best_callback(trainer)
+    score = getattr(best, "best_model_score", None)
+    progress = {
+        "epochs_done": trainer.current_epoch + 1,
+        "global_step": trainer.global_step,
+        "monitor": getattr(best, "monitor", None),
+        "best_score": None if score is None else float(score),
+        "best_checkpoint": getattr(best, "best_model_path", "") or None,
+        "last_checkpoint": str(last),
+    }
+    with atomic_write(folder / PROGRESS_NAME) as handle:
+        json.dump(progress, handle, indent=1)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One run folder and its ``progress.json`` (None before the first checkpoint)."""
+
+    name: str
+    version: int
+    folder: Path
+    progress: dict | None
+
+
+def version_folders(root: Path, name: str) -> list[tuple[int, Path]]:
+    """``(N, ROOT/NAME/version_N)`` of every version of run NAME, by N."""
+    folder = root / name
+    if not folder.is_dir():
+        return []
+    found = []
+    for child in folder.iterdir():
+        match = _VERSION_DIR.match(child.name)
+        if match and child.is_dir():
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def latest_resumable(root: Path, name: str) -> tuple[int, Path] | None:
+    """The newest version of run NAME that has ``checkpoints/last.ckpt``, and that file."""
+    for version, folder in reversed(version_folders(root, name)):
+        last = folder / "checkpoints" / LAST_NAME
+        if last.is_file():
+            return version, last
+    return None
+
+
+def list_runs(root: Path) -> list[RunInfo]:
+    """Every ``ROOT/NAME/version_N`` run, by name and version."""
+    runs = []
+    if not root.is_dir():
+        return runs
+    for named in sorted(p for p in root.iterdir() if p.is_dir()):
+        for version, folder in version_folders(root, named.name):
+            progress_file = folder / "checkpoints" / PROGRESS_NAME
+            try:
+                progress = json.loads(progress_file.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                progress = None
+            runs.append(RunInfo(named.name, version, folder, progress))
+    return runs
+
+
+def set_aside_metrics(folder: Path, resumed_step: int) -> Path | None:
+    """Before a resume into ``folder``: Lightning's CSV logger would delete ``metrics.csv``, so
+    its rows up to ``resumed_step`` (the part the resume does not replay) are kept as
+    ``metrics.partK.csv`` (K = 1, 2, ... per resume); returns that file, or None."""
+    metrics = folder / "metrics.csv"
+    if not metrics.is_file():
+        return None
+    with metrics.open(newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        fieldnames = reader.fieldnames or []
+        rows = [r for r in reader if not r.get("step") or int(float(r["step"])) <= resumed_step]
+    part = 1
+    while (folder / f"metrics.part{part}.csv").exists():
+        part += 1
+    kept = folder / f"metrics.part{part}.csv"
+    with atomic_write(kept) as handle:
+        writer = csv.DictWriter(handle, fieldnames=fieldnames)
+        writer.writeheader()
+        writer.writerows(rows)
+    metrics.unlink()
+    return kept
