@@ -29,6 +29,7 @@ Files are created with the process's umask (0644 normally).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import zlib
@@ -58,9 +59,17 @@ def skipped_images_path(path: str | Path) -> Path:
     return path.with_name(f"{path.stem}.skipped.json")
 
 
+class PartialCacheInUseError(OSError):
+    """The partial file of a cache is open for writing in another process."""
+
+
 def partial_resume_key(path: str | Path) -> dict[str, Any] | None:
     """The ``resume_key`` recorded in the partial file of the cache ``path``; None when there is
-    no partial file or it cannot be read (the writer then says why when it opens)."""
+    no partial file or it cannot be read (the writer then says why when it opens).
+
+    Raises:
+        PartialCacheInUseError: another process is writing the partial file.
+    """
     import h5py
 
     partial = partial_cache_path(path)
@@ -69,8 +78,21 @@ def partial_resume_key(path: str | Path) -> dict[str, Any] | None:
     try:
         with h5py.File(partial, "r") as file:
             return json.loads(file.attrs["resume_key"])
-    except (OSError, KeyError, TypeError, ValueError):
+    except OSError as exc:
+        _raise_if_in_use(exc, partial)
         return None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _raise_if_in_use(exc: OSError, partial: Path) -> None:
+    # HDF5 locks a file it writes; opening it again would fail, and creating it anew would
+    # truncate it under the other process.
+    if exc.errno == errno.EAGAIN or "unable to lock file" in str(exc):
+        raise PartialCacheInUseError(
+            f"{partial} is open in another process (another run writing the same cache?): "
+            "wait for it to finish, or stop it"
+        ) from None
 
 
 class FeatureCacheWriter:
@@ -87,7 +109,8 @@ class FeatureCacheWriter:
             durable, and opening finds the committed rows of an earlier writer with the same
             key, ``grid``, ``channels`` and ``encoder`` (checksums verified): :attr:`done`
             says how many source images they cover. A partial file that cannot be read, is
-            damaged or was made with another key is replaced, and :attr:`restarted` says why.
+            damaged or was made with another key is replaced, and :attr:`restarted` says why;
+            one that another process is writing raises :class:`PartialCacheInUseError`.
 
     Every source image is either written (:meth:`add`) or skipped (:meth:`skip`), in source
     order, so ``done`` = rows + skipped images is the position to continue from.
@@ -146,6 +169,7 @@ class FeatureCacheWriter:
             self.restarted = self._resume()
             if self.restarted is None:
                 return self
+            self._temporary.unlink()  # a new file, not one truncated under a reader
         self._file = h5py.File(self._temporary, "w")
         self._file.attrs.update(
             {
@@ -179,6 +203,7 @@ class FeatureCacheWriter:
         try:
             file = h5py.File(self._temporary, "a")
         except OSError as exc:
+            _raise_if_in_use(exc, self._temporary)
             return f"cannot be read ({_one_line(exc)})"
         try:
             reason = self._adopt(file)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -14,6 +16,7 @@ import pytest
 from data_prep.features import (
     FeatureCache,
     FeatureCacheWriter,
+    PartialCacheInUseError,
     partial_cache_path,
     partial_resume_key,
     skipped_images_path,
@@ -270,3 +273,27 @@ def test_rows_after_the_last_commit_never_reach_the_cache(tmp_path):
     with _resumable(path) as writer:
         assert writer.rows == 2
     assert FeatureCache(path).image_ids == [1, 2]
+
+
+def test_a_partial_file_written_by_another_process_is_left_alone(tmp_path):
+    path = tmp_path / "features.h5"
+    with pytest.raises(KeyboardInterrupt), _resumable(path) as writer:
+        writer.add([1, 2], _features(2, 0))
+        writer.commit()
+        raise KeyboardInterrupt
+    partial = partial_cache_path(path)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, h5py; f = h5py.File(sys.argv[1], 'a'); "
+         "print('open', flush=True); sys.stdin.read()", str(partial)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "open\n"
+        with pytest.raises(PartialCacheInUseError, match="open in another process"):
+            partial_resume_key(path)
+        with pytest.raises(PartialCacheInUseError, match="open in another process"):
+            _resumable(path).__enter__()
+    finally:
+        holder.communicate("")
+    with _resumable(path) as writer:
+        assert writer.restarted is None and writer.rows == 2
