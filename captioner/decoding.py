@@ -17,13 +17,12 @@ Conventions shared by both searches:
   ``-inf`` and is never chosen or expanded. Trigram blocking sets the log-prob of a word that
   would repeat a trigram of the hypothesis to ``-inf`` too. A hypothesis left with no word of
   finite log-prob stops where it is (without an end token).
-* ``banned_ids`` are words never generated (their log-prob is set to ``-inf``): the model's
-  :class:`DecodingOptions` ban ``<pad>`` and ``<start>`` always and ``<unk>`` unless allowed.
+* ``banned_ids`` are words never generated (their log-prob is set to ``-inf``): a model's
+  decoding options ban ``<pad>`` and ``<start>`` always and ``<unk>`` unless allowed.
 * Beam search ranks finished hypotheses by length-normalized log-prob,
   ``log_prob / n ** length_normalization`` with n the number of scored tokens (words plus the
-  end token when present); 0 disables the normalization, 1 is the mean log-prob. Default
-  :data:`DEFAULT_LENGTH_NORMALIZATION` = 0.7 (a mild preference for longer captions, in the
-  range commonly used for neural generation; Wu et al. 2016 use 0.6-0.7).
+  end token when present); 0 disables the normalization, 1 is the mean log-prob. Default:
+  :data:`captioner.decoding_options.DEFAULT_LENGTH_NORMALIZATION`.
 * Only end tokens among the ``beam_size`` best candidates of a step finish a hypothesis, and
   an image is done when it has ``beam_size`` finished hypotheses or no live beam (fairseq's
   rule). Beam size 1 is then exactly greedy search, whatever the length normalization; the
@@ -34,69 +33,15 @@ Call ``decoder.eval()`` first: decoding with dropout active is rarely what is wa
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from captioner.decoding_options import DEFAULT_LENGTH_NORMALIZATION
 from captioner.losses import word_log_probs
 from captioner.model.decoder import AttentionDecoder
-
-DEFAULT_LENGTH_NORMALIZATION = 0.7
-
-
-@dataclass(frozen=True)
-class DecodingOptions:
-    """How captions are decoded, in validation, test and every captioning command: the one
-    place of these defaults (a model's own options are ``model.decoding`` of its config and
-    are stored in its checkpoints; the commands' options override them).
-
-    beam_size: beams per image (1 = greedy search). max_length: most words per caption (end
-    token excluded). length_normalization: exponent a of the ranking score log_prob / n ** a.
-    block_trigrams: never repeat a trigram within a caption. allow_unk: let ``<unk>`` be
-    generated (by default it never is: a caption with ``<unk>`` would reach the metrics and
-    the raters).
-    """
-
-    beam_size: int = 3
-    max_length: int = 20
-    length_normalization: float = DEFAULT_LENGTH_NORMALIZATION
-    block_trigrams: bool = False
-    allow_unk: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("beam_size", "max_length"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"decoding {name} must be an integer >= 1, got {value!r}")
-        value = self.length_normalization
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise ValueError(f"decoding length_normalization must be >= 0, got {value!r}")
-        for name in ("block_trigrams", "allow_unk"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(
-                    f"decoding {name} must be true or false, got {getattr(self, name)!r}"
-                )
-
-    @classmethod
-    def coerce(cls, value: DecodingOptions | Mapping | None) -> DecodingOptions:
-        """``value`` itself, the defaults for None, or the options of a dict (unknown keys are
-        refused by name)."""
-        if value is None:
-            return cls()
-        if isinstance(value, cls):
-            return value
-        if not isinstance(value, Mapping):
-            raise ValueError(f"decoding options must be a dict, got {type(value).__name__}")
-        known = {field.name for field in fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown decoding option(s) {', '.join(unknown)}; "
-                f"known: {', '.join(sorted(known))}"
-            )
-        return cls(**value)
 
 
 @dataclass

@@ -26,7 +26,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from captioner.checkpointing import CheckpointError, load_safely
-from captioner.decoding import DecodingOptions
+from captioner.decoding_options import DecodingOptions
 from captioner.image_files import ImageResult, load_images
 from captioner.lightning_module import VOCABULARY_KEY, CaptioningModule
 from data_prep.images import imagenet_transform, load_image

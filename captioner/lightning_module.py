@@ -28,7 +28,8 @@ from pycocoevalcap.cider.cider import Cider
 from torch import Tensor
 
 from captioner.checkpointing import constructor_arguments
-from captioner.decoding import DecodingOptions, Hypothesis, beam_search
+from captioner.decoding import Hypothesis, beam_search
+from captioner.decoding_options import DecodingOptions
 from captioner.losses import caption_loss
 from captioner.model import CaptionModel
 from captioner.model.decoder import AttentionDecoder

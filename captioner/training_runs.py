@@ -186,7 +186,7 @@ def set_aside_metrics(folder: Path, resumed_step: int) -> Path | None:
     with metrics.open(newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
         fieldnames = reader.fieldnames or []
-        rows = [r for r in reader if not r.get("step") or int(float(r["step"])) <= resumed_step]
+        rows = [r for r in reader if not r.get("step") or int(float(r["step"])) < resumed_step]
     part = 1
     while (folder / f"metrics.part{part}.csv").exists():
         part += 1

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from eval.scoring import ALL_METRICS
 
 if TYPE_CHECKING:
-    from captioner.decoding import DecodingOptions
+    from captioner.decoding_options import DecodingOptions
     from captioner.inference import Captioner
 
 

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from captioner.commands import caption as command
-from captioner.decoding import DecodingOptions
+from captioner.decoding_options import DecodingOptions
 from captioner.image_files import coco_image_ids, collect_images
 
 FAST = ["--beam-size", "1", "--max-length", "5", "--no-progress", "--device", "cpu"]

@@ -11,7 +11,8 @@ from test_decoding import END, MAX_LENGTH, START, ending_decoder
 from test_model import random_batch, small_decoder
 
 import captioner.attention as att
-from captioner.decoding import DecodingOptions, beam_search
+from captioner.decoding import beam_search
+from captioner.decoding_options import DecodingOptions
 from captioner.losses import caption_loss
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from captioner.checkpointing import load_safely, save_atomically
-from captioner.decoding import DecodingOptions
+from captioner.decoding_options import DecodingOptions
 from captioner.inference import Caption, Captioner, IncompatibleCheckpointError
 from data_prep.images import ImageLoadError
 

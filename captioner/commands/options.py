@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields, replace
 
-from captioner.decoding import DecodingOptions
+from captioner.decoding_options import DecodingOptions
 
 DEVICE_HELP = "torch device: cpu, cuda, cuda:1, ... (default: cuda when available, else cpu)"
 _DECODING_HELP = {

@@ -25,11 +25,7 @@ import sys
 from pathlib import Path
 
 from captioner.commands.options import DEVICE_HELP
-
-# Importable from here until every caller imports them from captioner.feature_extraction.
-from captioner.feature_extraction import ON_ERROR, encoder_weights_path, extract_features
-
-__all__ = ["HELP", "encoder_weights_path", "extract_features", "main"]
+from captioner.feature_extraction import ON_ERROR, extract_features
 
 HELP = "cache frozen-encoder grid features (float16, HDF5) for the images of a Karpathy JSON"
 PROG = "captioner prepare-features"

@@ -1,0 +1,92 @@
+"""DecodingOptions: one place for the defaults, validated, reaching validation, inference and
+the commands; <pad>, <start> and (unless allowed) <unk> are never generated."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+from test_decoding import constant_decoder, random_batch, repeated_trigrams
+
+from captioner.commands.options import add_decoding_arguments, decoding_options
+from captioner.decoding_options import DecodingOptions
+from captioner.inference import Captioner
+from data_prep.vocab import Vocabulary
+
+
+class _ModuleWith:
+    """A CaptioningModule's ``decode`` around a hand-made decoder (scores fixed per word)."""
+
+    def __init__(self, decoder, decoding: DecodingOptions) -> None:
+        from captioner.lightning_module import CaptioningModule
+
+        self.decode = CaptioningModule.decode.__get__(self)
+        self.model = type("Model", (), {"decoder": decoder})()
+        self.decoding = decoding
+        self.hparams = type("HParams", (), {"output_mapping": "softmax"})()
+
+
+def _decode(bias: dict[int, float], **options) -> list[list[int]]:
+    decoder = constant_decoder({Vocabulary.END_ID: -3.0, **bias})
+    features, _ = random_batch(batch=2)
+    module = _ModuleWith(decoder, DecodingOptions(beam_size=1, max_length=6, **options))
+    return [hypothesis.token_ids for hypothesis in module.decode(features)]
+
+
+def test_unk_pad_and_start_are_never_generated_unless_unk_is_allowed():
+    # <unk> scores best, then <pad> and <start>, then word 5: only word 5 may be written.
+    bias = {Vocabulary.UNK_ID: 4.0, Vocabulary.PAD_ID: 3.5, Vocabulary.START_ID: 3.0, 5: 2.0}
+    for tokens in _decode(bias):
+        assert tokens == [5] * 6
+    for tokens in _decode(bias, allow_unk=True):
+        assert tokens == [Vocabulary.UNK_ID] * 6
+
+
+def test_block_trigrams_reaches_the_search():
+    bias = {5: 3.0, 6: 2.0, 7: 1.0}
+    assert all(repeated_trigrams(tokens) for tokens in _decode(bias))
+    assert not any(repeated_trigrams(tokens) for tokens in _decode(bias, block_trigrams=True))
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"beam_size": 0}, "beam_size must be an integer >= 1"),
+        ({"max_length": 2.5}, "max_length must be an integer >= 1"),
+        ({"length_normalization": -1}, "length_normalization must be >= 0"),
+        ({"block_trigrams": "yes"}, "block_trigrams must be true or false"),
+        ({"beam": 3}, "unknown decoding option(s) beam"),
+    ],
+)
+def test_bad_options_are_refused_by_name(value, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        DecodingOptions.coerce(value)
+
+
+def test_command_line_overrides_the_checkpoints_own_options(tiny_checkpoint):
+    captioner = Captioner.load(tiny_checkpoint)
+    assert captioner.decoding == DecodingOptions(beam_size=2, max_length=12)  # from training
+    parser = argparse.ArgumentParser()
+    add_decoding_arguments(parser)
+    options = decoding_options(parser.parse_args([]), captioner.decoding)
+    assert options == captioner.decoding
+    options = decoding_options(
+        parser.parse_args(["--beam-size", "4", "--block-trigrams", "--allow-unk"]),
+        captioner.decoding,
+    )
+    assert options == DecodingOptions(beam_size=4, max_length=12, block_trigrams=True,
+                                      allow_unk=True)
+    with pytest.raises(ValueError, match="beam_size"):
+        decoding_options(parser.parse_args(["--beam-size", "0"]), captioner.decoding)
+
+
+def test_validation_and_test_decode_with_the_models_options(tiny_checkpoint):
+    module = Captioner.load(tiny_checkpoint).module
+    size = module.hparams.image_size
+    with torch.no_grad():
+        features = module.model.encoder(torch.rand(3, 3, size, size))
+    module.decoding = DecodingOptions(beam_size=2, max_length=1)  # what model.decoding sets
+    assert all(len(h.token_ids) <= 1 for h in module.decode(features))
+    module.decoding = DecodingOptions(beam_size=2, max_length=12)
+    assert any(len(h.token_ids) > 1 for h in module.decode(features))
