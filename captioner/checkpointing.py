@@ -64,10 +64,13 @@ def load_safely(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise CheckpointError(
-            f"{path}: holds objects other than tensors and plain data "
-            f"({_unpickler_reason(exc)}); refused, it is not loaded"
-        ) from None
+        reason = _unpickler_reason(exc)
+        if reason.startswith("Unsupported global"):
+            raise CheckpointError(
+                f"{path}: holds objects other than tensors and plain data ({reason}); "
+                "refused, it is not loaded"
+            ) from None
+        raise CheckpointError(f"{path}: not a torch checkpoint ({reason})") from None
     except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"{path}: not a torch checkpoint ({first_line})") from None
@@ -81,10 +84,13 @@ def load_safely(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
 def _unpickler_reason(exc: Exception) -> str:
     """The unpickler's own reason (e.g. 'Unsupported global: GLOBAL os.system'), without
     torch's advice to load the file with weights_only=False."""
-    for line in str(exc).splitlines():
-        if "WeightsUnpickler error:" in line:
-            return line.split("WeightsUnpickler error:", 1)[1].strip()
-    return type(exc).__name__
+    text = str(exc)
+    if "WeightsUnpickler error:" in text:
+        after = text.split("WeightsUnpickler error:", 1)[1].strip()
+        lines = [line.strip() for line in after.splitlines() if line.strip()]
+        if lines and not lines[0].startswith("Check the documentation"):
+            return lines[0]
+    return "unreadable pickle data"
 
 
 def constructor_arguments(

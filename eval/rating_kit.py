@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from captioner.heatmaps import (
     shared_vmax,
     upsample_attention,
 )
+from data_prep.images import ImageLoadError, load_image
 from eval.stopwords import content_word_indices
 
 KIT_FORMAT = "captioner-rating-kit/1"
@@ -221,6 +223,24 @@ def build_kit(
         "images": key_images,
     }
     return RatingKit(page, kit_id, key)
+
+
+def sample_readable(
+    candidates: Sequence[tuple[str, Path]], n: int, seed: int
+) -> tuple[list[tuple[str, Path, Image.Image]], list[str]]:
+    """``n`` readable images of ``candidates`` ((key, path) pairs): the first readable ones of
+    a permutation seeded by ``seed``, with their decoded images; and the reasons of the
+    unreadable ones met on the way (reported, never sampled)."""
+    order = random.Random(seed).sample(list(candidates), len(candidates))
+    sample, skipped = [], []
+    for key, path in order:
+        if len(sample) == n:
+            break
+        try:
+            sample.append((key, path, load_image(path)))
+        except ImageLoadError as exc:
+            skipped.append(str(exc))
+    return sample, skipped
 
 
 def write_key(key: dict, path: Path) -> None:

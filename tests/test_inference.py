@@ -91,3 +91,33 @@ def test_checkpoints_with_pickled_code_are_not_loaded(tmp_path):
     torch.save({"state_dict": {}, "evil": Path("x")}, path)  # a non-allowlisted class
     with pytest.raises(ValueError, match="pickled.ckpt"):
         Captioner.load(path)
+
+
+class _RunsCode:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_checkpoint_errors_name_the_file_and_the_problem(tmp_path):
+    from captioner.checkpointing import CheckpointError
+
+    (tmp_path / "folder.ckpt").mkdir()
+    (tmp_path / "empty.ckpt").write_bytes(b"")
+    (tmp_path / "text.ckpt").write_text("not a checkpoint")
+    marker = tmp_path / "code-ran"
+    torch.save({"state_dict": {}, "payload": _RunsCode(marker)}, tmp_path / "evil.ckpt")
+    cases = {
+        "folder.ckpt": "is a folder, not a checkpoint file",
+        "empty.ckpt": "is empty (0 bytes), not a checkpoint",
+        "text.ckpt": "not a torch checkpoint",
+        "evil.ckpt": "holds objects other than tensors and plain data",
+    }
+    for name, message in cases.items():
+        with pytest.raises(CheckpointError) as error:
+            Captioner.load(tmp_path / name)
+        assert f"{tmp_path / name}: {message}" in str(error.value)
+        assert "weights_only" not in str(error.value)  # never advise unpickling the file
+    assert not marker.exists()

@@ -28,4 +28,24 @@ def test_kit_from_karpathy_split_with_key_outside(tiny_checkpoint, synthetic_dat
     assert len(list((out / "images").iterdir())) == 3
 
     assert command.main([*args, "--n", "99"]) == 2
-    assert "--n 99 but only 4 images" in capsys.readouterr().err
+    assert "--n 99 but only 4 of the 4 images are readable" in capsys.readouterr().err
+
+
+def test_unreadable_images_are_reported_and_never_sampled(tiny_checkpoint, synthetic_data,
+                                                          tmp_path, capsys):
+    photos = tmp_path / "photos"
+    shutil.copytree(synthetic_data.image_root / "test", photos)
+    for name in ("0_broken.png", "1_empty.jpg", "2_text.webp"):
+        (photos / name).write_bytes(b"" if name.endswith(".jpg") else b"not an image")
+    args = ["--ckpt", str(tiny_checkpoint), str(photos), "--out", str(tmp_path / "kit"),
+            "--n", "4", *FAST]
+    for seed in ("0", "1", "2"):
+        assert command.main([*args, "--seed", seed]) == 0
+        key = json.loads((tmp_path / "kit-key.json").read_text())
+        assert sorted(i["key"] for i in key["images"]) == sorted(
+            p.name for p in photos.iterdir() if p.suffix == ".png" and p.name[0] != "0")
+    err = capsys.readouterr().err
+    assert "skipped" in err and "0_broken.png" in err
+
+    assert command.main([*args, "--n", "5"]) == 2
+    assert "--n 5 but only 4 of the 7 images are readable" in capsys.readouterr().err

@@ -10,7 +10,6 @@ or from an image folder, captions them with every ``--ckpt``, and writes a stati
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 from pathlib import Path
 
@@ -70,8 +69,14 @@ def main(argv: list[str]) -> int:
 
     from captioner.heatmaps import unique_stems
     from captioner.inference import open_captioner
-    from data_prep.images import load_image
-    from eval.rating_kit import KitCaption, KitImage, KitModel, build_kit, write_key
+    from eval.rating_kit import (
+        KitCaption,
+        KitImage,
+        KitModel,
+        build_kit,
+        sample_readable,
+        write_key,
+    )
 
     try:
         candidates = _candidates(args)
@@ -80,12 +85,14 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError) as exc:
         print(f"captioner rating-kit: {exc}", file=sys.stderr)
         return 2
-    if args.n > len(candidates):
-        print(f"captioner rating-kit: --n {args.n} but only {len(candidates)} images are "
-              "available", file=sys.stderr)
+    sample, skipped = sample_readable(candidates, args.n, args.seed)
+    for error in skipped:
+        print(f"captioner rating-kit: skipped {error}", file=sys.stderr)
+    if len(sample) < args.n:
+        print(f"captioner rating-kit: --n {args.n} but only {len(sample)} of the "
+              f"{len(candidates)} images are readable", file=sys.stderr)
         return 2
-    sample = random.Random(args.seed).sample(candidates, args.n)
-    paths = [path for _, path in sample]
+    paths = [path for _, path, _ in sample]
 
     names = unique_stems(args.ckpt)
     models = [KitModel(name, str(path), c.output_attention_name)
@@ -101,15 +108,15 @@ def main(argv: list[str]) -> int:
                 continue
             captions[i].append(KitCaption(caption.text, list(caption.tokens),
                                           caption.attention.float().numpy()))
-    if failed:
+    if failed:  # read a moment ago: changed on disk since
         for error in failed.values():
             print(f"captioner rating-kit: {error}", file=sys.stderr)
         print(f"captioner rating-kit: {len(failed)} sampled images could not be read; no kit "
-              "written (fix or remove them, or change --seed)", file=sys.stderr)
+              "written", file=sys.stderr)
         return 1
 
-    images = [KitImage(key, path.name, load_image(path), caps)
-              for (key, path), caps in zip(sample, captions, strict=True)]
+    images = [KitImage(key, path.name, image, caps)
+              for (key, path, image), caps in zip(sample, captions, strict=True)]
     kit = build_kit(args.out, images, models, seed=args.seed, title=args.title,
                     upsample=args.upsample, max_side=args.size)
     write_key(kit.key, key_path)

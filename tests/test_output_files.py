@@ -1,0 +1,100 @@
+"""data_prep.files: atomic writes with the user's file mode, output paths checked before work,
+non-regular input files refused by name; and the commands that use them."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from captioner.checkpointing import load_safely, save_atomically
+from data_prep.files import (
+    OutputPathError,
+    atomic_write,
+    check_input_file,
+    check_output_dir,
+    check_output_file,
+)
+
+
+@pytest.fixture(params=[0o022, 0o027])
+def umask(request):
+    previous = os.umask(request.param)
+    yield request.param
+    os.umask(previous)
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_atomic_files_and_checkpoints_get_the_umask_mode(tmp_path, umask):
+    with atomic_write(tmp_path / "a.json") as handle:
+        handle.write("{}")
+    save_atomically({"x": 1}, tmp_path / "model.ckpt")
+    for path in (tmp_path / "a.json", tmp_path / "model.ckpt"):
+        assert _mode(path) == 0o666 & ~umask  # 0644 under the usual umask, not mkstemp's 0600
+    assert load_safely(tmp_path / "model.ckpt") == {"x": 1}
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    path = tmp_path / "out.json"
+    path.write_text("old")
+    with pytest.raises(RuntimeError), atomic_write(path) as handle:
+        handle.write("new, half")
+        raise RuntimeError("disk full")
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_output_paths_are_checked(tmp_path):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(OutputPathError, match="is a folder"):
+        check_output_file(tmp_path / "folder")
+    with pytest.raises(OutputPathError, match="file.txt is not a folder"):
+        check_output_file(tmp_path / "file.txt" / "out.json")
+    with pytest.raises(OutputPathError, match="not a folder"):
+        check_output_dir(tmp_path / "file.txt")
+    assert check_output_file(tmp_path / "new" / "deeper" / "out.json")
+    assert check_output_dir(tmp_path / "folder")
+
+
+def test_fifos_are_refused_by_name_without_being_opened(tmp_path):
+    fifo = tmp_path / "pipe.jpg"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="pipe.jpg: is a FIFO"):
+        check_input_file(fifo)  # opening it would block: the test would hang
+    assert check_input_file(tmp_path / "missing.jpg")  # reported later by the reader
+
+
+def test_caption_refuses_an_unwritable_out_before_captioning(tiny_checkpoint, synthetic_data,
+                                                             tmp_path, capsys, monkeypatch):
+    from captioner.commands import caption
+    from captioner.inference import Captioner
+
+    monkeypatch.setattr(Captioner, "caption_files", lambda *a, **k: pytest.fail("captioned"))
+    image = next((synthetic_data.image_root / "test").glob("*.png"))
+    (tmp_path / "results").mkdir()
+    code = caption.main([str(image), "--ckpt", str(tiny_checkpoint), "--format", "coco",
+                         "--out", str(tmp_path / "results")])
+    assert code == 2 and "results: is a folder" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "results").iterdir()] == []
+
+
+def test_caption_keeps_going_past_a_fifo_and_escapes_odd_names(tiny_checkpoint, synthetic_data,
+                                                               tmp_path, capsys):
+    from captioner.commands import caption
+
+    image = next((synthetic_data.image_root / "test").glob("*.png"))
+    odd = tmp_path / "a\ttab\nnewline.png"
+    odd.write_bytes(image.read_bytes())
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    code = caption.main([str(fifo), str(odd), "--ckpt", str(tiny_checkpoint),
+                         "--beam-size", "1", "--max-length", "3", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 1 and "pipe.png: is a FIFO" in err
+    [line] = out.splitlines()  # one record on one line
+    assert line.split("\t")[0] == str(tmp_path) + "/a\\ttab\\nnewline.png"
