@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import stat
 import struct
@@ -47,6 +46,7 @@ from data_prep.features import (
     partial_resume_key,
     skipped_images_path,
 )
+from data_prep.files import atomic_write
 
 if TYPE_CHECKING:
     import torch
@@ -383,6 +383,8 @@ def _random_encoder_weights(
     The file of an interrupted run is reused, with its recorded description, when the partial
     cache was made with it (same SHA-256): the resumed rows and the new ones then come from one
     encoder even if calibration were not bitwise reproducible or its images had changed."""
+    from captioner.checkpointing import save_atomically  # imports torch and Lightning
+
     path = _partial_weights_path(out)
     recorded = partial_resume_key(out) or {}
     if path.is_file() and recorded.get("init") and _sha256(path) == recorded["weights_sha256"]:
@@ -390,7 +392,7 @@ def _random_encoder_weights(
     images = _calibration_inputs(train, calibration_images, image_size)
     init = f"random (seed {seed}), batch-norm statistics of {len(images)} images"
     resnet = _calibrated_random_resnet(arch, images, seed)
-    _save_state_dict(resnet.state_dict(), path)
+    save_atomically(resnet.state_dict(), path)
     return _sha256(path), init
 
 
@@ -438,31 +440,10 @@ def _calibrated_random_resnet(arch: str, images: Sequence[torch.Tensor], seed: i
     return resnet.eval()
 
 
-def _save_state_dict(state_dict: dict, path: Path) -> None:
-    """``torch.save`` through a temporary file + rename; the file gets the umask's mode."""
-    import torch
-
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        with temporary.open("wb") as handle:
-            torch.save(state_dict, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
 def _install_copy(source: Path, destination: Path) -> None:
-    """Copy ``source`` over ``destination`` atomically (the copy gets the umask's mode)."""
-    temporary = destination.with_name(f".{destination.name}.{os.getpid()}.tmp")
-    try:
-        shutil.copyfile(source, temporary)
-        with temporary.open("rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(temporary, destination)
-    finally:
-        temporary.unlink(missing_ok=True)
+    """Copy ``source`` over ``destination`` atomically, with the user's file mode."""
+    with atomic_write(destination, "wb") as handle, source.open("rb") as original:
+        shutil.copyfileobj(original, handle)
 
 
 def _sha256(path: Path) -> str:

@@ -35,15 +35,15 @@ import csv
 import json
 import os
 import random
-import tempfile
-import unicodedata
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path, PurePosixPath
 
+from data_prep.files import atomic_write
 from data_prep.images import ImageLoadError, load_image
+from data_prep.karpathy import tokenize
 
 FORMATS: tuple[str, ...] = ("auto", "jsonl", "csv", "tsv", "coco")
 SPLITS: tuple[str, ...] = ("train", "val", "test")
@@ -69,23 +69,6 @@ REASONS: dict[str, str] = {
 
 class DatasetImportError(ValueError):
     """A problem that stops the import; the message names the file, line or field and value."""
-
-
-def tokenize(raw: str) -> list[str]:
-    """Karpathy-style tokens of a caption.
-
-    The rule: normalize to Unicode NFKC, lower-case (``str.lower``), delete every character
-    that is not a letter, a number, a combining mark (Unicode categories L*, N*, M*) or
-    whitespace, and split on whitespace. Deleting rather than splitting at punctuation is what
-    Karpathy's preprocessing did (neuraltalk2 removed ``string.punctuation``):
-    ``"A man's T-shirt, 2 dogs!"`` -> ``["a", "mans", "tshirt", "2", "dogs"]``; accented and
-    non-Latin words stay whole (``"Café"`` -> ``["café"]``).
-    """
-    text = unicodedata.normalize("NFKC", raw).lower()
-    kept = "".join(
-        char for char in text if char.isspace() or unicodedata.category(char)[0] in "LNM"
-    )
-    return kept.split()
 
 
 @dataclass
@@ -571,28 +554,6 @@ def karpathy_json(splits: dict[str, list[Item]], name: str) -> dict:
     return {"images": images, "dataset": name}
 
 
-def write_json_atomically(data: object, path: Path) -> None:
-    """Write ``data`` as UTF-8 JSON to ``path`` through a temporary file in the same folder and
-    ``os.replace``, so ``path`` is never half-written. The file gets the mode a plain
-    ``open(path, "w")`` would (``0o666`` minus the umask); ``mkstemp`` alone makes it 0600."""
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            os.fchmod(handle.fileno(), 0o666 & ~_umask())
-            json.dump(data, handle, ensure_ascii=False)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    # The umask can only be read by setting it; it is restored at once.
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 # --- the whole import --------------------------------------------------------------------------
 
 
@@ -664,7 +625,8 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
             )
     name = options.name or dataset_name(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomically(karpathy_json(splits, name), out)
+    with atomic_write(out) as handle:
+        json.dump(karpathy_json(splits, name), handle, ensure_ascii=False)
     return ImportReport(
         out=out,
         name=name,

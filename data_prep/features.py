@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from data_prep.files import atomic_write
+
 _FORMAT = "captioner.feature-cache"
 _VERSION = 1
 _VERIFY_ROWS = 256  # rows read at a time when the checksums of a partial file are verified
@@ -480,14 +482,9 @@ def _write_skipped_sidecar(path: Path, skipped: list[dict[str, Any]]) -> None:
     if not skipped:
         path.unlink(missing_ok=True)
         return
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with temporary.open("w", encoding="utf-8") as handle:  # created with the umask
-            json.dump(skipped, handle, indent=1)
-            handle.write("\n")
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    with atomic_write(path) as handle:
+        json.dump(skipped, handle, indent=1)
+        handle.write("\n")
 
 
 def _image_id(value: Any) -> int:

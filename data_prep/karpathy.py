@@ -21,6 +21,7 @@ the published splits.
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,3 +202,20 @@ def _require(record: Mapping, field: str, kind: type, fail) -> Any:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise fail(field, f"must be of type {kind.__name__}, got {value!r}")
     return value
+
+
+def tokenize(raw: str) -> list[str]:
+    """Karpathy-style tokens of a caption.
+
+    The rule: normalize to Unicode NFKC, lower-case (``str.lower``), delete every character
+    that is not a letter, a number, a combining mark (Unicode categories L*, N*, M*) or
+    whitespace, and split on whitespace. Deleting rather than splitting at punctuation is what
+    Karpathy's preprocessing did (neuraltalk2 removed ``string.punctuation``):
+    ``"A man's T-shirt, 2 dogs!"`` -> ``["a", "mans", "tshirt", "2", "dogs"]``; accented and
+    non-Latin words stay whole (``"Café"`` -> ``["café"]``).
+    """
+    text = unicodedata.normalize("NFKC", raw).lower()
+    kept = "".join(
+        char for char in text if char.isspace() or unicodedata.category(char)[0] in "LNM"
+    )
+    return kept.split()

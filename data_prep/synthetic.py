@@ -24,7 +24,6 @@ dataset is a pure function of the seed and one split's size does not change anot
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,14 +31,14 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from data_prep.karpathy import SPLITS
+from data_prep.files import atomic_write
+from data_prep.karpathy import SPLITS, tokenize
 from data_prep.synthetic_captions import (
     BACKGROUND_WORDS,
     CAPTIONS_PER_IMAGE,
     CATEGORY_WORDS,
     DescribedObject,
     describe_scene,
-    tokenize,
 )
 
 __all__ = [
@@ -171,20 +170,17 @@ def generate(
                 bar.update()
             for name in stale:  # images of an earlier, larger run
                 (split_dir / name).unlink()
-            _write_json_atomically(
-                dataset.instances[split],
-                {
-                    "info": info,
-                    "licenses": [],
-                    "images": coco_images,
-                    "annotations": annotations,
-                    "categories": _COCO_CATEGORIES,
-                },
-            )
-    _write_json_atomically(
-        dataset.karpathy_json,
-        {"images": karpathy_images, "dataset": "synthetic", "info": info},
-    )
+            instances = {
+                "info": info,
+                "licenses": [],
+                "images": coco_images,
+                "annotations": annotations,
+                "categories": _COCO_CATEGORIES,
+            }
+            with atomic_write(dataset.instances[split]) as handle:
+                json.dump(instances, handle)
+    with atomic_write(dataset.karpathy_json) as handle:
+        json.dump({"images": karpathy_images, "dataset": "synthetic", "info": info}, handle)
     return dataset
 
 
@@ -414,13 +410,3 @@ def _background(rng: np.random.Generator, kind: str, image_size: int) -> np.ndar
 def _described(obj: _Object, image_size: int) -> DescribedObject:
     center = ((obj.box[0] + obj.box[2]) / 2, (obj.box[1] + obj.box[3]) / 2)
     return DescribedObject(obj.category, obj.colour, obj.size, center, image_size)
-
-
-def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with temporary.open("w", encoding="utf-8") as handle:
-            json.dump(data, handle)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)

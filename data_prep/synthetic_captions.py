@@ -10,11 +10,12 @@ scene).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from data_prep.karpathy import tokenize
 
 # Words a caption may use for each shape category (the evaluation's synonym list).
 CATEGORY_WORDS: dict[str, tuple[str, ...]] = {
@@ -49,11 +50,6 @@ class DescribedObject:
     size: str
     center: tuple[float, float]
     image_size: int
-
-
-def tokenize(raw: str) -> list[str]:
-    """Karpathy-style tokens: lower-cased words without punctuation."""
-    return re.findall(r"[a-z]+", raw.lower())
 
 
 def describe_scene(

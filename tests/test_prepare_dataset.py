@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from fractions import Fraction
@@ -82,8 +83,9 @@ def test_tokenize_hand_computed(raw, tokens):
 
 
 def test_synthetic_captions_tokenize_the_same_with_either_rule():
-    """The synthetic captions use only letters, spaces, commas and periods, where the two
-    rules agree: synthetic_captions.tokenize could call this module's tokenize."""
+    """The synthetic captions use only letters, spaces, commas and periods: the shared rule
+    tokenizes them as the synthetic data's earlier rule (lower-case letter runs) did, so the
+    demo's data are unchanged."""
     from data_prep import synthetic_captions as synthetic
 
     rng = np.random.default_rng(0)
@@ -98,7 +100,7 @@ def test_synthetic_captions_tokenize_the_same_with_either_rule():
     raws = [raw for _ in range(30) for objects in scenes
             for raw in synthetic.describe_scene(objects, "stripes", rng)]
     assert len(raws) == 450
-    assert all(tokenize(raw) == synthetic.tokenize(raw) for raw in raws)
+    assert all(tokenize(raw) == re.findall(r"[a-z]+", raw.lower()) for raw in raws)
 
 
 # --- splits ------------------------------------------------------------------------------------
