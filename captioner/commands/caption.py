@@ -26,7 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-from captioner.commands.options import add_decoding_arguments, decoding_options
+from captioner.commands.options import add_decoding_arguments, command_parser, decoding_options
 
 HELP = "caption images or folders of images (text, jsonl with per-word attention, COCO results)"
 
@@ -35,8 +35,7 @@ _ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="captioner caption", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser("captioner caption", __doc__)
     parser.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR")
     parser.add_argument("--ckpt", required=True, type=Path, help="trained checkpoint (.ckpt)")
     parser.add_argument("--format", choices=FORMATS, default="text",

@@ -2,8 +2,8 @@
 
 For every checkpoint MODEL and readable image STEM it writes ``OUT/MODEL/STEM/``:
 
-* ``NN_word.png``: the image (own aspect ratio, longer side ``--size`` pixels) with the
-  attention of word NN (0-based) drawn over it (see `captioner.heatmaps`);
+* ``NN_word.png``: the image (own aspect ratio up to 4:1, longer side ``--size`` pixels)
+  with the attention of word NN (0-based) drawn over it (see `captioner.heatmaps`);
 * ``strip.png``: the whole caption, one panel per word, with the colour bar;
 * ``attention.npz`` and ``attention.json``: the raw weights (tokens, grid, T x h x w maps).
 
@@ -25,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-from captioner.commands.options import add_decoding_arguments, decoding_options
+from captioner.commands.options import add_decoding_arguments, command_parser, decoding_options
 
 HELP = "per-word attention heatmaps, caption strips and raw weights for images"
 
@@ -33,8 +33,7 @@ HELP = "per-word attention heatmaps, caption strips and raw weights for images"
 def _parser() -> argparse.ArgumentParser:
     from captioner.heatmaps import DEFAULT_MAX_SIDE, UPSAMPLE_MODES, ZERO_STYLES
 
-    parser = argparse.ArgumentParser(prog="captioner heatmaps", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser("captioner heatmaps", __doc__)
     parser.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR")
     parser.add_argument("--ckpt", required=True, type=Path, action="append",
                         help="trained checkpoint; repeat to compare models on one colour scale")

@@ -1,9 +1,10 @@
-"""Options shared by the commands that caption with a checkpoint (caption, heatmaps,
-rating-kit, evaluate): decoding, batch size, device, progress."""
+"""What the commands share: their parser, and the options of the commands that caption with a
+checkpoint (caption, heatmaps, rating-kit, evaluate): decoding, batch size, device, progress."""
 
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import fields, replace
 
 from captioner.decoding_options import DecodingOptions
@@ -16,6 +17,16 @@ _DECODING_HELP = {
     "block_trigrams": "never repeat a trigram within a caption",
     "allow_unk": "let <unk> be generated",
 }
+
+
+def command_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """The parser of command ``prog`` with its module docstring ``doc`` as the description,
+    as plain text: the docstring's layout is kept, its reStructuredText markup (``code``,
+    :role:`target`) is not shown in the terminal."""
+    plain = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc).replace("`", "")
+    return argparse.ArgumentParser(
+        prog=prog, description=plain, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:

@@ -26,6 +26,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from captioner.commands.options import command_parser
+
 HELP = "make a Karpathy-split JSON from a folder of photos and a captions file (JSONL, CSV, COCO)"
 
 PROG = "captioner prepare-dataset"
@@ -34,8 +36,7 @@ PROG = "captioner prepare-dataset"
 def _parser() -> argparse.ArgumentParser:
     from data_prep.dataset_import import DEFAULT_SPLIT, FORMATS, ON_ERROR
 
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser(PROG, __doc__)
     parser.add_argument("--captions", required=True, type=Path, help="captions file")
     parser.add_argument("--images", required=True, type=Path,
                         help="image folder; the captions' image paths are relative to it")

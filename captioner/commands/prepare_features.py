@@ -24,7 +24,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from captioner.commands.options import DEVICE_HELP
+from captioner.commands.options import DEVICE_HELP, command_parser
 from captioner.feature_extraction import ON_ERROR, extract_features
 
 HELP = "cache frozen-encoder grid features (float16, HDF5) for the images of a Karpathy JSON"
@@ -32,8 +32,7 @@ PROG = "captioner prepare-features"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser(PROG, __doc__)
     parser.add_argument("--data", required=True, type=Path, help="Karpathy-split JSON file")
     parser.add_argument("--images", required=True, type=Path, help="image root folder")
     parser.add_argument("--out", required=True, type=Path, help="HDF5 cache file to write")

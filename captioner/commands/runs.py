@@ -7,16 +7,16 @@ One line per ``ROOT/NAME/version_N``: epochs done, global step, the best validat
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
+
+from captioner.commands.options import command_parser
 
 HELP = "list training runs (runs/NAME/version_N) with their best validation CIDEr and checkpoints"
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="captioner runs", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser("captioner runs", __doc__)
     parser.add_argument("--root", type=Path, default=Path("runs"),
                         help="runs folder (default: %(default)s)")
     args = parser.parse_args(argv)

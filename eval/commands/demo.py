@@ -22,7 +22,6 @@ models' captions in one Java run, which loads its parser once.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import shutil
@@ -30,6 +29,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+
+from captioner.commands.options import command_parser
 
 HELP = "train softmax / sparsemax / TVmax captioners on synthetic shapes and compare them"
 
@@ -257,8 +258,7 @@ def torch_threads(count: int):
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="captioner demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser("captioner demo", __doc__)
     parser.add_argument("--out", type=Path, default=Path("demo_out"), help="output folder")
     parser.add_argument("--quick", action="store_true",
                         help="tiny smoke run (under 2 minutes; the numbers mean nothing)")

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from captioner.commands.options import add_decoding_arguments, decoding_options
+from captioner.commands.options import add_decoding_arguments, command_parser, decoding_options
 
 HELP = "build a blinded human-rating kit (static HTML) comparing checkpoints"
 
@@ -21,8 +21,7 @@ HELP = "build a blinded human-rating kit (static HTML) comparing checkpoints"
 def _parser() -> argparse.ArgumentParser:
     from captioner.heatmaps import DEFAULT_MAX_SIDE, UPSAMPLE_MODES
 
-    parser = argparse.ArgumentParser(prog="captioner rating-kit", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser("captioner rating-kit", __doc__)
     parser.add_argument("image_dir", nargs="?", type=Path, metavar="IMAGE_DIR",
                         help="sample from the images of this folder instead of a Karpathy split")
     parser.add_argument("--ckpt", required=True, type=Path, action="append",
