@@ -185,6 +185,16 @@ def test_resumable_writer_continues_from_the_committed_rows(tmp_path):
         {"id": 3, "path": "images/3.jpg", "reason": "file not found"}]
 
 
+def _interrupted_after_two_rows(path):
+    """A resumable write of ``path`` interrupted (Ctrl-C) after committing ids 1 and 2;
+    returns its partial file."""
+    with pytest.raises(KeyboardInterrupt), _resumable(path) as writer:
+        writer.add([1, 2], _features(2, 0))
+        writer.commit()
+        raise KeyboardInterrupt
+    return partial_cache_path(path)
+
+
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
@@ -197,11 +207,7 @@ def test_resumable_writer_continues_from_the_committed_rows(tmp_path):
 )
 def test_an_unusable_partial_file_is_replaced_and_says_why(tmp_path, change, reason):
     path = tmp_path / "features.h5"
-    with pytest.raises(KeyboardInterrupt), _resumable(path) as writer:
-        writer.add([1, 2], _features(2, 0))
-        writer.commit()
-        raise KeyboardInterrupt
-    partial = partial_cache_path(path)
+    partial = _interrupted_after_two_rows(path)
     key, encoder = KEY, ENCODER
     if change == "key":
         key = {**KEY, "images": [1, 2, 3]}
@@ -277,11 +283,7 @@ def test_rows_after_the_last_commit_never_reach_the_cache(tmp_path):
 
 def test_a_partial_file_written_by_another_process_is_left_alone(tmp_path):
     path = tmp_path / "features.h5"
-    with pytest.raises(KeyboardInterrupt), _resumable(path) as writer:
-        writer.add([1, 2], _features(2, 0))
-        writer.commit()
-        raise KeyboardInterrupt
-    partial = partial_cache_path(path)
+    partial = _interrupted_after_two_rows(path)
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, h5py; f = h5py.File(sys.argv[1], 'a'); "
          "print('open', flush=True); sys.stdin.read()", str(partial)],

@@ -205,14 +205,18 @@ def test_decode_failure_stops_with_one_line_and_a_skip_rerun_resumes(tmp_path, c
     assert FeatureCache(out).skipped_ids == [1020]
 
 
-def test_resume_reuses_the_random_encoder_and_refuses_other_settings(tmp_path, capsys,
-                                                                     monkeypatch):
-    data, images, _ = _make_dataset(tmp_path, 48)
+def _reference_run(tmp_path, capsys, data, images):
+    """An uninterrupted run: its cache path, arguments, cache contents and encoder weights."""
     out = tmp_path / "features.h5"
     args = ["--data", data, "--images", images, "--out", out, *ENCODER_ARGS]
     assert _run(capsys, *args)[0] == 0
-    reference = _cache_contents(out)
-    reference_weights = fx.encoder_weights_path(out).read_bytes()
+    return out, args, _cache_contents(out), fx.encoder_weights_path(out).read_bytes()
+
+
+def test_resume_reuses_the_random_encoder_and_refuses_other_settings(tmp_path, capsys,
+                                                                     monkeypatch):
+    data, images, _ = _make_dataset(tmp_path, 48)
+    out, args, reference, reference_weights = _reference_run(tmp_path, capsys, data, images)
 
     # Interrupt after three batches (Ctrl-C): the partial cache and weights are kept.
     original_add, calls = fx.FeatureCacheWriter.add, []
@@ -277,11 +281,7 @@ def test_a_damaged_partial_cache_is_started_over_with_a_message(tmp_path, capsys
 
 def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path, capsys):
     data, images, _ = _make_dataset(tmp_path, 160)
-    out = tmp_path / "features.h5"
-    args = ["--data", data, "--images", images, "--out", out, *ENCODER_ARGS]
-    assert _run(capsys, *args)[0] == 0
-    reference = _cache_contents(out)
-    reference_weights = fx.encoder_weights_path(out).read_bytes()
+    out, args, reference, reference_weights = _reference_run(tmp_path, capsys, data, images)
     out.unlink()
     fx.encoder_weights_path(out).unlink()
 
