@@ -51,6 +51,14 @@ def test_quick_demo_writes_results_checkpoints_and_figures(tmp_path, capsys):
                   json.loads((out / f"captions_{mapping}.json").read_text())}
         for mapping in MAPPINGS
     }
+    # Each model's run folder holds the exact config it trained with; fit retrains from it.
+    config = out / "runs" / "demo_tvmax" / "version_0" / "config.yaml"
+    from captioner.commands.lightning import main as lightning_main
+
+    assert lightning_main(["fit", "--config", str(config), "--trainer.max_epochs", "1",
+                           "--trainer.enable_progress_bar", "false"]) == 0
+    assert (out / "runs" / "demo_tvmax" / "version_1" / "checkpoints" / "last.ckpt").is_file()
+
     spice = score_spice(load_test_split(dataset), captions)
     assert list(spice) == list(MAPPINGS)
     for corpus, per_image in spice.values():

@@ -170,6 +170,21 @@ def test_last_checkpoint_is_written_every_epoch_whatever_the_score(
     assert len(list(checkpoints.glob("best-*.ckpt"))) == 1
 
 
+def test_last_checkpoint_every_n_steps_when_asked(synthetic_data, tiny_cache, tmp_path,
+                                                  monkeypatch):
+    from captioner.training_runs import LastCheckpoint
+
+    saved = []
+    save = LastCheckpoint._save
+    monkeypatch.setattr(LastCheckpoint, "_save",
+                        lambda self, trainer: (saved.append(trainer.global_step),
+                                               save(self, trainer)))
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.limit_train_batches", "3",
+                     "--last.every_n_train_steps", "2")
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "2"]) == 0
+    assert saved == [2, 3, 4, 6, 6]  # steps 2, 4, 6 and the end of each epoch (3, 6)
+
+
 def test_fit_prints_the_run_folder_and_checkpoints_and_runs_lists_them(
     synthetic_data, tiny_cache, tmp_path
 ):
@@ -220,6 +235,13 @@ def test_user_errors_are_one_line_and_exit_2(synthetic_data, tiny_cache, tmp_pat
     assert "Traceback" not in err
     errors = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
     assert len(errors) == 1 and message in errors[0], err
+
+
+def test_captioner_debug_shows_the_traceback(synthetic_data, tiny_cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("CAPTIONER_DEBUG", "1")
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--data.karpathy_json", "missing.json")
+    code, _, err = _run("fit", *args, "--trainer.max_epochs", "1")
+    assert code != 0 and "Traceback" in err and "missing.json" in err
 
 
 def test_a_checkpoint_cannot_make_fit_import_code(synthetic_data, tiny_cache, tmp_path):
