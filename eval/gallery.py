@@ -1,0 +1,246 @@
+"""A side-by-side attention gallery: every model's caption of every image, one heatmap per word.
+
+`build_gallery` writes a self-contained static folder that works from ``file://`` without a
+network (no external scripts, styles or fonts):
+
+    index.html               the gallery (data, script and style inline)
+    colorbar.png             the colour scale 0..vmax, drawn as the overlays are
+    images/NNNN.jpg          the images, as displayed (`captioner.heatmaps.image_array`)
+    attention/NNNN_MM_WW.png RGBA overlay of model MM's word WW on image NNNN
+
+Colours follow `captioner.heatmaps`: one scale 0..vmax for every model, word and image of the
+page (vmax: the largest weight of all maps, or the caller's), every non-zero weight green at a
+constant opacity, and zero weight either fully transparent (the image shows unchanged) or
+opaque white (``zero_style="white"``, the paper's figures). The page states that rule in its
+legend. Unlike the rating kit nothing is blinded: each column names its model.
+
+`caption_gallery` captions image files with several `captioner.inference.Captioner` objects
+and returns what `build_gallery` needs.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from tqdm import tqdm
+
+from captioner.heatmaps import (
+    DEFAULT_MAX_SIDE,
+    ZERO_STYLES,
+    attention_overlay,
+    image_array,
+    shared_vmax,
+    upsample_attention,
+)
+from data_prep.files import atomic_write
+
+# Private helpers of the rating kit, shared rather than copied: JSON safe inside <script>,
+# and the templates of eval/templates/.
+from eval.rating_kit import _script_json, _template
+
+GALLERY_FORMAT = "captioner-gallery/1"
+COLORBAR_STEPS = 256
+
+
+@dataclass(frozen=True)
+class GalleryModel:
+    """A model of the gallery: its shown name (checkpoint stem), checkpoint path, output
+    attention mapping."""
+
+    name: str
+    checkpoint: str
+    mapping: str
+
+
+@dataclass
+class GalleryCaption:
+    """One model's caption of one image: tokens (T) and output attention float (T, h, w)."""
+
+    text: str
+    tokens: list[str]
+    attention: np.ndarray
+
+
+@dataclass
+class GalleryImage:
+    """An image of the gallery: ``name`` is shown, ``pixels`` is the image as displayed
+    (uint8 (H, W, 3), see `captioner.heatmaps.image_array`), ``captions`` one per model."""
+
+    name: str
+    pixels: np.ndarray
+    captions: list[GalleryCaption]
+
+
+def zero_styled_overlay(weights: np.ndarray, vmax: float, zero_style: str) -> np.ndarray:
+    """`captioner.heatmaps.attention_overlay` of one upsampled map (H, W), uint8 RGBA
+    (H, W, 4); with ``zero_style="white"`` the zero pixels are opaque white instead of fully
+    transparent (drawn over the image, the same as ``compose(..., "white")``)."""
+    if zero_style not in ZERO_STYLES:
+        raise ValueError(f"zero style must be one of {ZERO_STYLES}, got {zero_style!r}")
+    overlay = attention_overlay(weights, vmax)
+    if zero_style == "white":
+        overlay[overlay[..., 3] == 0] = 255
+    return overlay
+
+
+def colorbar(vmax: float, width: int = COLORBAR_STEPS, height: int = 16) -> np.ndarray:
+    """The colour bar, uint8 RGBA (height, width, 4): weights from vmax / width to vmax, left
+    to right, through `attention_overlay` (the overlays' colours and opacity)."""
+    ramp = np.linspace(vmax / width, vmax, width, dtype=np.float32)
+    return attention_overlay(np.broadcast_to(ramp, (height, width)), vmax)
+
+
+def render_page(data: dict, title: str) -> str:
+    """The gallery's HTML with the data, script and style inline (one substitution pass, so
+    inserted text is never scanned for further placeholders)."""
+    parts = {
+        "TITLE": html.escape(title),
+        "STYLE": _template("gallery.css"),
+        "SCRIPT": _template("gallery.js"),
+        "DATA": _script_json(data),
+    }
+    return re.sub(
+        r"\{\{(TITLE|STYLE|SCRIPT|DATA)\}\}",
+        lambda m: parts[m.group(1)],
+        _template("gallery.html"),
+    )
+
+
+def build_gallery(
+    out_dir: Path,
+    images: Sequence[GalleryImage],
+    models: Sequence[GalleryModel],
+    *,
+    title: str = "Attention gallery",
+    vmax: float | None = None,
+    zero_style: str = "transparent",
+    upsample: str = "nearest",
+    progress: bool = False,
+) -> Path:
+    """Write the gallery of ``images`` captioned by ``models`` into ``out_dir``; returns the
+    path of ``index.html``, written last (atomically), once every image file exists.
+
+    vmax: colour-scale maximum of every overlay; default the largest weight of the gallery.
+
+    Raises:
+        ValueError: no model or image, an image without one caption per model, a caption
+            whose attention does not have one map per token, no positive weight, vmax <= 0,
+            an unknown zero style or upsampling mode.
+    """
+    if not models:
+        raise ValueError("a gallery needs at least one model")
+    if not images:
+        raise ValueError("a gallery needs at least one image")
+    if zero_style not in ZERO_STYLES:
+        raise ValueError(f"zero style must be one of {ZERO_STYLES}, got {zero_style!r}")
+    for item in images:
+        if len(item.captions) != len(models):
+            raise ValueError(
+                f"image {item.name!r}: {len(item.captions)} captions for {len(models)} models"
+            )
+        for model, caption in zip(models, item.captions, strict=True):
+            shape = np.shape(caption.attention)
+            if len(shape) != 3 or shape[0] != len(caption.tokens):
+                raise ValueError(
+                    f"image {item.name!r}, model {model.name!r}: attention of shape {shape} "
+                    f"for {len(caption.tokens)} tokens, expected ({len(caption.tokens)}, h, w)"
+                )
+    max_weight = shared_vmax(c.attention for item in images for c in item.captions)
+    given = vmax is not None
+    vmax = vmax if given else max_weight
+    if not vmax > 0:
+        raise ValueError(f"vmax must be positive, got {vmax}")
+    (out_dir / "images").mkdir(parents=True, exist_ok=True)
+    (out_dir / "attention").mkdir(exist_ok=True)
+    Image.fromarray(colorbar(vmax)).save(out_dir / "colorbar.png")
+
+    page_images = []
+    for number, item in enumerate(
+        tqdm(images, desc="gallery", unit="image", disable=not progress, file=sys.stderr),
+        start=1,
+    ):
+        src = f"images/{number:04d}.jpg"
+        Image.fromarray(item.pixels).save(out_dir / src, quality=92)
+        captions = []
+        for model_index, caption in enumerate(item.captions):
+            maps = upsample_attention(caption.attention, item.pixels.shape[:2], upsample) \
+                if caption.tokens else []
+            words = []
+            for word_index, (word, weights) in enumerate(zip(caption.tokens, maps, strict=True)):
+                overlay = f"attention/{number:04d}_{model_index:02d}_{word_index:02d}.png"
+                pixels = zero_styled_overlay(weights, vmax, zero_style)
+                Image.fromarray(pixels).save(out_dir / overlay)
+                words.append({"word": word, "overlay": overlay})
+            captions.append({"text": caption.text, "words": words})
+        page_images.append({
+            "name": item.name, "src": src, "width": int(item.pixels.shape[1]),
+            "height": int(item.pixels.shape[0]), "captions": captions,
+        })
+
+    content = {
+        "format": GALLERY_FORMAT,
+        "title": title,
+        "vmax": float(vmax),
+        "vmax_given": given,
+        "max_weight": max_weight,
+        "zero_style": zero_style,
+        "upsample": upsample,
+        "colorbar": "colorbar.png",
+        "models": [{"name": m.name, "mapping": m.mapping} for m in models],
+        "images": page_images,
+    }
+    page = out_dir / "index.html"
+    with atomic_write(page) as handle:
+        handle.write(render_page(content, title))
+    return page
+
+
+def caption_gallery(
+    captioners: Sequence,
+    options: Sequence,
+    paths: Sequence[Path],
+    *,
+    names: Sequence[str] | None = None,
+    batch_size: int = 16,
+    max_side: int = DEFAULT_MAX_SIDE,
+    progress: bool = False,
+) -> tuple[list[GalleryImage], dict[Path, str]]:
+    """Caption ``paths`` with every `captioner.inference.Captioner` of ``captioners`` (each
+    with its `DecodingOptions` of ``options``), model after model.
+
+    names: the name shown for each path (default: the path as given).
+
+    Returns the images that every model captioned, in the order of ``paths``, with their
+    displayed pixels (longer side ``max_side``), and the error of each file that could not be
+    read (by any model: a file changed on disk between two models is dropped too).
+    """
+    names = [str(p) for p in paths] if names is None else list(names)
+    if len(names) != len(paths):
+        raise ValueError(f"{len(names)} names for {len(paths)} images")
+    pixels: dict[int, np.ndarray] = {}
+    captions: dict[int, list[GalleryCaption]] = {i: [] for i in range(len(paths))}
+    failed: dict[Path, str] = {}
+    for captioner, decoding in zip(captioners, options, strict=True):
+        results = captioner.caption_files(paths, decoding, batch_size=batch_size,
+                                          progress=progress)
+        for i, (result, caption) in enumerate(results):
+            if caption is None:
+                failed.setdefault(result.path, result.error)
+                continue
+            if i not in pixels:  # the first model that read it keeps the displayed image
+                pixels[i] = image_array(result.image, max_side)
+            captions[i].append(GalleryCaption(caption.text, list(caption.tokens),
+                                              caption.attention.float().numpy()))
+    images = [
+        GalleryImage(names[i], pixels[i], captions[i])
+        for i in range(len(paths))
+        if len(captions[i]) == len(captioners)
+    ]
+    return images, failed
