@@ -1,0 +1,243 @@
+"""The attention gallery: files, one colour scale, zero vs small weights, the command on a real
+checkpoint, and the page in headless Chromium."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from captioner.heatmaps import OVERLAY_OPACITY
+from eval.commands import gallery as command
+from eval.gallery import GalleryCaption, GalleryImage, GalleryModel, build_gallery
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]
+FAST = ["--beam-size", "1", "--max-length", "4", "--no-progress"]
+INJECTED = "a </script><script>window.pwned = 1</script> & dog"
+MODELS = [GalleryModel("softmax-run", "runs/softmax.ckpt", "softmax"),
+          GalleryModel("tvmax-run", "runs/tvmax.ckpt", "tvmax")]
+
+
+def _page_data(page: Path) -> dict:
+    text = page.read_text(encoding="utf-8")
+    raw = text.split('<script id="gallery-data" type="application/json">')[1]
+    return json.loads(raw.split("</script>")[0])
+
+
+def _images() -> list[GalleryImage]:
+    """Two 30 x 40 images; model m attends to row m of a 3 x 4 grid, with weights 0.1 * (i+1)
+    on image i and word w holding an extra 0.05 * w; image 1 model 1 adds a third word."""
+    rng = np.random.default_rng(0)
+    images = []
+    for i in range(2):
+        captions = []
+        for m in range(len(MODELS)):
+            tokens = INJECTED.split() if (i, m) == (0, 1) else ["a", "red", "star"][: 2 + i * m]
+            maps = np.zeros((len(tokens), 3, 4), np.float32)
+            for w in range(len(tokens)):
+                maps[w, m, :2] = 0.1 * (i + 1) + 0.05 * w
+            captions.append(GalleryCaption(" ".join(tokens), tokens, maps))
+        pixels = rng.integers(0, 200, (30, 40, 3), dtype=np.uint8)
+        images.append(GalleryImage(f"photo {i}.png", pixels, captions))
+    return images
+
+
+def test_gallery_files_one_overlay_per_word_and_shared_scale(tmp_path):
+    images = _images()
+    page = build_gallery(tmp_path, images, MODELS, title="A & B")
+    data = _page_data(page)
+    largest = max(float(c.attention.max()) for item in images for c in item.captions)
+    assert largest == pytest.approx(0.1 + 0.05 * 5)  # image 0, model 1: the six-word caption
+    assert data["vmax"] == largest and data["max_weight"] == largest and not data["vmax_given"]
+    assert [m["name"] for m in data["models"]] == ["softmax-run", "tvmax-run"]
+    assert [m["mapping"] for m in data["models"]] == ["softmax", "tvmax"]
+
+    expected = set()
+    for n, (item, shown) in enumerate(zip(images, data["images"], strict=True), start=1):
+        assert shown["name"] == item.name and shown["src"] == f"images/{n:04d}.jpg"
+        assert (shown["width"], shown["height"]) == (40, 30)
+        for m, (caption, entry) in enumerate(zip(item.captions, shown["captions"], strict=True)):
+            assert entry["text"] == caption.text
+            assert [w["word"] for w in entry["words"]] == caption.tokens
+            names = [f"attention/{n:04d}_{m:02d}_{w:02d}.png" for w in range(len(caption.tokens))]
+            assert [w["overlay"] for w in entry["words"]] == names
+            expected.update(names)
+    assert {f"attention/{p.name}" for p in (tmp_path / "attention").iterdir()} == expected
+    assert sorted(p.name for p in (tmp_path / "images").iterdir()) == ["0001.jpg", "0002.jpg"]
+    assert Image.open(tmp_path / "images" / "0001.jpg").size == (40, 30)
+
+    # Every overlay on the page's one scale: the darkest green exactly at the largest weight.
+    darkest = np.asarray(Image.open(tmp_path / "attention" / "0001_01_05.png"))
+    lighter = np.asarray(Image.open(tmp_path / "attention" / "0002_00_01.png"))
+    bar = np.asarray(Image.open(tmp_path / "colorbar.png"))
+    assert (darkest[10, 0] == bar[0, -1]).all()  # weight 0.35 = vmax: the bar's right end
+    assert lighter[0, 0, :3].astype(int).sum() > darkest[10, 0, :3].astype(int).sum()
+
+    text = page.read_text(encoding="utf-8")
+    assert len(re.findall(r"<script", text)) == 2 and "<title>A &amp; B</title>" in text
+    assert data["images"][0]["captions"][1]["text"] == INJECTED
+
+
+def test_zero_attention_transparent_small_attention_not(tmp_path):
+    maps = np.zeros((1, 2, 2), np.float32)
+    maps[0, 0, 0], maps[0, 1, 1] = 1e-6, 1.0  # (0, 1) and (1, 0) are exactly zero
+    image = GalleryImage("x.png", np.full((20, 20, 3), 90, np.uint8),
+                         [GalleryCaption("dot", ["dot"], maps)])
+    opaque = round(255 * OVERLAY_OPACITY)
+    for style in ("transparent", "white"):
+        out = tmp_path / style
+        build_gallery(out, [image], MODELS[:1], zero_style=style, vmax=0.5)
+        overlay = np.asarray(Image.open(out / "attention" / "0001_00_00.png"))
+        assert overlay.shape == (20, 20, 4)
+        small, zero, large = overlay[5, 5], overlay[5, 15], overlay[15, 15]
+        assert small[3] == opaque and large[3] == opaque  # every non-zero weight coloured
+        assert tuple(small[:3]) != (255, 255, 255) and (small[:3] != large[:3]).any()
+        if style == "transparent":
+            assert zero[3] == 0 and (overlay[:10, 10:, 3] == 0).all()
+        else:
+            assert (overlay[:10, 10:] == 255).all() and (overlay[10:, :10] == 255).all()
+        data = _page_data(out / "index.html")
+        assert data["zero_style"] == style
+        assert data["vmax"] == 0.5 and data["vmax_given"] and data["max_weight"] == 1.0
+
+
+def test_gallery_rejects_inconsistent_input(tmp_path):
+    images = _images()
+    with pytest.raises(ValueError, match="2 captions for 1 models"):
+        build_gallery(tmp_path, images, MODELS[:1])
+    bad = GalleryImage("y.png", images[0].pixels,
+                       [GalleryCaption("a b", ["a", "b"], np.ones((3, 2, 2)))] * 2)
+    with pytest.raises(ValueError, match=r"shape \(3, 2, 2\) for 2 tokens"):
+        build_gallery(tmp_path, [bad], MODELS)
+    with pytest.raises(ValueError, match="at least one image"):
+        build_gallery(tmp_path, [], MODELS)
+    assert not (tmp_path / "index.html").exists()
+
+
+@pytest.fixture(scope="module")
+def command_gallery(tiny_checkpoint, synthetic_data, tmp_path_factory):
+    """``captioner gallery`` on the four synthetic test images and an unreadable file, with the
+    tiny checkpoint twice (as ``tiny`` and ``second``): (exit code, stderr, out, inputs)."""
+    tmp = tmp_path_factory.mktemp("gallery")
+    second = tmp / "second.ckpt"
+    shutil.copy(tiny_checkpoint, second)
+    broken = tmp / "broken.png"
+    broken.write_bytes(b"\x89PNG not really")
+    folder = synthetic_data.image_root / "test"
+    out = tmp / "out"
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        code = command.main([str(folder), str(broken), "--ckpt", str(tiny_checkpoint),
+                             "--ckpt", str(second), "--out", str(out), *FAST])
+    return code, stderr.getvalue(), out, sorted(folder.glob("*.png"))
+
+
+def test_command_on_two_models(command_gallery, tiny_checkpoint):
+    from captioner.inference import open_captioner
+
+    code, err, out, inputs = command_gallery
+    assert code == 1  # the unreadable file is reported by name, the page still written
+    assert "broken.png" in err and "1 images could not be read" in err
+    data = _page_data(out / "index.html")
+    assert [m["name"] for m in data["models"]] == [tiny_checkpoint.stem, "second"]
+    assert [m["mapping"] for m in data["models"]] == ["tvmax", "tvmax"]
+    assert [i["name"] for i in data["images"]] == [str(p) for p in inputs]
+    # Reference: the same checkpoint called directly with the same decoding options.
+    captioner = open_captioner(tiny_checkpoint, "cpu")
+    options = replace(captioner.decoding, beam_size=1, max_length=4)
+    reference = captioner.caption(inputs, options)
+    overlays = []
+    for shown, caption in zip(data["images"], reference, strict=True):
+        assert [c["text"] for c in shown["captions"]] == [caption.text] * 2
+        for entry in shown["captions"]:
+            assert [w["word"] for w in entry["words"]] == caption.tokens
+            overlays += [w["overlay"] for w in entry["words"]]
+    assert overlays and all((out / o).is_file() for o in overlays)
+    assert len(list((out / "attention").iterdir())) == len(overlays)
+    assert data["vmax"] == pytest.approx(max(float(c.attention.max()) for c in reference))
+
+
+def test_command_samples_a_karpathy_split(tiny_checkpoint, synthetic_data, tmp_path):
+    out = tmp_path / "out"
+    code = command.main(["--data", str(synthetic_data.karpathy_json), "--images",
+                         str(synthetic_data.image_root), "--split", "val", "--n", "2",
+                         "--ckpt", str(tiny_checkpoint), "--out", str(out), *FAST])
+    assert code == 0
+    names = [i["name"] for i in _page_data(out / "index.html")["images"]]
+    assert len(names) == 2 and all(re.fullmatch(r"synthetic_val_\d+\.png \(id \d+\)", n)
+                                   for n in names)
+
+
+def test_command_user_errors(tiny_checkpoint, tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code = command.main([str(tmp_path), "--ckpt", str(tiny_checkpoint),
+                         "--out", str(blocker / "out"), *FAST])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a folder" in err
+    with pytest.raises(SystemExit) as exit_info:
+        command.main(["--ckpt", str(tiny_checkpoint), "--out", str(tmp_path / "o")])
+    assert exit_info.value.code == 2 and "IMAGE_OR_DIR or --data" in capsys.readouterr().err
+
+
+@pytest.mark.browser
+def test_browser_navigation_hash_and_screenshot(command_gallery):
+    """Open the command's gallery from file://: captions shown, right arrow -> image 2."""
+    from playwright.sync_api import sync_playwright
+
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (.ci/run does)")
+    _, _, out, _ = command_gallery
+    data = _page_data(out / "index.html")
+    shot = out.parent / "gallery.png"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                             args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            problems: list[str] = []
+            page.on("console", lambda m: m.type == "error" and problems.append(m.text))
+            page.on("pageerror", lambda e: problems.append(f"error {e}"))
+            page.on("request", lambda r: r.url.startswith(("file:", "data:", "blob:")) or
+                    problems.append(f"network request {r.url}"))
+            page.goto((out / "index.html").as_uri())
+            page.wait_for_load_state("load")
+            shown = [c["text"] for c in data["images"][0]["captions"]]
+            assert page.locator(".caption").all_inner_texts() == shown
+            assert page.locator("#position").inner_text() == "Image 1 of 4"
+            assert page.evaluate("location.hash") == "#1"
+            assert page.evaluate("[...document.querySelectorAll('#item img, #colorbar')]"
+                                 ".every(i => i.complete && i.naturalWidth > 0)")
+            page.screenshot(path=str(shot), full_page=True)
+
+            page.keyboard.press("ArrowRight")
+            assert page.locator("#position").inner_text() == "Image 2 of 4"
+            assert page.evaluate("location.hash") == "#2"
+            assert page.locator(".image-name").inner_text() == data["images"][1]["name"]
+            page.keyboard.press("k")
+            assert page.evaluate("location.hash") == "#1"
+            page.goto((out / "index.html").as_uri() + "#3")  # a shared link opens image 3
+            assert page.locator("#position").inner_text() == "Image 3 of 4"
+            page.click(".word >> nth=0")
+            assert page.locator("#large").is_visible()
+            page.keyboard.press("Escape")
+            assert page.locator("#large").is_hidden()
+            assert problems == []
+        finally:
+            browser.close()
+    pixels = np.asarray(Image.open(shot).convert("RGB"))
+    assert Image.open(shot).format == "PNG" and pixels.shape[0] > 100
+    assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50  # text, images, overlays
