@@ -31,6 +31,7 @@ from captioner.lightning_module import CaptioningModule
 from captioner.training_runs import (
     LastCheckpoint,
     latest_resumable,
+    read_progress,
     set_aside_metrics,
 )
 
@@ -77,6 +78,7 @@ class CaptionerCLI(LightningCLI):
         # config no longer tells apart from the configs it includes.
         given = kwargs.get("args")
         self._first_config = _first_config(sys.argv[1:] if given is None else list(given))
+        self._resume: tuple[int, int] | None = None  # (version, global step) when fit resumes
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
@@ -105,9 +107,12 @@ class CaptionerCLI(LightningCLI):
         path = Path(ckpt_path)
         if not path.is_file():
             raise UserError(f"--ckpt_path {path}: no such checkpoint file")
+        checkpoint = load_safely(path)
         hparams = CaptioningModule.hparams_from_checkpoint(
-            load_safely(path).get(CaptioningModule.CHECKPOINT_HYPER_PARAMS_KEY, {}), path
+            checkpoint.get(CaptioningModule.CHECKPOINT_HYPER_PARAMS_KEY, {}), path
         )
+        if self._resume is not None:
+            self._resume = (self._resume[0], int(checkpoint.get("global_step", 0)))
         self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
 
     def _resolve_named(self, subcommand: str, config, which: str) -> Path:
@@ -123,15 +128,13 @@ class CaptionerCLI(LightningCLI):
             )
         version, last = found
         if subcommand == "fit":
-            self._resume_version = version
+            self._resume = (version, 0)
             return last
         if which == "last":
             return last
-        progress = load_safely(last).get("callbacks", {})
-        best = next((s.get("best_model_path") for k, s in progress.items()
-                     if k.startswith("ModelCheckpoint") and s.get("best_model_path")), None)
+        best = read_progress(last.parent).get("best_checkpoint")
         if not best or not Path(best).is_file():
-            raise UserError(f"--ckpt_path best: {last} names no existing best checkpoint")
+            raise UserError(f"--ckpt_path best: {last.parent} names no existing best checkpoint")
         return Path(best)
 
     def before_instantiate_classes(self) -> None:
@@ -143,11 +146,10 @@ class CaptionerCLI(LightningCLI):
             return
         if init_args.get("name") in (None, _DEFAULT_LOGGER_NAME):
             init_args["name"] = self.run_name(config)
-        version = getattr(self, "_resume_version", None)
-        if version is not None and "version" in init_args:
+        if self._resume is not None and "version" in init_args:
+            version, step = self._resume
             init_args["version"] = version
             folder = Path(init_args["save_dir"]) / init_args["name"] / f"version_{version}"
-            step = load_safely(config["ckpt_path"]).get("global_step", 0)
             set_aside_metrics(folder, step)
 
     def run_name(self, config) -> str:

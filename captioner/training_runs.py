@@ -160,6 +160,15 @@ def latest_resumable(root: Path, name: str) -> tuple[int, Path] | None:
     return None
 
 
+def read_progress(checkpoints: Path) -> dict:
+    """The ``progress.json`` of a run's checkpoints folder ({} when absent or unreadable)."""
+    try:
+        progress = json.loads((checkpoints / PROGRESS_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return progress if isinstance(progress, dict) else {}
+
+
 def list_runs(root: Path) -> list[RunInfo]:
     """Every ``ROOT/NAME/version_N`` run, by name and version."""
     runs = []
@@ -167,11 +176,7 @@ def list_runs(root: Path) -> list[RunInfo]:
         return runs
     for named in sorted(p for p in root.iterdir() if p.is_dir()):
         for version, folder in version_folders(root, named.name):
-            progress_file = folder / "checkpoints" / PROGRESS_NAME
-            try:
-                progress = json.loads(progress_file.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                progress = None
+            progress = read_progress(folder / "checkpoints") or None
             runs.append(RunInfo(named.name, version, folder, progress))
     return runs
 
