@@ -14,6 +14,11 @@ constant opacity, and zero weight either fully transparent (the image shows unch
 opaque white (``zero_style="white"``, the paper's figures). The page states that rule in its
 legend. Unlike the rating kit nothing is blinded: each column names its model.
 
+The page reads its data from a JSON element (format ``captioner-gallery/1``): ``vmax``,
+``vmax_given`` (False: vmax is the largest weight), ``max_weight``, ``zero_style``,
+``upsample``, ``colorbar``, ``models`` [{name, mapping}] and ``images`` [{name, src, width,
+height, captions: one per model [{text, words: [{word, overlay}]}]}], paths relative to the page.
+
 `caption_gallery` captions image files with several `captioner.inference.Captioner` objects
 and returns what `build_gallery` needs.
 """
@@ -152,9 +157,10 @@ def build_gallery(
                     f"image {item.name!r}, model {model.name!r}: attention of shape {shape} "
                     f"for {len(caption.tokens)} tokens, expected ({len(caption.tokens)}, h, w)"
                 )
-    max_weight = shared_vmax(c.attention for item in images for c in item.captions)
+    maps = [c.attention for item in images for c in item.captions if np.size(c.attention)]
+    max_weight = max((float(np.max(m)) for m in maps), default=0.0)
     given = vmax is not None
-    vmax = vmax if given else max_weight
+    vmax = vmax if given else shared_vmax(maps)
     if not vmax > 0:
         raise ValueError(f"vmax must be positive, got {vmax}")
     (out_dir / "images").mkdir(parents=True, exist_ok=True)
