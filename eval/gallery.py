@@ -25,8 +25,6 @@ and returns what `build_gallery` needs.
 
 from __future__ import annotations
 
-import html
-import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,7 +46,7 @@ from data_prep.files import atomic_write
 
 # Private helpers of the rating kit, shared rather than copied: JSON safe inside <script>,
 # and the templates of eval/templates/.
-from eval.rating_kit import _script_json, _template
+from eval.static_page import render_page
 
 GALLERY_FORMAT = "captioner-gallery/1"
 COLORBAR_STEPS = 256
@@ -100,22 +98,6 @@ def colorbar(vmax: float, width: int = COLORBAR_STEPS, height: int = 16) -> np.n
     to right, through `attention_overlay` (the overlays' colours and opacity)."""
     ramp = np.linspace(vmax / width, vmax, width, dtype=np.float32)
     return attention_overlay(np.broadcast_to(ramp, (height, width)), vmax)
-
-
-def render_page(data: dict, title: str) -> str:
-    """The gallery's HTML with the data, script and style inline (one substitution pass, so
-    inserted text is never scanned for further placeholders)."""
-    parts = {
-        "TITLE": html.escape(title),
-        "STYLE": _template("gallery.css"),
-        "SCRIPT": _template("gallery.js"),
-        "DATA": _script_json(data),
-    }
-    return re.sub(
-        r"\{\{(TITLE|STYLE|SCRIPT|DATA)\}\}",
-        lambda m: parts[m.group(1)],
-        _template("gallery.html"),
-    )
 
 
 def build_gallery(
@@ -204,7 +186,7 @@ def build_gallery(
     }
     page = out_dir / "index.html"
     with atomic_write(page) as handle:
-        handle.write(render_page(content, title))
+        handle.write(render_page("gallery", content, title))
     return page
 
 

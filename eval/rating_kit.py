@@ -22,13 +22,10 @@ follow `RATINGS_FORMAT` (see `eval.rating_summary`).
 from __future__ import annotations
 
 import hashlib
-import html
 import json
 import random
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +38,9 @@ from captioner.heatmaps import (
     shared_vmax,
     upsample_attention,
 )
+from data_prep.files import atomic_write
 from data_prep.images import ImageLoadError, load_image
+from eval.static_page import render_page, script_json
 from eval.stopwords import content_word_indices
 
 KIT_FORMAT = "captioner-rating-kit/1"
@@ -93,41 +92,6 @@ def blind_orders(n_images: int, n_models: int, seed: int) -> list[list[int]]:
     """Per image, the model shown under label A, B, ...: a seeded random permutation."""
     rng = np.random.default_rng(seed)
     return [rng.permutation(n_models).tolist() for _ in range(n_images)]
-
-
-def _script_json(data: object) -> str:
-    """JSON safe inside an HTML ``<script>`` element: no ``<``, ``>``, ``&`` or line
-    separators survive literally, so no caption or file name can close the element."""
-    text = json.dumps(data, ensure_ascii=False, sort_keys=True)
-    for char, escape in (
-        ("<", "\\u003c"),
-        (">", "\\u003e"),
-        ("&", "\\u0026"),
-        ("\u2028", "\\u2028"),
-        ("\u2029", "\\u2029"),
-    ):
-        text = text.replace(char, escape)
-    return text
-
-
-def _template(name: str) -> str:
-    return resources.files("eval.templates").joinpath(name).read_text(encoding="utf-8")
-
-
-def render_page(data: dict, title: str) -> str:
-    """The kit's HTML with the data, script and style inline (one substitution pass, so
-    inserted text is never scanned for further placeholders)."""
-    parts = {
-        "TITLE": html.escape(title),
-        "STYLE": _template("rating_kit.css"),
-        "SCRIPT": _template("rating_kit.js"),
-        "DATA": _script_json(data),
-    }
-    return re.sub(
-        r"\{\{(TITLE|STYLE|SCRIPT|DATA)\}\}",
-        lambda m: parts[m.group(1)],
-        _template("rating_kit.html"),
-    )
 
 
 def build_kit(
@@ -211,9 +175,10 @@ def build_kit(
         "vmax": vmax,
         "images": page_images,
     }
-    kit_id = hashlib.sha256(_script_json(content).encode()).hexdigest()[:16]
+    kit_id = hashlib.sha256(script_json(content).encode()).hexdigest()[:16]
     page = out_dir / "index.html"
-    page.write_text(render_page({**content, "kit_id": kit_id}, title), encoding="utf-8")
+    with atomic_write(page) as handle:
+        handle.write(render_page("rating_kit", {**content, "kit_id": kit_id}, title))
     key = {
         "format": KEY_FORMAT,
         "kit_id": kit_id,

@@ -1,2 +1,3 @@
-"""Static assets of the human-rating kit (HTML page, script, style), inlined by
-`eval.rating_kit.render_page` so that the kit needs no network and no external files."""
+"""Static assets of the human-rating kit and the attention gallery: page templates, scripts and
+styles, inlined by `eval.static_page.render_page` so that the pages need no network and no
+external files."""

@@ -1,0 +1,44 @@
+"""Self-contained HTML pages (the rating kit, the attention gallery): a template of
+``eval/templates`` with its data, script and style inline, so the page works from ``file://``
+without a network."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from importlib import resources
+
+
+def script_json(data: object) -> str:
+    """JSON safe inside an HTML ``<script>`` element: no ``<``, ``>``, ``&`` or line
+    separators survive literally, so no caption or file name can close the element."""
+    text = json.dumps(data, ensure_ascii=False, sort_keys=True)
+    for char, escape in (
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("&", "\\u0026"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
+        text = text.replace(char, escape)
+    return text
+
+
+def template(name: str) -> str:
+    """The text of ``eval/templates/NAME``."""
+    return resources.files("eval.templates").joinpath(name).read_text(encoding="utf-8")
+
+
+def render_page(page: str, data: dict, title: str) -> str:
+    """``PAGE.html`` with ``PAGE.css``, ``PAGE.js``, the title and ``data`` inline (one
+    substitution pass, so inserted text is never scanned for further placeholders)."""
+    parts = {
+        "TITLE": html.escape(title),
+        "STYLE": template(f"{page}.css"),
+        "SCRIPT": template(f"{page}.js"),
+        "DATA": script_json(data),
+    }
+    return re.sub(
+        r"\{\{(TITLE|STYLE|SCRIPT|DATA)\}\}", lambda m: parts[m.group(1)], template(f"{page}.html")
+    )
