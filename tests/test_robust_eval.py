@@ -142,8 +142,9 @@ def test_evaluate_names_an_unreadable_image_of_the_split(tiny_checkpoint, synthe
 def test_evaluate_refuses_an_unusable_out(kind, phrase, tiny_checkpoint, synthetic_data,
                                           tmp_path, capsys):
     (tmp_path / "somefile.txt").write_text("keep me")
-    out = tmp_path / "somefile.txt" / ("" if kind == "file" else "evaluation")
-    out = tmp_path / "somefile.txt" if kind == "file" else out
+    out = tmp_path / "somefile.txt"
+    if kind == "under a file":
+        out = out / "evaluation"
     outcome = _evaluate(capsys, tiny_checkpoint, synthetic_data.karpathy_json,
                         synthetic_data.image_root, out)
     bad.assert_user_error(outcome, "evaluate", str(out), phrase)
