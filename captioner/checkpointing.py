@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from data_prep.files import atomic_write
+from data_prep.files import atomic_write, check_input_file
 
 # Keys that LightningCLI stores beside a module's own hyperparameters (Lightning >= 2.3).
 LIGHTNING_HPARAM_KEYS = frozenset({"_instantiator", "_class_path"})
@@ -53,6 +53,10 @@ def load_safely(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
             plain data (it is refused, never unpickled).
     """
     path = Path(path)
+    try:
+        check_input_file(path)
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
     if path.is_dir():
         raise CheckpointError(f"{path}: is a folder, not a checkpoint file")
     if not path.exists():
@@ -65,7 +69,7 @@ def load_safely(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         reason = _unpickler_reason(exc)
-        if reason.startswith("Unsupported global"):
+        if "GLOBAL" in reason:  # a class or function to import: code that would run
             raise CheckpointError(
                 f"{path}: holds objects other than tensors and plain data ({reason}); "
                 "refused, it is not loaded"
@@ -85,6 +89,9 @@ def _unpickler_reason(exc: Exception) -> str:
     """The unpickler's own reason (e.g. 'Unsupported global: GLOBAL os.system'), without
     torch's advice to load the file with weights_only=False."""
     text = str(exc)
+    for line in text.splitlines():
+        if "GLOBAL" in line:
+            return line.split("WeightsUnpickler error:")[-1].strip()
     if "WeightsUnpickler error:" in text:
         after = text.split("WeightsUnpickler error:", 1)[1].strip()
         lines = [line.strip() for line in after.splitlines() if line.strip()]

@@ -105,9 +105,14 @@ class CaptionerCLI(LightningCLI):
             ckpt_path = self._resolve_named(subcommand, config, ckpt_path)
             config["ckpt_path"] = str(ckpt_path)
         path = Path(ckpt_path)
-        if not path.is_file():
+        if not path.exists():
             raise UserError(f"--ckpt_path {path}: no such checkpoint file")
         checkpoint = load_safely(path)
+        if "state_dict" not in checkpoint:
+            raise UserError(
+                f"--ckpt_path {path}: no 'state_dict' entry; not a checkpoint written by "
+                "captioner training"
+            )
         hparams = CaptioningModule.hparams_from_checkpoint(
             checkpoint.get(CaptioningModule.CHECKPOINT_HYPER_PARAMS_KEY, {}), path
         )

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path, PurePosixPath
 
-from data_prep.files import atomic_write
+from data_prep.files import OutputPathError, atomic_write, check_output_file, require_file
 from data_prep.images import ImageLoadError, load_image
 from data_prep.karpathy import tokenize
 
@@ -143,8 +143,10 @@ def read_captions(path: Path, fmt: str, log: ProblemLog) -> list[CaptionRecord]:
     if fmt not in FORMATS:
         raise DatasetImportError(f"unknown captions format {fmt!r}; expected one of "
                                  f"{', '.join(FORMATS)}")
-    if not path.is_file():
-        raise DatasetImportError(f"{path}: captions file not found")
+    try:
+        require_file(path, "captions file")
+    except (OSError, ValueError) as exc:
+        raise DatasetImportError(str(exc)) from None
     if fmt == "auto":
         fmt = detect_format(path)
     if fmt == "jsonl":
@@ -608,12 +610,21 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
         raise DatasetImportError(f"{out}: the output would overwrite the captions file")
     if out.is_dir():
         raise DatasetImportError(f"{out}: is a folder; give the JSON file to write")
+    try:
+        check_output_file(out)
+    except OutputPathError as exc:
+        raise DatasetImportError(str(exc)) from None
     spec = parse_split(options.split)
     log = ProblemLog(options.on_error)
     fmt = options.fmt
     if fmt == "auto" and Path(options.captions).is_file():
         fmt = detect_format(Path(options.captions))
     records = read_captions(Path(options.captions), fmt, log)
+    if not records:
+        empty = Path(options.captions).stat().st_size == 0
+        raise DatasetImportError(
+            f"{options.captions}: {'is empty' if empty else 'holds no captions'}"
+        )
     listed = {record.image for record in records}
     items = readable_items(tokenized_items(records, log), images, log, progress=progress)
     splits, left_out = assign_splits(items, spec, options.seed, log, listed=listed)

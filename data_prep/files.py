@@ -38,10 +38,13 @@ def file_mode() -> int:
 def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
     """Open a temporary file beside ``path`` for writing (``mode`` "w" text UTF-8, or "wb");
     on a clean exit it is fsynced, given :func:`file_mode` and renamed over ``path``; on an
-    exception it is removed and ``path`` is left as it was."""
+    exception it is removed and ``path`` is left as it was. A folder, device or other
+    non-regular file at ``path`` is refused (:class:`OutputPathError`), never replaced."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write mode must be 'w' or 'wb', got {mode!r}")
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise OutputPathError(f"{path}: exists and is not a regular file")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -119,5 +122,19 @@ def check_input_file(path: str | Path) -> Path:
             else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
             else "not a regular file"
         )
-        raise ValueError(f"{path}: is {kind}, not an image file")
+        raise ValueError(f"{path}: is {kind}, not a regular file")
+    return path
+
+
+def require_file(path: str | Path, what: str) -> Path:
+    """``path``, an existing regular file; ``what`` names it in messages ("checkpoint").
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: a folder, FIFO, device or socket.
+    """
+    path = check_input_file(path)
+    if path.is_dir():
+        raise ValueError(f"{what} {path}: is a folder, not a file")
+    if not path.exists():
+        raise FileNotFoundError(f"{what} not found: {path}")
     return path

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from data_prep.files import require_file
+
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 # Karpathy's split names -> the split an image is used in.
 _SPLIT_OF: dict[str, str] = {"train": "train", "restval": "train", "val": "val", "test": "test"}
@@ -80,14 +82,13 @@ def load_karpathy(json_path: str | Path, image_root: str | Path) -> KarpathyData
     they are not opened here (see :func:`data_prep.images.check_images`).
 
     Raises:
-        FileNotFoundError: ``json_path`` does not exist.
+        FileNotFoundError: ``json_path`` does not exist. ValueError: it is a folder or FIFO.
         KarpathyFormatError: invalid JSON, a missing or ill-typed field, an unknown split, an
             image without captions, a caption without tokens, or a duplicate image id.
     """
     json_path = Path(json_path)
     image_root = Path(image_root)
-    if not json_path.is_file():
-        raise FileNotFoundError(f"Karpathy split file not found: {json_path}")
+    require_file(json_path, "Karpathy split file")
     try:
         with json_path.open(encoding="utf-8") as handle:
             data = json.load(handle)

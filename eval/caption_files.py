@@ -7,14 +7,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from data_prep.files import require_file
+
 
 class CaptionFileError(ValueError):
     """A results or references file is malformed; the message names the file and entry."""
 
 
 def _read_json(path: Path, what: str) -> Any:
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} file not found: {path}")
+    require_file(path, f"{what} file")
     try:
         with path.open(encoding="utf-8") as handle:
             return json.load(handle)

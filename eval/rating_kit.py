@@ -210,5 +210,5 @@ def sample_readable(
 
 def write_key(key: dict, path: Path) -> None:
     """Store the blinding key (keep it away from the raters)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(key, indent=1, ensure_ascii=False), encoding="utf-8")
+    with atomic_write(path) as handle:
+        json.dump(key, handle, indent=1, ensure_ascii=False)

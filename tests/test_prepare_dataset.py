@@ -517,7 +517,7 @@ def test_input_and_output_paths_are_checked(tmp_path, capsys):
     captions = _jsonl_case(tmp_path, [])
     cases = [
         (["--captions", tmp_path / "nope.jsonl", "--images", photos, "--out", tmp_path / "o.json"],
-         "nope.jsonl: captions file not found"),
+         f"captions file not found: {tmp_path / 'nope.jsonl'}"),
         (["--captions", captions, "--images", tmp_path / "nodir", "--out", tmp_path / "o.json"],
          "nodir: image folder not found"),
         (["--captions", captions, "--images", photos, "--out", captions],

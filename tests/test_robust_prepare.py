@@ -115,10 +115,8 @@ def _data_rows():
         pytest.param(karpathy("Karpathy: missing field"), id="missing field"),
         pytest.param(karpathy("Karpathy: wrong type"), id="wrong type"),
         pytest.param(zero_byte, id="zero-byte file"),
-        pytest.param(fifo, id="FIFO", marks=pytest.mark.xfail(
-            strict=True, reason=NOT_FOUND.format("FIFO"))),
-        pytest.param(directory, id="folder", marks=pytest.mark.xfail(
-            strict=True, reason=NOT_FOUND.format("folder"))),
+        pytest.param(fifo, id="FIFO"),
+        pytest.param(directory, id="folder"),
     ]
 
 
@@ -157,14 +155,9 @@ def test_malicious_weights_file_is_refused_without_running_it(bad_weights, tmp_p
 @pytest.mark.parametrize(
     ("name", "phrase"),
     [
-        pytest.param("malicious pickle", "evil.ckpt", marks=pytest.mark.xfail(
-            strict=True, reason="the message quotes torch's advice to re-run torch.load with "
-                                "weights_only=False, over several lines")),
-        pytest.param("empty file", "is empty", marks=pytest.mark.xfail(
-            strict=True, reason="an empty weights file gives 'cannot read ... as a torch "
-                                "state_dict: ' with an empty reason")),
-        pytest.param("folder", "is a folder", marks=pytest.mark.xfail(
-            strict=True, reason="a folder given as --weights is reported as 'does not exist'")),
+        pytest.param("malicious pickle", "evil.ckpt"),
+        pytest.param("empty file", "is empty"),
+        pytest.param("folder", "is a folder"),
         pytest.param("class_path hyperparameters", "does not hold a state_dict"),
     ],
 )
@@ -272,13 +265,9 @@ def _captions_rows():
         return bad.write_zero_byte(folder / "captions.jsonl"), "is empty"
 
     return [
-        pytest.param(fifo, id="FIFO", marks=pytest.mark.xfail(
-            strict=True, reason=NOT_FOUND.format("FIFO"))),
-        pytest.param(directory, id="folder", marks=pytest.mark.xfail(
-            strict=True, reason=NOT_FOUND.format("folder"))),
-        pytest.param(zero_byte, id="zero-byte JSONL", marks=pytest.mark.xfail(
-            strict=True, reason="an empty JSONL file is reported as \"split 'train' would be "
-                                "empty\" without naming the captions file")),
+        pytest.param(fifo, id="FIFO"),
+        pytest.param(directory, id="folder"),
+        pytest.param(zero_byte, id="zero-byte JSONL"),
     ]
 
 
@@ -304,14 +293,8 @@ def _out_device(folder):
 @pytest.mark.parametrize(
     ("make_out", "phrase"),
     [
-        pytest.param(_out_under_file, "not a folder", id="under a regular file",
-                     marks=pytest.mark.xfail(strict=True, reason=(
-                         "the message is the raw \"[Errno 17] File exists: '.../somefile.txt'\", "
-                         "without --out or the problem"))),
-        pytest.param(_out_device, "not a regular file", id="a device",
-                     marks=pytest.mark.xfail(strict=True, reason=(
-                         "exit 0: the device node is replaced by a regular file holding the "
-                         "dataset (os.replace over it; as root this destroys /dev/full)"))),
+        pytest.param(_out_under_file, "not a folder", id="under a regular file"),
+        pytest.param(_out_device, "not a regular file", id="a device"),
     ],
 )
 def test_unusable_out_is_refused(make_out, phrase, tmp_path, capsys):

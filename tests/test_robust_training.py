@@ -61,12 +61,9 @@ def _checked(outcome, command: str, ckpt: Path, phrase: str, out: Path) -> None:
     [
         ("test", "empty file"),
         ("fit", "empty file"),
-        pytest.param("test", "folder", marks=pytest.mark.xfail(
-            strict=True, reason=NOT_FOUND.format("folder"))),
-        pytest.param("test", "FIFO", marks=pytest.mark.xfail(
-            strict=True, reason=NOT_FOUND.format("FIFO"))),
-        pytest.param("test", "foreign state_dict", marks=pytest.mark.xfail(
-            strict=True, reason=FOREIGN)),
+        pytest.param("test", "folder"),
+        pytest.param("test", "FIFO"),
+        pytest.param("test", "foreign state_dict"),
     ],
 )
 def test_unusable_checkpoint_is_one_line_in_process(
@@ -82,8 +79,7 @@ def test_unusable_checkpoint_is_one_line_in_process(
     ("command", "name"),
     [
         ("test", "malicious pickle"),
-        pytest.param("fit", "foreign state_dict", marks=pytest.mark.xfail(
-            strict=True, reason=FOREIGN)),
+        pytest.param("fit", "foreign state_dict"),
     ],
 )
 def test_unusable_checkpoint_is_one_line_from_the_console_script(

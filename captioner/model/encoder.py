@@ -19,6 +19,8 @@ import torch
 import torchvision
 from torch import Tensor, nn
 
+from data_prep.files import require_file
+
 ARCHITECTURES = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 LAYERS = ("layer3", "layer4")
 
@@ -128,14 +130,12 @@ def _looks_like_path(weights: str | os.PathLike) -> bool:
 
 
 def _read_state_dict(path: Path) -> dict[str, Tensor]:
-    if not path.is_file():
-        raise EncoderWeightsError(f"encoder weights file {path} does not exist")
+    from captioner.checkpointing import load_safely
+
     try:
-        state_dict = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise EncoderWeightsError(
-            f"cannot read encoder weights file {path} as a torch state_dict: {exc}"
-        ) from exc
+        state_dict = load_safely(require_file(path, "encoder weights file"))
+    except (OSError, ValueError) as exc:
+        raise EncoderWeightsError(str(exc)) from None
     if not isinstance(state_dict, dict) or not all(
         isinstance(v, Tensor) for v in state_dict.values()
     ):

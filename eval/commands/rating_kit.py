@@ -68,6 +68,7 @@ def main(argv: list[str]) -> int:
 
     from captioner.heatmaps import unique_stems
     from captioner.inference import open_captioner
+    from data_prep.files import check_output_dir, check_output_file
     from eval.rating_kit import (
         KitCaption,
         KitImage,
@@ -78,6 +79,8 @@ def main(argv: list[str]) -> int:
     )
 
     try:
+        check_output_dir(args.out)
+        check_output_file(key_path)
         candidates = _candidates(args)
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         options = [decoding_options(args, captioner.decoding) for captioner in captioners]

@@ -25,16 +25,25 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    from data_prep.files import atomic_write, check_output_file, require_file
     from eval.rating_summary import RatingsError, format_table, summarize
 
     try:
+        if args.out is not None:
+            check_output_file(args.out)
+        for path in (*args.ratings, args.key):
+            require_file(path, "ratings file" if path != args.key else "key file")
         summary = summarize(args.ratings, args.key)
-    except RatingsError as exc:
+    except (RatingsError, OSError, ValueError) as exc:
         print(f"captioner rating-summary: {exc}", file=sys.stderr)
         return 2
     print(format_table(summary))
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(summary, indent=1, ensure_ascii=False), encoding="utf-8")
+        try:
+            with atomic_write(args.out) as handle:
+                json.dump(summary, handle, indent=1, ensure_ascii=False)
+        except OSError as exc:
+            print(f"captioner rating-summary: cannot write {args.out}: {exc}", file=sys.stderr)
+            return 2
         print(f"summary written to {args.out}")
     return 0
