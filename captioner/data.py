@@ -196,7 +196,7 @@ class CaptionDataModule(L.LightningDataModule):
         # in a path fails before any process builds datasets. Nothing is downloaded.
         for path in (self.karpathy_json, self.feature_cache or self.image_root):
             if not path.exists():
-                raise FileNotFoundError(f"captioner data: {path} does not exist")
+                raise FileNotFoundError(f"{path} does not exist")
 
     def setup(self, stage: str) -> None:
         if stage not in _STAGE_SPLITS:

@@ -18,6 +18,7 @@ On top of Lightning's CLI over :class:`CaptioningModule` and :class:`CaptionData
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -60,9 +61,25 @@ class _NoAdvertising(logging.Filter):
 
 
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdvertising())
-# The frozen encoder stays in eval mode on purpose (fixed batch-norm statistics, as in the
-# paper); Lightning warns about it at the start of every fit.
-warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
+for _message in (
+    # The frozen encoder stays in eval mode on purpose (fixed batch-norm statistics, as in the
+    # paper); Lightning warns about it at the start of every fit.
+    r"Found \d+ module\(s\) in eval mode",
+    # The demo hands its own arguments to the CLI on purpose.
+    r"LightningCLI's args parameter is intended to run from within Python",
+    # A resume sets the earlier metrics.csv aside first (set_aside_metrics): nothing is lost.
+    r"Experiment logs directory .* exists and is not empty",
+    # Lightning's own use of a torch API, nothing a user can act on.
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+):
+    warnings.filterwarnings("ignore", message=_message)
+
+CKPT_PATH_HELP = {
+    "fit": "resume: 'last' (the newest runs/NAME/version_N with a last.ckpt, continued in its "
+           "folder) or a checkpoint file",
+    "validate": "'best' or 'last' of the newest runs/NAME/version_N, or a checkpoint file",
+    "test": "'best' or 'last' of the newest runs/NAME/version_N, or a checkpoint file",
+}
 _NAMED_CHECKPOINTS = ("last", "best")
 
 
@@ -78,8 +95,17 @@ class CaptionerCLI(LightningCLI):
         # config no longer tells apart from the configs it includes.
         given = kwargs.get("args")
         self._first_config = _first_config(sys.argv[1:] if given is None else list(given))
-        self._resume: tuple[int, int] | None = None  # (version, global step) when fit resumes
+        self._resume_version: int | None = None  # the run version that --ckpt_path last picks
+        self._checkpoint_step = 0  # global step of the --ckpt_path checkpoint
         super().__init__(*args, **kwargs)
+
+    # LightningCLI hook (Lightning 2.6): the parser of one sub-command.
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs):
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        for action in parser._actions:
+            if action.dest == "ckpt_path" and subcommand in CKPT_PATH_HELP:
+                action.help = CKPT_PATH_HELP[subcommand]
+        return parser
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -116,8 +142,7 @@ class CaptionerCLI(LightningCLI):
         hparams = CaptioningModule.hparams_from_checkpoint(
             checkpoint.get(CaptioningModule.CHECKPOINT_HYPER_PARAMS_KEY, {}), path
         )
-        if self._resume is not None:
-            self._resume = (self._resume[0], int(checkpoint.get("global_step", 0)))
+        self._checkpoint_step = int(checkpoint.get("global_step", 0))
         self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
 
     def _resolve_named(self, subcommand: str, config, which: str) -> Path:
@@ -128,12 +153,20 @@ class CaptionerCLI(LightningCLI):
         found = latest_resumable(root, name)
         if found is None:
             raise UserError(
-                f"--ckpt_path {which}: no run of {name!r} has a last.ckpt under {root / name}; "
-                "train first (without --ckpt_path) or give a checkpoint file"
+                f"--ckpt_path {which}: no run of {name!r} has checkpoints under "
+                f"{root / name}; train first (without --ckpt_path) or give a checkpoint file"
             )
         version, last = found
         if subcommand == "fit":
-            self._resume = (version, 0)
+            done = read_progress(last.parent).get("epochs_done", 0)
+            max_epochs = config.trainer.get("max_epochs")
+            if isinstance(max_epochs, int) and max_epochs >= 0 and done >= max_epochs:
+                raise UserError(
+                    f"--ckpt_path last: {last.parent.parent} has trained {done} epochs already, "
+                    f"and --trainer.max_epochs is {max_epochs}; give a larger max_epochs to "
+                    "train on"
+                )
+            self._resume_version = version
             return last
         if which == "last":
             return last
@@ -151,11 +184,17 @@ class CaptionerCLI(LightningCLI):
             return
         if init_args.get("name") in (None, _DEFAULT_LOGGER_NAME):
             init_args["name"] = self.run_name(config)
-        if self._resume is not None and "version" in init_args:
-            version, step = self._resume
-            init_args["version"] = version
-            folder = Path(init_args["save_dir"]) / init_args["name"] / f"version_{version}"
-            set_aside_metrics(folder, step)
+        if "version" not in init_args:
+            return
+        if self._resume_version is not None:
+            init_args["version"] = self._resume_version
+        ckpt_path = config.get("ckpt_path")
+        if subcommand in ("validate", "test") and ckpt_path:
+            _log_beside_the_run(init_args, Path(ckpt_path), subcommand)
+        elif ckpt_path and isinstance(init_args["version"], int):
+            # Resuming into an existing run folder (also from a resumed run's config.yaml).
+            run = Path(init_args["save_dir"]) / init_args["name"]
+            set_aside_metrics(run / f"version_{init_args['version']}", self._checkpoint_step)
 
     def run_name(self, config) -> str:
         if config.get("run_name"):
@@ -185,9 +224,19 @@ class CaptionerCLI(LightningCLI):
             lines.append(f"best checkpoint: {best.best_model_path} "
                          f"({best.monitor} {float(score):.4f})" if score is not None else "")
         if last is not None and last.path is not None:
-            lines.append(f"last checkpoint: {last.path} ({trainer.current_epoch} epochs done, "
+            lines.append(f"last checkpoint: {last.path} (epochs done: {trainer.current_epoch}, "
                          f"step {trainer.global_step})")
         return "\n".join(line for line in lines if line)
+
+
+def _log_beside_the_run(init_args, checkpoint: Path, subcommand: str) -> None:
+    """Log validate / test of a checkpoint of ``ROOT/NAME/version_N/checkpoints/`` into
+    ``ROOT/NAME/version_N/<subcommand>/`` instead of a new run version."""
+    folder = checkpoint.resolve().parent
+    if folder.name == "checkpoints" and re.fullmatch(r"version_\d+", folder.parent.name):
+        init_args["save_dir"] = str(folder.parents[2])
+        init_args["name"] = folder.parents[1].name
+        init_args["version"] = f"{folder.parent.name}/{subcommand}"
 
 
 def _first_config(args: list[str]) -> str | None:
@@ -210,6 +259,8 @@ def build_cli(args: list[str] | None, *, run: bool = True) -> CaptionerCLI:
         trainer_defaults=TRAINER_DEFAULTS,
         seed_everything_default=0,
         save_config_kwargs={"overwrite": True},
-        parser_kwargs={"prog": "captioner"},
+        # Errors in arguments and configs are raised (one line from the command), not printed
+        # after the whole usage.
+        parser_kwargs={"prog": "captioner", "exit_on_error": False},
     )
 

@@ -157,6 +157,18 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
     progress = json.loads((run / "checkpoints" / "progress.json").read_text())
     assert (progress["epochs_done"], progress["global_step"]) == (3, 6)
 
+    # The resumed run's own config.yaml resumes it again, keeping the metrics so far.
+    part2 = (run / "metrics.csv").read_text()
+    assert lightning_main(["fit", "--config", str(run / "config.yaml"),
+                           "--trainer.max_epochs", "4"]) == 0
+    assert (run / "metrics.part2.csv").read_text().splitlines()[1:] == \
+        [row for row in part2.splitlines()[1:] if int(row.split(",")[1]) < 6]
+    assert load_safely(run / "checkpoints" / "last.ckpt")["global_step"] == 8
+
+    # A finished run is not "resumed" silently.
+    code, _, err = _run("fit", *args, "--trainer.max_epochs", "4", "--ckpt_path", "last")
+    assert code == 2 and "has trained 4 epochs already" in err and "Traceback" not in err
+
 
 def test_last_checkpoint_is_written_every_epoch_whatever_the_score(
     synthetic_data, tiny_cache, tmp_path
@@ -210,21 +222,31 @@ def test_validate_and_test_take_a_cli_checkpoint_and_best(synthetic_data, tiny_c
     best = next((tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints").glob("best*"))
     assert lightning_main(["validate", *args, "--ckpt_path", str(best)]) == 0
     assert lightning_main(["test", *args, "--ckpt_path", "best"]) == 0
-    metrics = [row for path in (tmp_path / "runs").rglob("metrics.csv")
-               for row in csv.DictReader(path.open())]
-    assert any(row.get("val/CIDEr") for row in metrics)
-    assert any(row.get("test/CIDEr") for row in metrics)
+    run = tmp_path / "runs" / "demo_softmax" / "version_0"
+    assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]  # no new versions
+    validated = list(csv.DictReader((run / "validate" / "metrics.csv").open()))
+    tested = list(csv.DictReader((run / "test" / "metrics.csv").open()))
+    assert validated[0]["val/CIDEr"] and tested[0]["test/CIDEr"]
+
+
+def test_ckpt_path_help_says_what_captioner_does(capsys):
+    with pytest.raises(SystemExit):
+        lightning_main(["fit", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "the newest runs/NAME/version_N with a last.ckpt" in help_text
 
 
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--ckpt_path", "last"], "no run of 'demo_softmax' has a last.ckpt"),
+        (["--ckpt_path", "last"], "no run of 'demo_softmax' has checkpoints"),
         (["--ckpt_path", "nowhere.ckpt"], "nowhere.ckpt: no such checkpoint file"),
         (["--data.karpathy_json", "missing.json"], "missing.json"),
         (["--model.output_attention", "nosuchmax"], "nosuchmax"),
         (["--model.output_attention", "tvmax", "--model.output_attention_kwargs",
           "{lam: -1}"], "lam"),
+        (["--model.hiden_dim", "3"], "hiden_dim"),
+        (["--config", "nope.yaml"], "nope.yaml"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(synthetic_data, tiny_cache, tmp_path, extra,

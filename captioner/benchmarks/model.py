@@ -35,7 +35,7 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="captioner bench model", description=__doc__.split("\n")[0]
+        prog="captioner bench model", description=__doc__.split("\n")[0].replace("`", "")
     )
     parser.add_argument(
         "--mappings",

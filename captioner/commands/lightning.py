@@ -26,6 +26,10 @@ HELP = "train / validate / test a captioner with Lightning from YAML configs (co
 NEEDS_COMMAND_NAME = True
 
 def main(argv: list[str]) -> int:
+    from argparse import ArgumentError
+
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
     from captioner.training_cli import UserError, build_cli
 
     # LightningCLI warns when it is handed args while sys.argv also holds some; from the console
@@ -33,7 +37,7 @@ def main(argv: list[str]) -> int:
     args = None if list(argv) == sys.argv[1:] else list(argv)
     try:
         cli = build_cli(args)
-    except (UserError, OSError, ValueError) as exc:
+    except (UserError, OSError, ValueError, ArgumentError, MisconfigurationException) as exc:
         if os.environ.get("CAPTIONER_DEBUG"):
             raise
         print(f"captioner {argv[0]}: {exc}", file=sys.stderr)

@@ -23,10 +23,13 @@ def main(argv: list[str]) -> int:
 
     from captioner.training_runs import list_runs
 
+    if not args.root.is_dir():
+        print(f"captioner runs: no such folder: {args.root}", file=sys.stderr)
+        return 2
     runs = list_runs(args.root)
     if not runs:
-        print(f"captioner runs: no runs under {args.root}", file=sys.stderr)
-        return 1
+        print(f"no runs under {args.root}")
+        return 0
     header = f"{'run':<24} {'version':<10} {'epochs':>6} {'step':>8} {'best':>8}  checkpoints"
     print(header)
     for run in runs:

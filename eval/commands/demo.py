@@ -259,7 +259,8 @@ def torch_threads(count: int):
 
 def main(argv: list[str]) -> int:
     parser = command_parser("captioner demo", __doc__)
-    parser.add_argument("--out", type=Path, default=Path("demo_out"), help="output folder")
+    parser.add_argument("--out", type=Path, default=Path("demo_out"),
+                        help="output folder (default: %(default)s)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny smoke run (under 2 minutes; the numbers mean nothing)")
     parser.add_argument("--seed", type=int, default=0,

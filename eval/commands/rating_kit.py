@@ -28,14 +28,19 @@ def _parser() -> argparse.ArgumentParser:
                         help="checkpoint of one model; repeat for every model to compare")
     parser.add_argument("--data", type=Path, help="Karpathy split JSON (dataset_coco.json)")
     parser.add_argument("--images", type=Path, help="image root of the Karpathy JSON")
-    parser.add_argument("--split", default="test", choices=("train", "val", "test"))
+    parser.add_argument("--split", default="test", choices=("train", "val", "test"),
+                        help="split of --data to sample from (default: %(default)s)")
     parser.add_argument("--n", type=int, default=100, help="images to sample (default 100)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the sample and of the blinding (default: %(default)s)")
     parser.add_argument("--out", required=True, type=Path, help="kit folder to write")
     parser.add_argument("--key", type=Path, help="key file (default: OUT-key.json)")
-    parser.add_argument("--title", default="Image caption rating")
-    parser.add_argument("--upsample", choices=UPSAMPLE_MODES, default="nearest")
-    parser.add_argument("--size", type=int, default=DEFAULT_MAX_SIDE)
+    parser.add_argument("--title", default="Image caption rating",
+                        help="page title (default: %(default)s)")
+    parser.add_argument("--upsample", choices=UPSAMPLE_MODES, default="nearest",
+                        help="attention cells drawn as blocks or smoothed (default: %(default)s)")
+    parser.add_argument("--size", type=int, default=DEFAULT_MAX_SIDE,
+                        help="longer image side in pixels (default: %(default)s)")
     add_decoding_arguments(parser)
     return parser
 

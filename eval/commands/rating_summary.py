@@ -16,8 +16,13 @@ def _parser() -> argparse.ArgumentParser:
         description="Unblind the ratings exported by a rating kit with its key and report, per "
                     "model, mean caption score and mean attention relevance (paper Table 2) "
                     "with standard deviations, bootstrap 95% confidence intervals, counts and "
-                    "Krippendorff's alpha. Incomplete, missing and duplicate ratings are listed.")
-    parser.add_argument("ratings", nargs="+", type=Path, metavar="RATINGS.json")
+                    "Krippendorff's alpha. Incomplete, missing and duplicate ratings are listed. "
+                    "RATINGS.json files are the kit page's exports: {\"format\": "
+                    "\"captioner-ratings/1\", \"kit_id\", \"rater_id\", \"exported_at\", "
+                    "\"ratings\": [{\"image\", \"label\", \"caption_score\", "
+                    "\"attention_score\", ...}]}.")
+    parser.add_argument("ratings", nargs="+", type=Path, metavar="RATINGS.json",
+                        help="ratings files exported from the kit page, one per rater")
     parser.add_argument("--key", required=True, type=Path, help="the kit's key file")
     parser.add_argument("--out", type=Path, help="write the full summary as JSON here")
     return parser

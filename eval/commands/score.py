@@ -94,7 +94,10 @@ def main(argv: list[str]) -> int:
         metrics = parse_metrics(args.metrics)
         hypotheses = load_results(args.results)
         references = load_references(args.references, args.split)
-    except (CaptionFileError, FileNotFoundError, KeyError, OutputPathError, ValueError) as exc:
+    except KeyError as exc:  # str() of a KeyError is its repr: print the message itself
+        print(f"captioner score: {exc.args[0]}", file=sys.stderr)
+        return 2
+    except (CaptionFileError, FileNotFoundError, OutputPathError, ValueError) as exc:
         print(f"captioner score: {exc}", file=sys.stderr)
         return 2
     problems = check_coverage(hypotheses, references)
