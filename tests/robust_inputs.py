@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 
 SIDE = 24  # pixels per side of the generated images
@@ -122,6 +123,15 @@ def assert_user_error(outcome: Outcome, command: str, *phrases: str) -> str:
     for phrase in phrases:
         assert phrase in lines[0], (phrase, lines[0])
     return lines[0]
+
+
+def assert_skipped(outcome: Outcome, command: str, image: Path, phrase: str) -> None:
+    """Exit status 1, no traceback, and exactly one line ``captioner COMMAND: ... skipped ...``
+    that names ``image`` and holds ``phrase``."""
+    assert outcome.code == 1, outcome.err
+    assert "Traceback" not in outcome.err
+    skipped = [line for line in outcome.error_lines(f"captioner {command}: ") if "skipped" in line]
+    assert len(skipped) == 1 and str(image) in skipped[0] and phrase in skipped[0], outcome.err
 
 
 # ------------------------------------------------------------------------------ image files
@@ -237,8 +247,6 @@ def write_full_device(path: Path) -> Path:
     """A private copy of ``/dev/full`` (character device 1, 7: every write fails with ENOSPC),
     so that a command that wrongly replaces its output file cannot damage the real one.
     Needs CAP_MKNOD; the calling test is skipped without it."""
-    import pytest
-
     try:
         os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 7))
     except PermissionError:
@@ -256,6 +264,61 @@ def write_fifo(path: Path) -> Path:
     """A named pipe: opening it for reading blocks until a writer appears."""
     os.mkfifo(path)
     return path
+
+
+def unreadable_file_rows(name: str, *, empty: str, folder: str) -> list:
+    """Three pytest rows of an input file ``name`` that cannot be read: a zero-byte file, a
+    folder and a FIFO. Each row's value, called with a folder, makes that input there and
+    returns (its path, the phrase that names the problem: ``empty``, ``folder``, "FIFO")."""
+
+    def zero_byte(parent: Path) -> tuple[Path, str]:
+        return write_zero_byte(parent / name), empty
+
+    def directory(parent: Path) -> tuple[Path, str]:
+        (parent / name).mkdir()
+        return parent / name, folder
+
+    def fifo(parent: Path) -> tuple[Path, str]:
+        return write_fifo(parent / name), "FIFO"
+
+    return [
+        pytest.param(zero_byte, id="zero-byte file"),
+        pytest.param(directory, id="folder"),
+        pytest.param(fifo, id="FIFO"),
+    ]
+
+
+# ---------------------------------------------------------------------------- output paths
+
+KEEP_ME = "keep me"  # text of the regular file an unusable output path is made from
+
+
+def unusable_out(kind: str, folder: Path, name: str = "out") -> Path:
+    """An output path in ``folder`` that no command may write to, of class ``kind``:
+
+    * ``"folder"``: the existing folder ``folder/existing``;
+    * ``"file"``: the existing regular file ``folder/somefile.txt`` (holding :data:`KEEP_ME`),
+      for commands whose output is a folder;
+    * ``"under a file"``: ``folder/somefile.txt/NAME``, below that regular file;
+    * ``"device"``: ``folder/full``, a copy of ``/dev/full`` (see :func:`write_full_device`).
+    """
+    if kind == "folder":
+        (folder / "existing").mkdir()
+        return folder / "existing"
+    if kind == "device":
+        return write_full_device(folder / "full")
+    regular = folder / "somefile.txt"
+    regular.write_text(KEEP_ME)
+    if kind == "file":
+        return regular
+    assert kind == "under a file", kind
+    return regular / name
+
+
+def names_under(folder: Path) -> list[str]:
+    """The names of everything below ``folder``, sorted: equal before and after a refused
+    command when it wrote nothing."""
+    return sorted(p.name for p in Path(folder).rglob("*"))
 
 
 # Good images of unusual formats: every command must read them as ordinary photos.

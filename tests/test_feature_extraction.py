@@ -9,12 +9,10 @@ import json
 import os
 import re
 import signal
-import struct
 import subprocess
 import sys
 import time
 import urllib.error
-import zlib
 from pathlib import Path
 
 import h5py
@@ -22,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from robust_inputs import png_header
 
 import captioner.feature_extraction as fx
 from captioner.commands.prepare_features import main
@@ -61,16 +60,6 @@ def _make_dataset(root: Path, n: int, *, seed: int = 0) -> tuple[Path, Path, lis
     return data, images, [1000 + i for i in range(n)]
 
 
-def _png_header(width: int, height: int) -> bytes:
-    """A PNG that claims ``width`` x ``height`` pixels and holds no pixel data."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b"")
-
-
 def _spoil(images: Path, ids: list[int]) -> dict[int, str]:
     """Replace images of ``ids`` (8 of them) by unusable files; returns id -> expected reason."""
     jpeg = io.BytesIO()
@@ -80,8 +69,8 @@ def _spoil(images: Path, ids: list[int]) -> dict[int, str]:
         "empty": (b"", "is empty"),
         "text": (b"this is not a picture\n", "not an image file"),
         "truncated": (jpeg.getvalue()[: len(jpeg.getvalue()) // 2], "truncated"),
-        "bomb": (_png_header(100_000, 100_000), "decompression bomb"),
-        "large": (_png_header(9_000, 9_000), "exceeds the limit of 64,000,000 pixels"),
+        "bomb": (png_header(100_000, 100_000), "decompression bomb"),
+        "large": (png_header(9_000, 9_000), "exceeds the limit of 64,000,000 pixels"),
         "fifo": (None, "not a regular file"),
         "missing": (None, "file not found"),
         "folder": (None, "is a folder"),

@@ -138,14 +138,11 @@ def test_evaluate_names_an_unreadable_image_of_the_split(tiny_checkpoint, synthe
                                               ("under a file", "somefile.txt is not a folder")])
 def test_evaluate_refuses_an_unusable_out(kind, phrase, tiny_checkpoint, synthetic_data,
                                           tmp_path, capsys):
-    (tmp_path / "somefile.txt").write_text("keep me")
-    out = tmp_path / "somefile.txt"
-    if kind == "under a file":
-        out = out / "evaluation"
+    out = bad.unusable_out(kind, tmp_path, "evaluation")
     outcome = _evaluate(capsys, tiny_checkpoint, synthetic_data.karpathy_json,
                         synthetic_data.image_root, out)
     bad.assert_user_error(outcome, "evaluate", str(out), phrase)
-    assert (tmp_path / "somefile.txt").read_text() == "keep me"
+    assert (tmp_path / "somefile.txt").read_text() == bad.KEEP_ME
 
 
 # -------------------------------------------------------------------------------- rating-kit
@@ -216,23 +213,20 @@ OUT_EARLY = ("--out / --key are not checked before captioning: {} raises {} with
 
 
 def _kit_out_file(tmp_path):
-    (tmp_path / "somefile.txt").write_text("keep me")
-    return ["--out", tmp_path / "somefile.txt"], "somefile.txt"
+    return ["--out", bad.unusable_out("file", tmp_path)], "somefile.txt"
 
 
 def _kit_out_under_file(tmp_path):
-    (tmp_path / "somefile.txt").write_text("keep me")
-    return ["--out", tmp_path / "somefile.txt" / "kit"], "somefile.txt"
+    return ["--out", bad.unusable_out("under a file", tmp_path, "kit")], "somefile.txt"
 
 
 def _kit_key_under_file(tmp_path):
-    (tmp_path / "somefile.txt").write_text("keep me")
-    return ["--out", tmp_path / "kit", "--key", tmp_path / "somefile.txt" / "key.json"], \
-        "somefile.txt"
+    key = bad.unusable_out("under a file", tmp_path, "key.json")
+    return ["--out", tmp_path / "kit", "--key", key], "somefile.txt"
 
 
 def _kit_key_device(tmp_path):
-    return ["--out", tmp_path / "kit", "--key", bad.write_full_device(tmp_path / "full")], "full"
+    return ["--out", tmp_path / "kit", "--key", bad.unusable_out("device", tmp_path)], "full"
 
 
 @pytest.mark.parametrize(
@@ -296,21 +290,10 @@ def _ratings_rows():
     def wrong_kit(folder):
         return _ratings(folder / "r1.json", kit_id="other"), "kit 'other' do not match"
 
-    def zero_byte(folder):
-        return bad.write_zero_byte(folder / "r1.json"), "cannot read the ratings file"
-
-    def directory(folder):
-        (folder / "r1.json").mkdir()
-        return folder / "r1.json", "is a folder, not a file"
-
-    def fifo(folder):
-        return bad.write_fifo(folder / "r1.json"), "FIFO"
-
     return [
         pytest.param(wrong_kit, id="wrong kit id"),
-        pytest.param(zero_byte, id="zero-byte file"),
-        pytest.param(directory, id="folder"),
-        pytest.param(fifo, id="FIFO"),
+        *bad.unreadable_file_rows("r1.json", empty="cannot read the ratings file",
+                                  folder="is a folder, not a file"),
     ]
 
 
@@ -336,31 +319,17 @@ def test_rating_summary_counts_duplicates_once_and_lists_them(kit_key, tmp_path,
     assert summary["models"]["softmax"]["caption"]["n"] == 1
 
 
-def _summary_out_folder(tmp_path):
-    (tmp_path / "folder").mkdir()
-    return tmp_path / "folder", "is a folder"
-
-
-def _summary_out_under_file(tmp_path):
-    (tmp_path / "somefile.txt").write_text("keep me")
-    return tmp_path / "somefile.txt" / "table2.json", "not a folder"
-
-
-def _summary_out_device(tmp_path):
-    return bad.write_full_device(tmp_path / "full"), "not a regular file"
-
-
 @pytest.mark.parametrize(
-    "make",
+    ("kind", "phrase"),
     [
-        pytest.param(_summary_out_folder, id="an existing folder"),
-        pytest.param(_summary_out_under_file, id="under a regular file"),
-        pytest.param(_summary_out_device, id="a device"),
+        pytest.param("folder", "is a folder", id="an existing folder"),
+        pytest.param("under a file", "not a folder", id="under a regular file"),
+        pytest.param("device", "not a regular file", id="a device"),
     ],
 )
-def test_rating_summary_refuses_an_unusable_out(make, kit_key, tmp_path, capsys):
+def test_rating_summary_refuses_an_unusable_out(kind, phrase, kit_key, tmp_path, capsys):
     ratings = _ratings(tmp_path / "r1.json")
-    out, phrase = make(tmp_path)
+    out = bad.unusable_out(kind, tmp_path, "table2.json")
     outcome = _summary(capsys, [ratings], kit_key, "--out", out)
     bad.assert_user_error(outcome, "rating-summary", str(out), phrase)
     assert not bad.leftover_temporaries(tmp_path)

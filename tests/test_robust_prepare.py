@@ -253,25 +253,8 @@ def test_an_unusable_image_is_skipped_and_listed(name, tmp_path, capsys):
     assert not bad.leftover_temporaries(tmp_path)
 
 
-def _captions_rows():
-    def fifo(folder):
-        return bad.write_fifo(folder / "captions.jsonl"), "FIFO"
-
-    def directory(folder):
-        (folder / "captions.jsonl").mkdir()
-        return folder / "captions.jsonl", "is a folder"
-
-    def zero_byte(folder):
-        return bad.write_zero_byte(folder / "captions.jsonl"), "is empty"
-
-    return [
-        pytest.param(fifo, id="FIFO"),
-        pytest.param(directory, id="folder"),
-        pytest.param(zero_byte, id="zero-byte JSONL"),
-    ]
-
-
-@pytest.mark.parametrize("make", _captions_rows())
+@pytest.mark.parametrize(
+    "make", bad.unreadable_file_rows("captions.jsonl", empty="is empty", folder="is a folder"))
 def test_unusable_captions_file_is_one_line(make, tmp_path, capsys):
     photos = _photos(tmp_path)
     captions, phrase = make(tmp_path)
@@ -281,30 +264,21 @@ def test_unusable_captions_file_is_one_line(make, tmp_path, capsys):
     assert not out.exists()
 
 
-def _out_under_file(folder):
-    (folder / "somefile.txt").write_text("keep me")
-    return folder / "somefile.txt" / "dataset_x.json"
-
-
-def _out_device(folder):
-    return bad.write_full_device(folder / "full")
-
-
 @pytest.mark.parametrize(
-    ("make_out", "phrase"),
+    ("kind", "phrase"),
     [
-        pytest.param(_out_under_file, "not a folder", id="under a regular file"),
-        pytest.param(_out_device, "not a regular file", id="a device"),
+        pytest.param("under a file", "not a folder", id="under a regular file"),
+        pytest.param("device", "not a regular file", id="a device"),
     ],
 )
-def test_unusable_out_is_refused(make_out, phrase, tmp_path, capsys):
+def test_unusable_out_is_refused(kind, phrase, tmp_path, capsys):
     photos = _photos(tmp_path)
     captions = _captions(tmp_path / "captions.jsonl", GOOD)
-    out = make_out(tmp_path)
+    out = bad.unusable_out(kind, tmp_path, "dataset_x.json")
     try:
         outcome = _dataset_cmd(capsys, captions, photos, out, "--split", "4,1,1")
         bad.assert_user_error(outcome, "prepare-dataset", str(out), phrase)
     finally:
-        if make_out is _out_device:
+        if kind == "device":
             assert bad.is_full_device(out)
     assert not bad.leftover_temporaries(tmp_path)
