@@ -25,24 +25,23 @@ import json
 import sys
 from pathlib import Path
 
-from captioner.commands.options import add_decoding_arguments, command_parser, decoding_options
+from captioner.commands.options import (
+    add_decoding_arguments,
+    add_figure_arguments,
+    command_parser,
+    decoding_options,
+)
 
 HELP = "per-word attention heatmaps, caption strips and raw weights for images"
 
 
 def _parser() -> argparse.ArgumentParser:
-    from captioner.heatmaps import DEFAULT_MAX_SIDE, UPSAMPLE_MODES, ZERO_STYLES
-
     parser = command_parser("captioner heatmaps", __doc__)
     parser.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR")
     parser.add_argument("--ckpt", required=True, type=Path, action="append",
                         help="trained checkpoint; repeat to compare models on one colour scale")
     parser.add_argument("--out", required=True, type=Path, help="output folder")
-    parser.add_argument("--zero-style", choices=ZERO_STYLES, default="transparent")
-    parser.add_argument("--upsample", choices=UPSAMPLE_MODES, default="nearest")
-    parser.add_argument("--vmax", type=float, help="colour-scale maximum (default: run maximum)")
-    parser.add_argument("--size", type=int, default=DEFAULT_MAX_SIDE,
-                        help="longer image side in pixels (default %(default)s)")
+    add_figure_arguments(parser, vmax_default="run maximum")
     add_decoding_arguments(parser)
     return parser
 

@@ -1,5 +1,6 @@
-"""What the commands share: their parser, and the options of the commands that caption with a
-checkpoint (caption, heatmaps, rating-kit, evaluate): decoding, batch size, device, progress."""
+"""What the commands share: their parser, the options of the commands that caption with a
+checkpoint (caption, heatmaps, rating-kit, evaluate): decoding, batch size, device, progress,
+and the figure options of those that draw attention (heatmaps, gallery, rating-kit)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,25 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
                         help="images per batch (default: %(default)s)")
     parser.add_argument("--device", help=DEVICE_HELP)
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def add_figure_arguments(parser: argparse.ArgumentParser, *,
+                         vmax_default: str | None = None) -> None:
+    """``--upsample`` and ``--size`` of the attention figures (see :mod:`captioner.heatmaps`);
+    with ``vmax_default``, what the colour scale's maximum is without ``--vmax`` (e.g. "run
+    maximum"), also ``--zero-style`` and ``--vmax`` (a float, None when not given)."""
+    from captioner.heatmaps import DEFAULT_MAX_SIDE, UPSAMPLE_MODES, ZERO_STYLES
+
+    parser.add_argument("--upsample", choices=UPSAMPLE_MODES, default="nearest",
+                        help="attention cells drawn as blocks or smoothed (default: %(default)s)")
+    parser.add_argument("--size", type=int, default=DEFAULT_MAX_SIDE,
+                        help="longer image side in pixels (default: %(default)s)")
+    if vmax_default is not None:
+        parser.add_argument("--zero-style", choices=ZERO_STYLES, default="transparent",
+                            help="zero attention fully transparent or a white mask "
+                                 "(default: %(default)s)")
+        parser.add_argument("--vmax", type=float,
+                            help=f"colour-scale maximum (default: {vmax_default})")
 
 
 def decoding_options(args: argparse.Namespace, model_options: DecodingOptions) -> DecodingOptions:

@@ -24,15 +24,18 @@ import argparse
 import sys
 from pathlib import Path
 
-from captioner.commands.options import add_decoding_arguments, command_parser, decoding_options
+from captioner.commands.options import (
+    add_decoding_arguments,
+    add_figure_arguments,
+    command_parser,
+    decoding_options,
+)
 
 HELP = "side-by-side attention gallery of several checkpoints (static HTML)"
 DEFAULT_SPLIT_SAMPLE = 20
 
 
 def _parser() -> argparse.ArgumentParser:
-    from captioner.heatmaps import DEFAULT_MAX_SIDE, UPSAMPLE_MODES, ZERO_STYLES
-
     parser = command_parser("captioner gallery", __doc__)
     parser.add_argument("inputs", nargs="*", metavar="IMAGE_OR_DIR",
                         help="image files or folders (searched recursively)")
@@ -47,11 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed of --data")
     parser.add_argument("--out", required=True, type=Path, help="gallery folder to write")
     parser.add_argument("--title", default="Attention gallery")
-    parser.add_argument("--zero-style", choices=ZERO_STYLES, default="transparent")
-    parser.add_argument("--upsample", choices=UPSAMPLE_MODES, default="nearest")
-    parser.add_argument("--vmax", type=float, help="colour-scale maximum (default: page maximum)")
-    parser.add_argument("--size", type=int, default=DEFAULT_MAX_SIDE,
-                        help="longer image side in pixels (default %(default)s)")
+    add_figure_arguments(parser, vmax_default="page maximum")
     add_decoding_arguments(parser)
     return parser
 

@@ -13,14 +13,17 @@ import argparse
 import sys
 from pathlib import Path
 
-from captioner.commands.options import add_decoding_arguments, command_parser, decoding_options
+from captioner.commands.options import (
+    add_decoding_arguments,
+    add_figure_arguments,
+    command_parser,
+    decoding_options,
+)
 
 HELP = "build a blinded human-rating kit (static HTML) comparing checkpoints"
 
 
 def _parser() -> argparse.ArgumentParser:
-    from captioner.heatmaps import DEFAULT_MAX_SIDE, UPSAMPLE_MODES
-
     parser = command_parser("captioner rating-kit", __doc__)
     parser.add_argument("image_dir", nargs="?", type=Path, metavar="IMAGE_DIR",
                         help="sample from the images of this folder instead of a Karpathy split")
@@ -37,10 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--key", type=Path, help="key file (default: OUT-key.json)")
     parser.add_argument("--title", default="Image caption rating",
                         help="page title (default: %(default)s)")
-    parser.add_argument("--upsample", choices=UPSAMPLE_MODES, default="nearest",
-                        help="attention cells drawn as blocks or smoothed (default: %(default)s)")
-    parser.add_argument("--size", type=int, default=DEFAULT_MAX_SIDE,
-                        help="longer image side in pixels (default: %(default)s)")
+    add_figure_arguments(parser)
     add_decoding_arguments(parser)
     return parser
 
