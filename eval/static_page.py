@@ -31,14 +31,17 @@ def template(name: str) -> str:
 
 
 def render_page(page: str, data: dict, title: str) -> str:
-    """``PAGE.html`` with ``PAGE.css``, ``PAGE.js``, the title and ``data`` inline (one
-    substitution pass, so inserted text is never scanned for further placeholders)."""
+    """``PAGE.html`` with ``page_head.html`` (doctype, security policy, title, ``PAGE.css``) in
+    place of its ``{{HEAD}}``, ``common.js`` and ``PAGE.js`` as its ``{{SCRIPT}}``, and the title
+    and ``data`` inline. The templates are assembled first; the title, style, scripts and data
+    then go in in one substitution pass, so inserted text is never scanned for placeholders."""
+    page_template = template(f"{page}.html").replace("{{HEAD}}", template("page_head.html"))
     parts = {
         "TITLE": html.escape(title),
         "STYLE": template(f"{page}.css"),
-        "SCRIPT": template(f"{page}.js"),
+        "SCRIPT": template("common.js") + template(f"{page}.js"),
         "DATA": script_json(data),
     }
     return re.sub(
-        r"\{\{(TITLE|STYLE|SCRIPT|DATA)\}\}", lambda m: parts[m.group(1)], template(f"{page}.html")
+        r"\{\{(TITLE|STYLE|SCRIPT|DATA)\}\}", lambda m: parts[m.group(1)], page_template
     )

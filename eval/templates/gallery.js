@@ -1,23 +1,12 @@
 // Attention gallery of captioner: every model's caption of one image side by side, one
 // overlay per word. All gallery data (captions, words, names, file names) is inserted with
-// textContent or as attribute values, never parsed as HTML.
+// textContent or as attribute values, never parsed as HTML (node() of common.js).
 "use strict";
 (function () {
   const gallery = JSON.parse(document.getElementById("gallery-data").textContent);
   const count = gallery.images.length;
   let current = -1;
   let pinned = false;
-
-  function node(tag, attrs, text) {
-    const element = document.createElement(tag);
-    for (const [name, value] of Object.entries(attrs || {})) {
-      element.setAttribute(name, String(value));
-    }
-    if (text !== undefined) {
-      element.textContent = text;
-    }
-    return element;
-  }
 
   function number(value) {
     return Number(value.toPrecision(3)).toString();

@@ -1,5 +1,6 @@
 // Rating page of the captioner human-rating kit. All kit data (captions, words, file names)
-// is inserted with textContent or as attribute values, never parsed as HTML.
+// is inserted with textContent or as attribute values, never parsed as HTML (node() of
+// common.js).
 "use strict";
 (function () {
   const kit = JSON.parse(document.getElementById("kit-data").textContent);
@@ -37,17 +38,6 @@
     const status = document.getElementById("status");
     status.textContent = text;
     status.className = ok ? "ok" : "";
-  }
-
-  function node(tag, attrs, text) {
-    const element = document.createElement(tag);
-    for (const [name, value] of Object.entries(attrs || {})) {
-      element.setAttribute(name, String(value));
-    }
-    if (text !== undefined) {
-      element.textContent = text;
-    }
-    return element;
   }
 
   function rating(imageKey, label) {
