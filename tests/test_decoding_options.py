@@ -90,3 +90,23 @@ def test_validation_and_test_decode_with_the_models_options(tiny_checkpoint):
     assert all(len(h.token_ids) <= 1 for h in module.decode(features))
     module.decoding = DecodingOptions(beam_size=2, max_length=12)
     assert any(len(h.token_ids) > 1 for h in module.decode(features))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--size", "0"], "argument --size: must be >= 1, got 0"),
+        (["--vmax", "0"], "argument --vmax: must be > 0, got 0"),
+        (["--vmax", "x"], "argument --vmax: not a number: 'x'"),
+        (["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
+    ],
+)
+def test_figure_and_batch_options_are_checked_when_parsed(argv, message, capsys):
+    from captioner.commands.options import add_figure_arguments
+
+    parser = argparse.ArgumentParser(prog="captioner heatmaps")
+    add_figure_arguments(parser, vmax_default="run maximum")
+    add_decoding_arguments(parser)
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

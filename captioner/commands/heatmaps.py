@@ -48,9 +48,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    if args.vmax is not None and not args.vmax > 0:
-        print(f"captioner heatmaps: --vmax must be > 0, got {args.vmax}", file=sys.stderr)
-        return 2
     from captioner.image_files import collect_images
     from captioner.inference import open_captioner
     from data_prep.files import check_output_dir

@@ -47,7 +47,7 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
             kind = int if field.type in (int, "int") else float
             group.add_argument(flag, type=kind, default=None, metavar="N" if kind is int else "A",
                                help=_DECODING_HELP.get(field.name))
-    parser.add_argument("--batch-size", type=int, default=16,
+    parser.add_argument("--batch-size", type=_at_least(1, int), default=16,
                         help="images per batch (default: %(default)s)")
     parser.add_argument("--device", help=DEVICE_HELP)
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -62,14 +62,32 @@ def add_figure_arguments(parser: argparse.ArgumentParser, *,
 
     parser.add_argument("--upsample", choices=UPSAMPLE_MODES, default="nearest",
                         help="attention cells drawn as blocks or smoothed (default: %(default)s)")
-    parser.add_argument("--size", type=int, default=DEFAULT_MAX_SIDE,
+    parser.add_argument("--size", type=_at_least(1, int), default=DEFAULT_MAX_SIDE,
                         help="longer image side in pixels (default: %(default)s)")
     if vmax_default is not None:
         parser.add_argument("--zero-style", choices=ZERO_STYLES, default="transparent",
                             help="zero attention fully transparent or a white mask "
                                  "(default: %(default)s)")
-        parser.add_argument("--vmax", type=float,
+        parser.add_argument("--vmax", type=_at_least(0, float, strictly=True),
                             help=f"colour-scale maximum (default: {vmax_default})")
+
+
+def _at_least(low: float, kind: type, *, strictly: bool = False):
+    """An argparse ``type``: ``kind`` values >= ``low`` (> with ``strictly``); anything else is
+    a usage error naming the value."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value < low or (strictly and value == low):
+            raise argparse.ArgumentTypeError(
+                f"must be {'>' if strictly else '>='} {low}, got {text}"
+            )
+        return value
+
+    return parse
 
 
 def decoding_options(args: argparse.Namespace, model_options: DecodingOptions) -> DecodingOptions:
@@ -80,6 +98,4 @@ def decoding_options(args: argparse.Namespace, model_options: DecodingOptions) -
     """
     given = {f.name: getattr(args, f.name) for f in fields(DecodingOptions)
              if getattr(args, f.name, None) is not None}
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     return replace(model_options, **given)

@@ -81,10 +81,6 @@ def main(argv: list[str]) -> int:
         parser.error("--data needs --images (the image root)")
     if args.n is not None and args.n < 1:
         parser.error(f"--n must be >= 1, got {args.n}")
-    if args.vmax is not None and not args.vmax > 0:
-        parser.error(f"--vmax must be > 0, got {args.vmax}")
-    if args.size < 1:
-        parser.error(f"--size must be >= 1, got {args.size}")
 
     from captioner.heatmaps import unique_stems
     from captioner.inference import open_captioner
