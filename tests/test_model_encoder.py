@@ -91,10 +91,11 @@ def test_bad_local_files_are_named(tmp_path):
     with pytest.raises(EncoderWeightsError, match="r18.pt do not fit this architecture"):
         build_encoder("resnet34", weights=str(tmp_path / "r18.pt"))
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(EncoderWeightsError, match="cannot read encoder weights file .*junk.pt"):
+    with pytest.raises(EncoderWeightsError,
+                       match="encoder weights file .*junk.pt: not a torch checkpoint"):
         build_encoder("resnet18", weights=str(tmp_path / "junk.pt"))
     torch.save([1, 2, 3], tmp_path / "list.pt")
-    with pytest.raises(EncoderWeightsError, match="list.pt does not hold a state_dict"):
+    with pytest.raises(EncoderWeightsError, match="list.pt: holds a list, not a checkpoint"):
         build_encoder("resnet18", weights=str(tmp_path / "list.pt"))
 
 

@@ -130,10 +130,12 @@ def _looks_like_path(weights: str | os.PathLike) -> bool:
 
 
 def _read_state_dict(path: Path) -> dict[str, Tensor]:
-    from captioner.checkpointing import load_safely
+    from captioner.checkpointing import CheckpointError, load_safely
 
     try:
         state_dict = load_safely(require_file(path, "encoder weights file"))
+    except CheckpointError as exc:
+        raise EncoderWeightsError(f"encoder weights file {exc}") from None
     except (OSError, ValueError) as exc:
         raise EncoderWeightsError(str(exc)) from None
     if not isinstance(state_dict, dict) or not all(
