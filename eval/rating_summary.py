@@ -254,7 +254,9 @@ def summarize(ratings_paths: Sequence[Path], key_path: Path) -> dict:
 
 def format_table(summary: dict) -> str:
     """The summary as a plain-text Table 2 with the problems counted underneath."""
-    lines = [f"{'model':<16} {'caption (1-5)':<28} {'attention relevance (1-5)':<28} raters images"]
+    width = max([16, *map(len, summary["models"])])
+    lines = [f"{'model':<{width}} {'caption (1-5)':<28} {'attention relevance (1-5)':<28} "
+             "raters images"]
     for model, kinds in summary["models"].items():
         cells = []
         for kind in KINDS:
@@ -266,7 +268,7 @@ def format_table(summary: dict) -> str:
             low, high = s["ci95"] or (math.nan, math.nan)
             cells.append(f"{s['mean']:.2f} ±{std} [{low:.2f}, {high:.2f}]".ljust(28))
         counts = max(kinds[k]["raters"] for k in KINDS), max(kinds[k]["images"] for k in KINDS)
-        lines.append(f"{model:<16} {cells[0]} {cells[1]} {counts[0]:>6} {counts[1]:>6}")
+        lines.append(f"{model:<{width}} {cells[0]} {cells[1]} {counts[0]:>6} {counts[1]:>6}")
     lines.append("mean ±std [95% CI: " + summary["ci_method"] + "]")
     for kind in KINDS:
         alpha = summary["agreement"][kind]["krippendorff_alpha_ordinal"]
