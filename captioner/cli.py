@@ -1,7 +1,8 @@
 """The ``captioner`` console script.
 
 Every sub-command is a module registered under the ``captioner.commands`` entry-point group
-(see ``pyproject.toml``) that defines ``HELP: str`` and ``main(argv: list[str]) -> int``.
+(see ``pyproject.toml``) that defines ``HELP`` (a line, or a dict of lines by command name when
+one module serves several commands) and ``main(argv: list[str]) -> int``.
 Plugins keep the layering intact: commands that evaluate captions live in the ``eval``
 package, which this module never imports by name. A command module is imported only when
 it runs, so ``captioner --help`` stays fast.
@@ -25,6 +26,8 @@ def _usage(commands: dict[str, str]) -> str:
     for name in sorted(commands):
         try:
             help_text = importlib.import_module(commands[name]).HELP
+            if isinstance(help_text, dict):
+                help_text = help_text[name]
         except Exception as exc:  # a broken plugin must not hide the others
             help_text = f"(unavailable: {exc})"
         lines.append(f"  {name:<18} {help_text}")

@@ -336,3 +336,13 @@ def test_two_process_ddp_on_cpu(synthetic_data, tiny_cache, tmp_path):
     assert checkpoint["global_step"] == 2  # per process: 2 batches of the sharded data
     metrics = list(csv.DictReader(next((tmp_path / "runs").rglob("metrics.csv")).open()))
     assert any(row.get("val/CIDEr") for row in metrics)
+
+
+def test_fit_validate_and_test_each_have_their_own_help_line(capsys):
+    from captioner.cli import main as cli_main
+
+    assert cli_main(["--help"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()
+             if line.startswith("  ")}
+    assert "--ckpt_path last resumes" in lines["fit"]
+    assert "validation split" in lines["validate"] and "test split" in lines["test"]

@@ -22,7 +22,11 @@ from __future__ import annotations
 import os
 import sys
 
-HELP = "train / validate / test a captioner with Lightning from YAML configs (configs/*.yaml)"
+HELP = {
+    "fit": "train a captioner from YAML configs (configs/*.yaml); --ckpt_path last resumes",
+    "validate": "score a checkpoint on the validation split (BLEU-4, CIDEr) with its config",
+    "test": "score a checkpoint on the test split (BLEU-4, CIDEr) with its config",
+}
 NEEDS_COMMAND_NAME = True
 
 def main(argv: list[str]) -> int:
