@@ -57,12 +57,12 @@ class LastCheckpoint(Checkpoint):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         n = self.every_n_train_steps
         if n and trainer.global_step % n == 0:
-            self._save(trainer)
+            self._save(trainer, epoch_done=False)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        self._save(trainer)
+        self._save(trainer, epoch_done=True)
 
-    def _save(self, trainer: L.Trainer) -> None:
+    def _save(self, trainer: L.Trainer, *, epoch_done: bool) -> None:
         if trainer.sanity_checking or trainer.fast_dev_run:
             return
         best = _best_callback(trainer)
@@ -70,7 +70,8 @@ class LastCheckpoint(Checkpoint):
         self.path = folder / LAST_NAME
         trainer.save_checkpoint(self.path, weights_only=False)  # full state
         if trainer.is_global_zero:
-            write_progress(folder, trainer, self.path)
+            epochs = trainer.current_epoch + int(epoch_done)
+            write_progress(folder, trainer, self.path, epochs_done=epochs)
 
     def state_dict(self) -> dict[str, Any]:
         # Called while the checkpoint is written, so these are the states at the save.
@@ -112,12 +113,12 @@ def _set_rng_states(states: dict[str, Any]) -> None:
     random.setstate((version, tuple(python_state), gauss))
 
 
-def write_progress(folder: Path, trainer: L.Trainer, last: Path) -> None:
+def write_progress(folder: Path, trainer: L.Trainer, last: Path, *, epochs_done: int) -> None:
     """``progress.json`` beside ``last``: epochs done, step, best score and checkpoints."""
     best = _best_callback(trainer)
     score = getattr(best, "best_model_score", None)
     progress = {
-        "epochs_done": trainer.current_epoch + 1,
+        "epochs_done": epochs_done,
         "global_step": trainer.global_step,
         "monitor": getattr(best, "monitor", None),
         "best_score": None if score is None else float(score),

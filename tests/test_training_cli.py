@@ -189,12 +189,16 @@ def test_last_checkpoint_every_n_steps_when_asked(synthetic_data, tiny_cache, tm
     saved = []
     save = LastCheckpoint._save
     monkeypatch.setattr(LastCheckpoint, "_save",
-                        lambda self, trainer: (saved.append(trainer.global_step),
-                                               save(self, trainer)))
+                        lambda self, trainer, epoch_done: (saved.append(trainer.global_step),
+                                                           save(self, trainer,
+                                                                epoch_done=epoch_done)))
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.limit_train_batches", "3",
                      "--last.every_n_train_steps", "2")
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "2"]) == 0
     assert saved == [2, 3, 4, 6, 6]  # steps 2, 4, 6 and the end of each epoch (3, 6)
+    progress = json.loads((tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints" /
+                           "progress.json").read_text())
+    assert (progress["epochs_done"], progress["global_step"]) == (2, 6)
 
 
 def test_fit_prints_the_run_folder_and_checkpoints_and_runs_lists_them(
