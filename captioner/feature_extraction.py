@@ -4,8 +4,8 @@
 :func:`extract_features` is built for COCO scale (123k images, hours of encoding):
 
 1. the destination is checked before any work (a folder, an unwritable place: one error);
-2. every image of the chosen splits is pre-checked (:func:`check_image`: a regular file, a
-   readable image of at most ``MAX_IMAGE_PIXELS`` pixels whose data decode); with
+2. every image of the chosen splits is pre-checked (``data_prep.images.check_image``: a
+   regular file, a readable image of at most ``MAX_IMAGE_PIXELS`` pixels whose data decode); with
    ``on_error="fail"`` all unusable files are reported at once before anything is encoded,
    with ``on_error="skip"`` they are left out and recorded in the cache (``skipped_ids``) and in
    the sidecar ``NAME.skipped.json``. An image that passes the check but fails to decode while
@@ -31,10 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import stat
-import struct
 import tempfile
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -246,69 +243,12 @@ def _source_entries(dataset, splits: Sequence[str], karpathy_json) -> list[Image
     return entries
 
 
-def check_image(path: str | Path, max_pixels: int | None = None) -> str | None:
-    """Why the image file ``path`` cannot be encoded, or None when it can.
-
-    Fast, without a full decode: the file must be a regular, non-empty file that Pillow
-    recognizes, of at most ``max_pixels`` pixels (default ``data_prep.images.MAX_IMAGE_PIXELS``)
-    and whose data are complete: JPEG data are decoded at 1/8 scale (all entropy-coded data are
-    read, so truncation is found; 1.0 ms instead of 1.4 ms for a full decode of a 640x480
-    JPEG, measured), PNG chunks are checked against their CRCs without decompressing them,
-    other formats are decoded. A FIFO or device is never opened.
-    """
-    path = Path(path)
-    max_pixels = image_files.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
-    try:
-        status = path.stat()
-    except FileNotFoundError:
-        return "file not found"
-    except OSError as exc:
-        return f"cannot be read ({exc.strerror or exc})"
-    if stat.S_ISDIR(status.st_mode):
-        return "is a folder, not an image file"
-    if not stat.S_ISREG(status.st_mode):
-        return "is not a regular file (a FIFO, socket or device)"
-    if status.st_size == 0:
-        return "is empty (0 bytes)"
-    return _check_image_data(path, max_pixels)
-
-
-def _check_image_data(path: Path, max_pixels: int) -> str | None:
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our limit is lower
-            with Image.open(path) as image:
-                width, height = image.size
-                if width * height > max_pixels:
-                    return (
-                        f"image of {width}x{height} = {width * height:,} pixels exceeds the "
-                        f"limit of {max_pixels:,} pixels (possible decompression bomb)"
-                    )
-                if image.format == "JPEG":
-                    image.draft(image.mode, (max(1, width // 8), max(1, height // 8)))
-                    image.load()
-                elif image.format == "PNG":
-                    image.verify()
-                else:
-                    image.load()
-    except PermissionError:
-        return "permission denied"
-    except UnidentifiedImageError:
-        return "not an image file (unrecognised format)"
-    except Image.DecompressionBombError as exc:
-        return f"refused as a decompression bomb ({_one_line(exc)})"
-    except (OSError, SyntaxError, ValueError, EOFError, struct.error) as exc:
-        return f"corrupt or truncated image ({_one_line(exc)})"
-    return None
-
-
 def precheck_images(
     paths: Sequence[Path], *, num_workers: int = 0, progress: bool = False,
     max_pixels: int | None = None,
 ) -> list[str | None]:
-    """:func:`check_image` of every path, in order (``num_workers`` worker processes)."""
+    """:func:`data_prep.images.check_image` of every path, in order (``num_workers`` worker
+    processes)."""
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
 
@@ -325,7 +265,7 @@ def precheck_images(
 
 
 class _ImageChecks:
-    """Dataset: index -> :func:`check_image` of that path."""
+    """Dataset: index -> :func:`data_prep.images.check_image` of that path."""
 
     def __init__(self, paths: list[Path], max_pixels: int | None) -> None:
         self.paths = paths
@@ -335,7 +275,7 @@ class _ImageChecks:
         return len(self.paths)
 
     def __getitem__(self, index: int) -> str | None:
-        return check_image(self.paths[index], self.max_pixels)
+        return image_files.check_image(self.paths[index], self.max_pixels)
 
 
 def _bad_images_message(bad: Sequence[tuple[Any, str]], total: int, what: str) -> str:
@@ -408,7 +348,7 @@ def _calibration_inputs(
     for entry in entries:
         if len(images) == count:
             break
-        if check_image(entry.path) is not None:
+        if image_files.check_image(entry.path) is not None:
             continue  # e.g. a FIFO, which load_image would block on
         try:
             images.append(transform(image_files.load_image(entry.path)))
@@ -549,6 +489,3 @@ class _SourceImages:
             return None, str(exc).removeprefix(f"{path}: ")
         return self.transform(image), None
 
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from data_prep.files import atomic_write
+from data_prep.images import one_line
 
 _FORMAT = "captioner.feature-cache"
 _VERSION = 1
@@ -206,11 +207,11 @@ class FeatureCacheWriter:
             file = h5py.File(self._temporary, "a")
         except OSError as exc:
             _raise_if_in_use(exc, self._temporary)
-            return f"cannot be read ({_one_line(exc)})"
+            return f"cannot be read ({one_line(exc)})"
         try:
             reason = self._adopt(file)
         except (OSError, KeyError, TypeError, ValueError, RuntimeError) as exc:
-            reason = f"is damaged ({_one_line(exc)})"
+            reason = f"is damaged ({one_line(exc)})"
         if reason is not None:
             file.close()
             return reason
@@ -463,10 +464,6 @@ def _json_object(value: Mapping[str, Any], name: str) -> str:
         return json.dumps(dict(value), sort_keys=True)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{name} is not JSON-serialisable: {exc}") from exc
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _fsync(path: Path) -> None:

@@ -26,6 +26,7 @@ import captioner.feature_extraction as fx
 from captioner.commands.prepare_features import main
 from captioner.data import CaptionDataModule
 from data_prep.features import FeatureCache, partial_cache_path, skipped_images_path
+from data_prep.images import check_image
 
 SIZE = 64
 ENCODER_ARGS = ["--arch", "resnet18", "--layer", "layer3", "--weights", "none",
@@ -133,9 +134,9 @@ def test_precheck_lists_every_unusable_file_before_encoding(tmp_path, capsys):
 def test_pixel_limit_is_read_from_data_prep(tmp_path, monkeypatch):
     path = tmp_path / "small.png"
     Image.new("RGB", (SIZE, SIZE)).save(path)
-    assert fx.check_image(path) is None
+    assert check_image(path) is None
     monkeypatch.setattr("data_prep.images.MAX_IMAGE_PIXELS", SIZE * SIZE - 1)
-    assert "exceeds the limit of 4,095 pixels" in fx.check_image(path)
+    assert "exceeds the limit of 4,095 pixels" in check_image(path)
 
 
 def test_skip_mode_records_the_skipped_images_and_training_names_them(tmp_path, capsys):
