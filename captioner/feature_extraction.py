@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,7 +42,7 @@ from data_prep.features import (
     partial_resume_key,
     skipped_images_path,
 )
-from data_prep.files import atomic_write
+from data_prep.files import OutputPathError, atomic_write, check_output_file
 
 if TYPE_CHECKING:
     import torch
@@ -117,7 +116,10 @@ def extract_features(
                 f"unknown encoder {name} {value!r}; valid: {', '.join(valid)}"
             )
     out = Path(out)
-    check_destination(out)
+    try:
+        check_output_file(out)
+    except OutputPathError as exc:
+        raise FeatureExtractionError(str(exc)) from None
     max_pixels = image_files.MAX_IMAGE_PIXELS
     dataset = load_karpathy(karpathy_json, image_root)
     entries = _source_entries(dataset, splits, karpathy_json)
@@ -199,29 +201,6 @@ def _check_options(on_error: str, image_size: int, batch_size: int, num_workers:
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise FeatureExtractionError(f"{name} must be an integer >= {low}, got {value!r}")
-
-
-def check_destination(out: Path) -> None:
-    """Fail before any work when the cache ``out`` cannot be written: ``out`` is a folder or
-    another non-regular file, or its folder cannot be created or written to (tested by creating
-    a temporary file in it, which also catches read-only file systems).
-
-    Raises:
-        FeatureExtractionError: naming the path and the problem.
-    """
-    if out.is_dir():
-        raise FeatureExtractionError(f"{out}: is a folder; give the path of the .h5 file to write")
-    if out.exists() and not out.is_file():
-        raise FeatureExtractionError(f"{out}: exists and is not a regular file")
-    folder = out.parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as exc:
-        raise FeatureExtractionError(
-            f"{out}: cannot write to the folder {folder} ({exc.strerror or exc})"
-        ) from exc
 
 
 def _source_entries(dataset, splits: Sequence[str], karpathy_json) -> list[ImageEntry]:

@@ -14,12 +14,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from data_prep.images import ImageLoadError, load_image
+from data_prep.images import IMAGE_SUFFIXES, ImageLoadError, load_image
 
-# Files found inside folders; files named explicitly are always tried, whatever their suffix.
-IMAGE_SUFFIXES = frozenset(
-    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
-)
 _COCO_ID = re.compile(r"(?:^|_)(\d+)$")
 
 

@@ -18,7 +18,6 @@ On top of Lightning's CLI over :class:`CaptioningModule` and :class:`CaptionData
 from __future__ import annotations
 
 import logging
-import re
 import sys
 import warnings
 from pathlib import Path
@@ -31,6 +30,7 @@ from captioner.data import CaptionDataModule
 from captioner.lightning_module import CaptioningModule
 from captioner.training_runs import (
     LastCheckpoint,
+    is_version_folder,
     latest_resumable,
     read_progress,
     set_aside_metrics,
@@ -233,7 +233,7 @@ def _log_beside_the_run(init_args, checkpoint: Path, subcommand: str) -> None:
     """Log validate / test of a checkpoint of ``ROOT/NAME/version_N/checkpoints/`` into
     ``ROOT/NAME/version_N/<subcommand>/`` instead of a new run version."""
     folder = checkpoint.resolve().parent
-    if folder.name == "checkpoints" and re.fullmatch(r"version_\d+", folder.parent.name):
+    if folder.name == "checkpoints" and is_version_folder(folder.parent):
         init_args["save_dir"] = str(folder.parents[2])
         init_args["name"] = folder.parents[1].name
         init_args["version"] = f"{folder.parent.name}/{subcommand}"

@@ -139,6 +139,11 @@ class RunInfo:
     progress: dict | None
 
 
+def is_version_folder(folder: Path) -> bool:
+    """Whether ``folder`` is named like a run version, ``version_N``."""
+    return _VERSION_DIR.match(folder.name) is not None
+
+
 def version_folders(root: Path, name: str) -> list[tuple[int, Path]]:
     """``(N, ROOT/NAME/version_N)`` of every version of run NAME, by N."""
     folder = root / name

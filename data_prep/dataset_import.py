@@ -42,17 +42,13 @@ from fractions import Fraction
 from pathlib import Path, PurePosixPath
 
 from data_prep.files import OutputPathError, atomic_write, check_output_file, require_file
-from data_prep.images import ImageLoadError, load_image
+from data_prep.images import IMAGE_SUFFIXES, ImageLoadError, load_image
 from data_prep.karpathy import tokenize
 
 FORMATS: tuple[str, ...] = ("auto", "jsonl", "csv", "tsv", "coco")
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 ON_ERROR: tuple[str, ...] = ("skip", "fail")
 DEFAULT_SPLIT = "0.8,0.1,0.1"
-# Files counted as images when the image folder is searched for photos without captions.
-IMAGE_SUFFIXES = frozenset(
-    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
-)
 # Reason -> how it is named in messages, in the order the checks run.
 REASONS: dict[str, str] = {
     "malformed_record": "malformed record",
@@ -393,8 +389,8 @@ def readable_items(items: list[Item], image_root: Path, log: ProblemLog, *,
 
 
 def uncaptioned_images(image_root: Path, listed: set[str]) -> list[str]:
-    """Image files (by :data:`IMAGE_SUFFIXES`) under ``image_root`` whose relative path is not
-    in ``listed``, sorted."""
+    """Image files (by :data:`data_prep.images.IMAGE_SUFFIXES`) under ``image_root`` whose
+    relative path is not in ``listed``, sorted."""
     found = (path for path in image_root.rglob("*")
              if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file())
     return sorted(

@@ -98,9 +98,9 @@ def _check_writable_parent(path: Path) -> None:
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
-        raise OutputPathError(f"{path}: {parent} is not a folder")
+        raise OutputPathError(f"{path}: cannot write to it: {parent} is not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputPathError(f"{path}: folder {parent} is not writable")
+        raise OutputPathError(f"{path}: cannot write to the folder {parent}: it is not writable")
 
 
 def check_input_file(path: str | Path) -> Path:

@@ -41,6 +41,11 @@ from data_prep.files import check_input_file
 # (at most 640 / 500 px per side), and below Pillow's own warning threshold (~89.5 Mpx).
 MAX_IMAGE_PIXELS = 64_000_000
 
+# Files taken as images when a folder is searched; files named explicitly are always tried.
+IMAGE_SUFFIXES = frozenset(
+    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
+)
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 

@@ -43,9 +43,6 @@ from captioner.heatmaps import (
     upsample_attention,
 )
 from data_prep.files import atomic_write
-
-# Private helpers of the rating kit, shared rather than copied: JSON safe inside <script>,
-# and the templates of eval/templates/.
 from eval.static_page import render_page
 
 GALLERY_FORMAT = "captioner-gallery/1"
