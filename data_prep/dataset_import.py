@@ -604,8 +604,6 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
         raise DatasetImportError(f"{images}: image folder not found")
     if out.exists() and Path(options.captions).exists() and out.samefile(options.captions):
         raise DatasetImportError(f"{out}: the output would overwrite the captions file")
-    if out.is_dir():
-        raise DatasetImportError(f"{out}: is a folder; give the JSON file to write")
     try:
         check_output_file(out)
     except OutputPathError as exc:
@@ -631,7 +629,6 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
                 f"{options.split}); nothing was written"
             )
     name = options.name or dataset_name(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(out) as handle:
         json.dump(karpathy_json(splits, name), handle, ensure_ascii=False)
     return ImportReport(
