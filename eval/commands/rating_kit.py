@@ -99,28 +99,19 @@ def main(argv: list[str]) -> int:
         print(f"captioner rating-kit: --n {args.n} but only {len(sample)} of the "
               f"{len(candidates)} images are readable", file=sys.stderr)
         return 2
-    paths = [path for _, path, _ in sample]
 
     names = unique_stems(args.ckpt)
     models = [KitModel(name, str(path), c.output_attention_name)
               for name, path, c in zip(names, args.ckpt, captioners, strict=True)]
+    # The sampled images are decoded already: every model captions them from memory.
+    pictures = [image for _, _, image in sample]
     captions: list[list[KitCaption]] = [[] for _ in sample]
-    failed: dict[Path, str] = {}
     for captioner, decoding in zip(captioners, options, strict=True):
-        results = captioner.caption_files(paths, decoding, batch_size=args.batch_size,
-                                          progress=not args.no_progress)
-        for i, (result, caption) in enumerate(results):
-            if caption is None:
-                failed[result.path] = result.error
-                continue
+        results = captioner.caption(pictures, decoding, batch_size=args.batch_size,
+                                    progress=not args.no_progress)
+        for i, caption in enumerate(results):
             captions[i].append(KitCaption(caption.text, list(caption.tokens),
                                           caption.attention.float().numpy()))
-    if failed:  # read a moment ago: changed on disk since
-        for error in failed.values():
-            print(f"captioner rating-kit: {error}", file=sys.stderr)
-        print(f"captioner rating-kit: {len(failed)} sampled images could not be read; no kit "
-              "written", file=sys.stderr)
-        return 1
 
     images = [KitImage(key, path.name, image, caps)
               for (key, path, image), caps in zip(sample, captions, strict=True)]
