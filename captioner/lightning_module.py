@@ -14,8 +14,6 @@ rate x0.99 per epoch after the 10th epoch, d = 512, word embeddings of 256, g = 
 
 from __future__ import annotations
 
-import math
-import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -24,10 +22,10 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from pycocoevalcap.bleu.bleu import Bleu
-from pycocoevalcap.cider.cider import Cider
 from torch import Tensor
 
 from captioner.checkpointing import constructor_arguments
+from captioner.cider import cider_d
 from captioner.decoding import Hypothesis, beam_search
 from captioner.decoding_options import DecodingOptions
 from captioner.losses import caption_loss
@@ -73,8 +71,8 @@ class CaptioningModule(L.LightningModule):
             ``lr_decay_after`` epochs.
         gradient_clip_norm: clip the global gradient norm to this value (None: no clipping).
         decoding: how validation and test decode captions (beam size, maximum length, ...;
-            see :class:`captioner.decoding.DecodingOptions`); stored in every checkpoint as a
-            dict, and the default options of inference with the checkpoint.
+            see :class:`captioner.decoding_options.DecodingOptions`); stored in every
+            checkpoint as a dict, and the default options of inference with the checkpoint.
     """
 
     def __init__(
@@ -321,7 +319,8 @@ def _same_setting(cached: Any, configured: Any) -> bool:
 
 
 def corpus_scores(decoded: dict[int, str], references: dict[int, list[str]]) -> dict[str, float]:
-    """BLEU-4 and CIDEr-D of whitespace-tokenized captions, by pycocoevalcap's scorers.
+    """BLEU-4 and CIDEr-D of whitespace-tokenized captions, by pycocoevalcap's scorers (CIDEr
+    through :func:`captioner.cider.cider_d`: NaN for a single image).
 
     ``decoded`` maps image id -> hypothesis, ``references`` image id -> reference strings; both
     are already tokenized and lower-cased (Karpathy tokens, vocabulary words), so the PTB
@@ -331,13 +330,5 @@ def corpus_scores(decoded: dict[int, str], references: dict[int, list[str]]) -> 
     hypotheses = {i: [decoded[i]] for i in ids}
     refs = {i: list(references[i]) for i in ids}
     bleu, _ = Bleu(4).compute_score(refs, hypotheses, verbose=0)
-    if len(ids) < 2:
-        # CIDEr-D's IDF weights log(N/df) are 0 for N = 1 image: undefined, not 0.
-        warnings.warn(
-            "val/CIDEr is undefined (NaN) for a single image: its IDF weights log(N/df) are 0 "
-            "when the references hold N = 1 image", stacklevel=2,
-        )
-        cider = math.nan
-    else:
-        cider, _ = Cider().compute_score(refs, hypotheses)
+    cider, _ = cider_d(refs, hypotheses)
     return {"Bleu_4": float(bleu[3]), "CIDEr": float(cider)}

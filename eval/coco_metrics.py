@@ -6,13 +6,11 @@ the tokenized captions; SPICE runs through :mod:`eval.spice` (Java 17 ready). CI
 pycocoevalcap's ``Cider`` (CIDEr-D, document frequencies from the evaluated references). Its
 IDF weights log(N / df) are all 0 when the references hold N = 1 image, so pycocoevalcap
 returns 0 there even for a caption equal to its reference: with fewer than 2 images CIDEr
-(corpus and per image) is reported as NaN, with a warning, instead.
+(corpus and per image) is reported as NaN, with a warning, instead (:mod:`captioner.cider`).
 """
 
 from __future__ import annotations
 
-import math
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -134,17 +132,9 @@ def score_captions(
 
         record("ROUGE_L", *Rouge().compute_score(gts, res))
     if "CIDEr" in metrics:
-        from pycocoevalcap.cider.cider import Cider
+        from captioner.cider import cider_d
 
-        if len(ids) < 2:
-            warnings.warn(
-                "CIDEr is undefined (NaN) for a single image: its IDF weights log(N/df) are 0 "
-                "when the references hold N = 1 image",
-                stacklevel=2,
-            )
-            record("CIDEr", math.nan, [math.nan] * len(ids))
-        else:
-            record("CIDEr", *Cider().compute_score(gts, res))
+        record("CIDEr", *cider_d(gts, res))
     if "SPICE" in metrics:
         from eval.spice import spice_scores
 
