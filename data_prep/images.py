@@ -94,15 +94,16 @@ def check_image(path: str | Path, max_pixels: int | None = None) -> str | None:
     path = Path(path)
     max_pixels = MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
     try:
+        check_input_file(path)
         status = path.stat()
+    except ValueError as exc:  # a FIFO, socket or device
+        return str(exc).removeprefix(f"{path}: ")
     except FileNotFoundError:
         return "file not found"
     except OSError as exc:
         return f"cannot be read ({exc.strerror or exc})"
     if stat.S_ISDIR(status.st_mode):
         return "is a folder, not an image file"
-    if not stat.S_ISREG(status.st_mode):
-        return "is not a regular file (a FIFO, socket or device)"
     if status.st_size == 0:
         return "is empty (0 bytes)"
     try:
