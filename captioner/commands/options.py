@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import re
 from dataclasses import fields, replace
+from pathlib import Path
 
 from captioner.decoding_options import DecodingOptions
 
@@ -70,6 +71,31 @@ def add_figure_arguments(parser: argparse.ArgumentParser, *,
                                  "(default: %(default)s)")
         parser.add_argument("--vmax", type=_at_least(0, float, strictly=True),
                             help=f"colour-scale maximum (default: {vmax_default})")
+
+
+def add_sample_arguments(
+    parser: argparse.ArgumentParser, *, n_default: int | None, n_help: str, seed_help: str
+) -> None:
+    """``--data``, ``--images``, ``--split``, ``--n`` and ``--seed``: the images of a command
+    that samples from a Karpathy split instead of image files (gallery, rating-kit); see
+    :func:`check_sample_arguments`."""
+    parser.add_argument("--data", type=Path, help="Karpathy split JSON (dataset_coco.json)")
+    parser.add_argument("--images", type=Path, help="image root of the Karpathy JSON")
+    parser.add_argument("--split", default="test", choices=("train", "val", "test"),
+                        help="split of --data to sample from (default: %(default)s)")
+    parser.add_argument("--n", type=_at_least(1, int), default=n_default, help=n_help)
+    parser.add_argument("--seed", type=int, default=0, help=seed_help)
+
+
+def check_sample_arguments(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, files: str, files_given: bool
+) -> None:
+    """Exactly one source of images: the files (``files``, the positional's name) or
+    ``--data`` with ``--images``; a usage error otherwise."""
+    if files_given == (args.data is not None):
+        parser.error(f"give either {files} or --data (with --images), not both or neither")
+    if args.data is not None and args.images is None:
+        parser.error("--data needs --images (the image root)")
 
 
 def _at_least(low: float, kind: type, *, strictly: bool = False):

@@ -27,6 +27,8 @@ from pathlib import Path
 from captioner.commands.options import (
     add_decoding_arguments,
     add_figure_arguments,
+    add_sample_arguments,
+    check_sample_arguments,
     command_parser,
     decoding_options,
 )
@@ -41,13 +43,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="image files or folders (searched recursively)")
     parser.add_argument("--ckpt", required=True, type=Path, action="append",
                         help="checkpoint of one model; repeat for every model to compare")
-    parser.add_argument("--data", type=Path, help="Karpathy split JSON (dataset_coco.json)")
-    parser.add_argument("--images", type=Path, help="image root of the Karpathy JSON")
-    parser.add_argument("--split", default="test", choices=("train", "val", "test"))
-    parser.add_argument("--n", type=int,
-                        help="images to show (Karpathy split: a seeded sample, default "
-                             f"{DEFAULT_SPLIT_SAMPLE}; files: the first N, default all)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed of --data")
+    add_sample_arguments(
+        parser, n_default=None, seed_help="sampling seed of --data (default: %(default)s)",
+        n_help=f"images to show (Karpathy split: a seeded sample, default "
+               f"{DEFAULT_SPLIT_SAMPLE}; files: the first N, default all)",
+    )
     parser.add_argument("--out", required=True, type=Path, help="gallery folder to write")
     parser.add_argument("--title", default="Attention gallery")
     add_figure_arguments(parser, vmax_default="page maximum")
@@ -75,12 +75,7 @@ def _images(args: argparse.Namespace) -> tuple[list[Path], list[str], list[str]]
 def main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if bool(args.inputs) == (args.data is not None):
-        parser.error("give either IMAGE_OR_DIR or --data (with --images), not both or neither")
-    if args.data is not None and args.images is None:
-        parser.error("--data needs --images (the image root)")
-    if args.n is not None and args.n < 1:
-        parser.error(f"--n must be >= 1, got {args.n}")
+    check_sample_arguments(parser, args, "IMAGE_OR_DIR", bool(args.inputs))
 
     from captioner.heatmaps import unique_stems
     from captioner.inference import open_captioner

@@ -16,6 +16,8 @@ from pathlib import Path
 from captioner.commands.options import (
     add_decoding_arguments,
     add_figure_arguments,
+    add_sample_arguments,
+    check_sample_arguments,
     command_parser,
     decoding_options,
 )
@@ -29,13 +31,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="sample from the images of this folder instead of a Karpathy split")
     parser.add_argument("--ckpt", required=True, type=Path, action="append",
                         help="checkpoint of one model; repeat for every model to compare")
-    parser.add_argument("--data", type=Path, help="Karpathy split JSON (dataset_coco.json)")
-    parser.add_argument("--images", type=Path, help="image root of the Karpathy JSON")
-    parser.add_argument("--split", default="test", choices=("train", "val", "test"),
-                        help="split of --data to sample from (default: %(default)s)")
-    parser.add_argument("--n", type=int, default=100, help="images to sample (default 100)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the sample and of the blinding (default: %(default)s)")
+    add_sample_arguments(
+        parser, n_default=100, n_help="images to sample (default: %(default)s)",
+        seed_help="seed of the sample and of the blinding (default: %(default)s)",
+    )
     parser.add_argument("--out", required=True, type=Path, help="kit folder to write")
     parser.add_argument("--key", type=Path, help="key file (default: OUT-key.json)")
     parser.add_argument("--title", default="Image caption rating",
@@ -61,12 +60,7 @@ def _candidates(args: argparse.Namespace) -> list[tuple[str, Path]]:
 def main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if (args.image_dir is None) == (args.data is None):
-        parser.error("give either IMAGE_DIR or --data (with --images), not both or neither")
-    if args.data is not None and args.images is None:
-        parser.error("--data needs --images (the image root)")
-    if args.n < 1:
-        parser.error(f"--n must be >= 1, got {args.n}")
+    check_sample_arguments(parser, args, "IMAGE_DIR", args.image_dir is not None)
     key_path = args.key or args.out.with_name(args.out.name + "-key.json")
     if key_path.resolve().is_relative_to(args.out.resolve()):
         parser.error(f"the key {key_path} must not be inside the kit folder {args.out}")
