@@ -249,6 +249,17 @@ def _first_config(args: list[str]) -> str | None:
     return None
 
 
+def end_distributed() -> None:
+    """Destroy the process group that DDP started, once the run has ended well. Left alive,
+    gloo's worker threads meet interpreter shutdown and abort the process ("terminate called
+    without an active exception", exit -6) after the work is done. Not after a failure: the
+    other ranks may still wait in a collective, and destroying would hang."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def build_cli(args: list[str] | None, *, run: bool = True) -> CaptionerCLI:
     """The CLI for ``args`` (sub-command first when ``run``; None: sys.argv)."""
     return CaptionerCLI(

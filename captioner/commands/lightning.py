@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
 
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    from captioner.training_cli import UserError, build_cli
+    from captioner.training_cli import UserError, build_cli, end_distributed
 
     # LightningCLI warns when it is handed args while sys.argv also holds some; from the console
     # script they are the same words, so let it read sys.argv itself.
@@ -47,5 +47,8 @@ def main(argv: list[str]) -> int:
         print(f"captioner {argv[0]}: {exc}", file=sys.stderr)
         return 2
     if argv[0] == "fit":
-        print(cli.run_summary())
+        summary = cli.run_summary()  # every rank: trainer.log_dir is a collective under DDP
+        if cli.trainer.is_global_zero:
+            print(summary)
+    end_distributed()
     return 0
