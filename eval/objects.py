@@ -15,12 +15,14 @@ names ("teddy bear") match as consecutive tokens.
   mask (union of its instances), the mask downsampled to the attention grid by area (each
   cell holds the fraction of its area covered, attention being spread evenly within a cell).
   Averaged over all such words.
+- ``attention_precision_phrase``: the same over every word of the phrase that names the
+  object: the category word and the attribute words right before it (the colours and sizes of
+  the synthetic annotations, ``InstanceAnnotations.modifier_words``; on COCO the same words as
+  ``attention_precision``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor
+
+from data_prep.cell_labels import ATTRIBUTE_FIELDS, downsample_mask, load_coco
 
 # Words naming each COCO category: the category name plus common synonyms and hyponyms used in
 # COCO captions. Irregular plurals are listed; regular plurals are derived.
@@ -195,27 +199,6 @@ def mentions(
     return {category: sorted(positions) for category, positions in found.items()}
 
 
-def area_weights(n_out: int, n_in: int) -> np.ndarray:
-    """(n_out, n_in) matrix: row i holds the fraction of output cell i covered by each input
-    pixel (cells of n_in / n_out pixels, fractional at their borders); rows sum to 1."""
-    edges = np.linspace(0.0, n_in, n_out + 1)
-    pixel = np.arange(n_in)
-    overlap = np.clip(
-        np.minimum(edges[1:, None], pixel[None, :] + 1)
-        - np.maximum(edges[:-1, None], pixel[None, :]),
-        0.0,
-        None,
-    )
-    return overlap / (n_in / n_out)
-
-
-def downsample_mask(mask: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
-    """Fraction of each cell of an (h, w) grid covered by the binary (H, W) ``mask``."""
-    rows = area_weights(grid[0], mask.shape[0])
-    cols = area_weights(grid[1], mask.shape[1])
-    return rows @ mask.astype(np.float64) @ cols.T
-
-
 @dataclass
 class InstanceAnnotations:
     """COCO instance annotations: annotated categories and their masks per image."""
@@ -225,18 +208,20 @@ class InstanceAnnotations:
 
     @classmethod
     def load(cls, path: str | Path) -> InstanceAnnotations:
-        from pycocotools.coco import COCO
-
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"instances file not found: {path}")
-        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
-            coco = COCO(str(path))
-        return cls(coco, path)
+        return cls(load_coco(path), Path(path))
 
     @property
     def category_names(self) -> list[str]:
         return [c["name"] for c in self.coco.loadCats(self.coco.getCatIds())]
+
+    @property
+    def modifier_words(self) -> frozenset[str]:
+        """The values of the annotations' attribute fields (``data_prep.cell_labels``: the
+        synthetic shapes' colours and sizes; none for COCO)."""
+        return frozenset(
+            a[field] for a in self.coco.anns.values() for field in ATTRIBUTE_FIELDS
+            if isinstance(a.get(field), str)
+        )
 
     def has_image(self, image_id: int) -> bool:
         return image_id in self.coco.imgs
@@ -262,9 +247,12 @@ def attention_precision(
     image_id: int,
     annotations: InstanceAnnotations,
     category_words: Mapping[str, Sequence[str]] | None = None,
+    modifiers: frozenset[str] = frozenset(),
 ) -> dict[int, float]:
     """Share of output attention mass inside the named object's mask, for every word of
-    ``tokens`` that names a category annotated in the image: {word position: share}.
+    ``tokens`` that names a category annotated in the image, and for the ``modifiers`` words
+    (colours, sizes) right before it ("a large red circle": large, red, circle): {word
+    position: share}.
 
     ``maps``: (T, h, w) output attention, T = len(tokens). ``category_words`` defaults to the
     synonym lists of the annotation file's categories. KeyError/ValueError name the image."""
@@ -283,10 +271,18 @@ def attention_precision(
     shares: dict[int, float] = {}
     for category in named.keys() & annotations.categories(image_id):
         mask = torch.from_numpy(annotations.mask(image_id, category, grid))
-        positions = named[category]
+        positions = [p for end in named[category] for p in _phrase(tokens, end, modifiers)]
         mass = (maps[positions].to(torch.float64) * mask).sum(dim=(-2, -1))
         shares.update(zip(positions, mass.tolist(), strict=True))
     return dict(sorted(shares.items()))
+
+
+def _phrase(tokens: Sequence[str], end: int, modifiers: frozenset[str]) -> range:
+    """Positions of the word at ``end`` and of the ``modifiers`` words right before it."""
+    start = end
+    while start > 0 and tokens[start - 1].lower() in modifiers:
+        start -= 1
+    return range(start, end + 1)
 
 
 def object_statistics(
@@ -298,11 +294,15 @@ def object_statistics(
     ``captions[image_id]`` (token lists) with their output ``attention[image_id]`` (T, h, w),
     T = len(tokens). Images missing from the annotations raise KeyError naming the file."""
     words = category_words_for(annotations.category_names)
+    modifiers = annotations.modifier_words
     annotated_total = mentioned_total = hits = 0
     inside: list[float] = []
+    inside_phrase: list[float] = []
     for image_id, tokens in captions.items():
-        inside.extend(
-            attention_precision(tokens, attention[image_id], image_id, annotations, words).values()
+        maps = attention[image_id]
+        inside.extend(attention_precision(tokens, maps, image_id, annotations, words).values())
+        inside_phrase.extend(
+            attention_precision(tokens, maps, image_id, annotations, words, modifiers).values()
         )
         truth = annotations.categories(image_id)
         named = mentions(tokens, words).keys()
@@ -315,4 +315,6 @@ def object_statistics(
         "object_precision": hits / mentioned_total if mentioned_total else nan,
         "attention_precision": float(np.mean(inside)) if inside else nan,
         "attention_precision_words": float(len(inside)),
+        "attention_precision_phrase": float(np.mean(inside_phrase)) if inside_phrase else nan,
+        "attention_precision_phrase_words": float(len(inside_phrase)),
     }

@@ -37,3 +37,67 @@ def format_table1(rows: Mapping[str, Mapping[str, float]]) -> str:
                 cells.append(f"{value * scale:>9.{decimals}f}")
         lines.append(f"{name:<{name_width}}" + "".join(cells))
     return "\n".join(lines)
+
+
+# The demo's comparison (``captioner demo``): Table 1's metrics, then object recall and the
+# attention statistics. (row title, metric key, scale, decimals)
+SEED_TABLE_ROWS: tuple[tuple[str, str, float, int], ...] = (
+    ("CIDEr", "CIDEr", 1.0, 3),
+    ("SPICE", "SPICE", 100.0, 1),
+    ("BLEU-4", "Bleu_4", 100.0, 1),
+    ("METEOR", "METEOR", 100.0, 1),
+    ("ROUGE-L", "ROUGE_L", 100.0, 1),
+    ("REP", "REP", 1.0, 2),
+    ("object recall %", "object_recall", 100.0, 1),
+    ("zero attention %", "zero_attention", 100.0, 1),
+    ("JS consecutive words", "js_divergence", 1.0, 3),
+    ("fused groups per word", "fused_groups", 1.0, 2),
+    ("attention precision %, shape word", "attention_precision", 100.0, 1),
+    ("attention precision %, whole phrase", "attention_precision_phrase", 100.0, 1),
+)
+
+
+def mean_and_sd(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (n - 1; 0 for a single value) of the finite
+    ``values``; (nan, nan) when none is finite."""
+    finite = [v for v in values if not math.isnan(v)]
+    if not finite:
+        return math.nan, math.nan
+    mean = sum(finite) / len(finite)
+    if len(finite) == 1:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
+
+
+def per_mapping_values(per_seed: Mapping[int, Mapping[str, Mapping[str, float]]],
+                       key: str) -> dict[str, list[float]]:
+    """``per_seed[seed][mapping][key]`` gathered as {mapping: [value of each seed]} (nan where
+    a seed lacks the metric)."""
+    mappings = next(iter(per_seed.values()))
+    return {m: [per_seed[s][m].get(key, math.nan) for s in per_seed] for m in mappings}
+
+
+def computed_rows(per_seed: Mapping[int, Mapping[str, Mapping[str, float]]]):
+    """The rows of :data:`SEED_TABLE_ROWS` that ``per_seed`` has a value of, each with its
+    :func:`per_mapping_values`: [((title, key, scale, decimals), {mapping: [values]})]."""
+    rows = [(row, per_mapping_values(per_seed, row[1])) for row in SEED_TABLE_ROWS]
+    return [(row, values) for row, values in rows
+            if not all(math.isnan(v) for vs in values.values() for v in vs)]
+
+
+def format_seed_table(per_seed: Mapping[int, Mapping[str, Mapping[str, float]]]) -> str:
+    """One row per metric of :data:`SEED_TABLE_ROWS`, one column per mapping: the mean over
+    the seeds ``± sd`` (the sd only with several seeds); metrics not computed are left out."""
+    mappings = list(next(iter(per_seed.values())))
+    several = len(per_seed) > 1
+    width = 16 if several else 10
+    title_width = max(len(title) for title, *_ in SEED_TABLE_ROWS)
+    lines = [f"{'':<{title_width}}" + "".join(f"{m:>{width}}" for m in mappings)]
+    for (title, _, scale, decimals), values in computed_rows(per_seed):
+        cells = []
+        for mapping in mappings:
+            mean, sd = mean_and_sd(values[mapping])
+            cell = f"{mean * scale:.{decimals}f}"
+            cells.append(f"{cell} ± {sd * scale:.{decimals}f}" if several else cell)
+        lines.append(f"{title:<{title_width}}" + "".join(f"{c:>{width}}" for c in cells))
+    return "\n".join(lines)

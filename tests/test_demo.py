@@ -22,14 +22,23 @@ def test_quick_demo_writes_results_checkpoints_and_figures(tmp_path, capsys):
     for mapping in MAPPINGS:
         assert mapping in printed
 
-    results = json.loads((out / "results.json").read_text())
+    document = json.loads((out / "results.json").read_text())
+    assert document["seeds"] == [0]
+    results = document["per_seed"]["0"]
     assert list(results) == list(MAPPINGS)
+    assert document["mean"]["tvmax"]["CIDEr"] == results["tvmax"]["CIDEr"]
+    assert document["sd"]["tvmax"]["CIDEr"] == 0.0
+    # The encoder was pretrained on the training split's cells; its report is kept.
+    accuracy = document["encoder_val_cell_accuracy"]
+    assert 0.0 <= accuracy["category_accuracy_on_objects"] <= 1.0
+    assert "per-cell accuracy on the validation split" in printed
+    assert (out / "metrics.png").is_file()
     for mapping, metrics in results.items():
         for key in ("Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "REP"):
             assert math.isfinite(metrics[key]), (mapping, key)
         assert 0.0 <= metrics["zero_attention"] <= 1.0
-        precision = metrics["attention_precision"]
-        assert math.isnan(precision) or 0.0 <= precision <= 1.0
+        for key in ("attention_precision", "attention_precision_phrase"):
+            assert math.isnan(metrics[key]) or 0.0 <= metrics[key] <= 1.0
         captioner = Captioner.load(out / f"{mapping}.ckpt")
         assert captioner.output_attention_name == mapping
     assert results["softmax"]["zero_attention"] == 0.0  # softmax is dense
@@ -70,4 +79,28 @@ def test_negative_seed_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--quick", "--seed", "-1", "--out", str(tmp_path)])
     assert exit_info.value.code == 2
-    assert "--seed must be >= 0" in capsys.readouterr().err
+    assert "seeds must be >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_quick_demo_over_seeds_with_lambda_chosen_on_validation(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["--quick", "--out", str(out), "--seeds", "3", "4", "--lam-grid", "0.1", "1"]) == 0
+    printed = capsys.readouterr().out
+    document = json.loads((out / "results.json").read_text())
+    assert document["seeds"] == [3, 4] and list(document["per_seed"]) == ["3", "4"]
+    selection = document["lam_selection"]
+    assert set(selection["val_CIDEr"]) == {"0.1", "1"}
+    assert selection["val_CIDEr"][f"{selection['chosen']:g}"] == max(
+        selection["val_CIDEr"].values())
+    assert f"chosen {selection['chosen']:g}" in printed
+    # The TVmax models of both seeds use the chosen lambda; the first seed's is the grid's.
+    for seed, name in ((3, "tvmax.ckpt"), (4, "tvmax_seed4.ckpt")):
+        hparams = Captioner.load(out / name).module.hparams
+        assert hparams.output_attention_kwargs == {"lam": selection["chosen"]}, seed
+    for mapping in MAPPINGS:
+        cider = [document["per_seed"][s][mapping]["CIDEr"] for s in ("3", "4")]
+        assert document["mean"][mapping]["CIDEr"] == pytest.approx(sum(cider) / 2)
+        assert document["sd"][mapping]["CIDEr"] == pytest.approx(abs(cider[0] - cider[1]) / 2**0.5)
+        assert (out / f"captions_{mapping}_seed4.json").is_file()
+    assert "mean ± sd over seeds 3, 4" in printed and " ± " in printed

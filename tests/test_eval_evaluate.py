@@ -31,7 +31,8 @@ def test_evaluate_writes_results_metrics_attention_and_objects(
     assert 1.0 <= stats["support_size"] <= 16.0  # 4 x 4 grid
     assert stats["fused_groups"] >= 1.0
     assert set(doc["objects"]) == {
-        "object_recall", "object_precision", "attention_precision", "attention_precision_words"
+        "object_recall", "object_precision", "attention_precision", "attention_precision_words",
+        "attention_precision_phrase", "attention_precision_phrase_words"
     }  # fmt: skip
     assert doc["info"]["output_attention"] == "tvmax"
     assert "attention statistics:" in stdout and "REP" in stdout

@@ -8,13 +8,12 @@ import pytest
 import torch
 from pycocotools import mask as mask_utils
 
+from data_prep.cell_labels import area_weights, downsample_mask
 from eval.objects import (
     COCO_CATEGORY_WORDS,
     InstanceAnnotations,
-    area_weights,
     attention_precision,
     category_words_for,
-    downsample_mask,
     mentions,
     object_statistics,
 )
@@ -115,6 +114,35 @@ def test_object_statistics_by_hand(instances):
     assert stats["attention_precision_words"] == 2
     shares = attention_precision(captions[1], attention[1], 1, instances)
     assert shares == pytest.approx({2: 0.6, 5: 0.2})
+
+
+def _with_attributes(instances, tmp_path) -> InstanceAnnotations:
+    """The fixture's file with the synthetic dataset's colour and size on every annotation."""
+    data = json.loads(instances.path.read_text())
+    for annotation, colour in zip(data["annotations"], ("red", "blue", "green"), strict=True):
+        annotation.update(colour=colour, size="large")
+    path = tmp_path / "instances_attributes.json"
+    path.write_text(json.dumps(data))
+    return InstanceAnnotations.load(path)
+
+
+def test_phrase_precision_counts_the_colour_and_size_words_before_the_shape(instances, tmp_path):
+    captions = {1: "a large red square and two circles".split()}
+    attention = {1: torch.full((7, 2, 2), 0.25)}
+    attention[1][1] = torch.tensor([[1.0, 0.0], [0.0, 0.0]])  # "large": all on the square
+    attention[1][2] = torch.tensor([[0.0, 0.5], [0.5, 0.0]])  # "red": none on it
+    attention[1][3] = torch.tensor([[0.6, 0.2], [0.1, 0.1]])  # "square": 0.6
+    attention[1][6] = torch.tensor([[0.0, 0.0], [0.2, 0.8]])  # "circles": 0.8 * 1/4
+    annotated = _with_attributes(instances, tmp_path)
+    assert annotated.modifier_words == {"red", "blue", "green", "large"}
+    stats = object_statistics(captions, attention, annotated)
+    assert stats["attention_precision"] == pytest.approx((0.6 + 0.2) / 2)
+    assert stats["attention_precision_phrase"] == pytest.approx((1.0 + 0.0 + 0.6 + 0.2) / 4)
+    assert stats["attention_precision_phrase_words"] == 4
+    # "and" and "two" are not attribute words: "circles" is its phrase alone. Without attribute
+    # fields (COCO) the phrase is the category word.
+    plain = object_statistics(captions, attention, instances)
+    assert plain["attention_precision_phrase"] == plain["attention_precision"]
 
 
 def test_missing_image_and_length_mismatch_are_named(instances):

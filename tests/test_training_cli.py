@@ -19,7 +19,7 @@ from PIL import Image
 
 from captioner.checkpointing import load_safely, save_atomically
 from captioner.commands.lightning import main as lightning_main
-from captioner.feature_extraction import encoder_weights_path, extract_features
+from captioner.feature_extraction import extract_features
 from data_prep.features import FeatureCache
 from eval.commands.demo import ENCODER_LAYER as DEMO_LAYER
 
@@ -63,7 +63,7 @@ def test_paper_configs_parse_with_the_paper_settings(name, capsys):
 def test_demo_configs_read_what_the_default_demo_writes(mapping, capsys):
     """configs/demo_*.yaml train on the default demo's data (the demo itself trains with
     them, overriding only the paths of its own run)."""
-    from eval.commands.demo import FULL, dataset_dir, feature_cache_path
+    from eval.commands.demo import FULL, dataset_dir, encoder_path, feature_cache_path
 
     config = _print_config(REPO / "configs" / f"demo_{mapping}.yaml", capsys)
     root = dataset_dir(Path("demo_out"), FULL)
@@ -71,7 +71,7 @@ def test_demo_configs_read_what_the_default_demo_writes(mapping, capsys):
     assert config["data"]["karpathy_json"] == str(root / "dataset_synthetic.json")
     assert config["data"]["image_root"] == str(root / "images")
     assert config["data"]["feature_cache"] == str(cache)
-    assert config["model"]["encoder_weights"] == str(encoder_weights_path(cache))
+    assert config["model"]["encoder_weights"] == str(encoder_path(Path("demo_out"), FULL))
     assert config["data"]["image_size"] == FULL.image_size
     assert config["model"]["output_attention"] == mapping
     assert config["model"]["decoding"]["beam_size"] == 3

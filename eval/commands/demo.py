@@ -2,22 +2,28 @@
 
 1. Generates the synthetic shapes dataset (Karpathy JSON, PNG images, COCO instances) unless it
    is already in ``OUT/synthetic-*``.
-2. Encodes every image once with a frozen, randomly initialized ResNet-18 up to its stage
-   ``layer3`` (no pretrained weights can be assumed offline; a random network's deeper stage
-   mixes the cells too much for shapes to be told apart) and caches the float16 16 x 16 grid
-   features (``captioner prepare-features``); its weights are saved beside the cache and end up
-   in every checkpoint, so the checkpoints caption raw images.
+2. Pretrains the encoder on the training split (``captioner pretrain-encoder``): a ResNet-18 up
+   to its stage ``layer3`` learns which object covers each cell of its 16 x 16 grid (shape,
+   colour, size), the offline stand-in for the paper's ImageNet encoder; its per-cell accuracy
+   on the validation split is printed. Then every image is encoded once with it, frozen, and
+   the float16 grid features are cached (``captioner prepare-features``). Both are made once
+   per dataset and reused by later runs; the same encoder serves all three mappings.
 3. Trains softmax, sparsemax and TVmax output-attention captioners through the same
    LightningCLI and configs as ``captioner fit`` (``configs/demo_*.yaml``; best epoch on
-   val/CIDEr), into ``OUT/runs/demo_<mapping>/version_N/`` with the exact config of each run.
+   val/CIDEr), into ``OUT/runs/demo_<mapping>/version_N/`` with the exact config of each run,
+   once per ``--seeds`` seed (the seed of the captioners' initialization and batch order; the
+   data and the encoder stay those of ``--seed``). With ``--lam-grid``, TVmax's lambda is first
+   chosen on the validation split (best val/CIDEr of the first seed), as the paper did.
 4. Decodes the test split from the images with each best checkpoint and scores it with the
-   coco-caption metrics and REP, the share of zero attention, and the attention precision
-   (share of output attention on the named shape's mask while its word is generated).
-5. Writes per-word attention figures of a few test images, ``results.json`` and a table.
+   coco-caption metrics, REP, object recall, the attention statistics (zero attention, JS
+   divergence of consecutive words, fused groups) and the attention precision (share of
+   output attention on the named object's mask, at its shape word and over its whole phrase).
+5. Writes ``results.json`` (every seed, and mean and sd over seeds), the table, the figure
+   ``metrics.png`` and per-word attention figures of a few test images.
 
 SPICE needs jars that ``captioner fetch-spice`` installs (the README's quickstart runs it
-first); when they are absent the demo scores without SPICE and says so. SPICE scores the three
-models' captions in one Java run, which loads its parser once.
+first); when they are absent the demo scores without SPICE and says so. SPICE scores every
+model's captions in one Java run, which loads its parser once.
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from captioner.commands.options import command_parser
+from captioner.encoder_pretraining import PretrainingSettings
+from data_prep.files import atomic_write
+from data_prep.synthetic import SyntheticDataset
 
 HELP = "train softmax / sparsemax / TVmax captioners on synthetic shapes and compare them"
 
@@ -39,8 +48,9 @@ MAPPINGS = ("softmax", "sparsemax", "tvmax")
 
 @dataclass(frozen=True)
 class DemoSettings:
-    """Dataset and figures of one demo run, and its overrides of ``configs/demo_*.yaml``
-    (command-line options of ``captioner fit``; the default run has none)."""
+    """Dataset, encoder pretraining and figures of one demo run, and its overrides of
+    ``configs/demo_*.yaml`` (command-line options of ``captioner fit``; the default run has
+    none)."""
 
     n_train: int
     n_val: int
@@ -48,25 +58,41 @@ class DemoSettings:
     image_size: int
     n_figures: int
     spice: bool
+    pretraining: PretrainingSettings
     overrides: tuple[str, ...] = ()
     seed: int = 0
 
 
-FULL = DemoSettings(n_train=500, n_val=80, n_test=100, image_size=256, n_figures=3, spice=True)
+ENCODER_ARCH = "resnet18"
+# Measured on the default run with a random encoder (softmax): layer3 gave test CIDEr 1.18 and
+# attention precision 23.7%, layer4 0.95 and 15.4%.
+ENCODER_LAYER = "layer3"
+FULL = DemoSettings(
+    n_train=500, n_val=80, n_test=100, image_size=256, n_figures=3, spice=True,
+    pretraining=PretrainingSettings(arch=ENCODER_ARCH, layer=ENCODER_LAYER, image_size=256),
+)
 QUICK = DemoSettings(
     n_train=64, n_val=6, n_test=6, image_size=128, n_figures=1, spice=False,
+    pretraining=PretrainingSettings(arch=ENCODER_ARCH, layer=ENCODER_LAYER, image_size=128,
+                                    crop=64, epochs=1),
     overrides=(
         "--trainer.max_epochs=4", "--data.batch_size=16", "--model.lr_decay=1.0",
         "--model.lr_decay_after=3", "--model.hidden_dim=32", "--model.feature_dim=32",
         "--model.embed_dim=16", "--model.attention_dim=16",
     ),
 )
-ENCODER_ARCH = "resnet18"
-# Measured on the default run (softmax): layer3 gave test CIDEr 1.18 and attention precision
-# 23.7%, layer4 0.95 and 15.4%.
-ENCODER_LAYER = "layer3"
 # The demo's configs, in the source tree (the README installs the project editable).
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@dataclass(frozen=True)
+class DemoData:
+    """The synthetic dataset, its feature cache and the encoder weights that made it."""
+
+    dataset: SyntheticDataset
+    cache: Path
+    weights: Path
+    encoder_report: dict
 
 
 def dataset_dir(out: Path, settings: DemoSettings) -> Path:
@@ -74,14 +100,20 @@ def dataset_dir(out: Path, settings: DemoSettings) -> Path:
     return out / f"synthetic-{s.n_train}-{s.n_val}-{s.n_test}-{s.image_size}px-seed{s.seed}"
 
 
+def encoder_path(out: Path, settings: DemoSettings) -> Path:
+    return dataset_dir(out, settings) / f"encoder_{ENCODER_ARCH}_{ENCODER_LAYER}.pt"
+
+
 def feature_cache_path(out: Path, settings: DemoSettings) -> Path:
-    return dataset_dir(out, settings) / f"features_{ENCODER_ARCH}_{ENCODER_LAYER}.h5"
+    return dataset_dir(out, settings) / f"features_pretrained_{ENCODER_ARCH}_{ENCODER_LAYER}.h5"
 
 
-def prepare_data(out: Path, settings: DemoSettings):
-    """The synthetic dataset and its ResNet-18 feature cache, made once and reused."""
-    from captioner.feature_extraction import encoder_weights_path, extract_features
-    from data_prep.synthetic import SyntheticDataset, generate
+def prepare_data(out: Path, settings: DemoSettings) -> DemoData:
+    """The synthetic dataset, its pretrained encoder and feature cache, made once and reused
+    (the encoder again when its recorded settings are not those of this run)."""
+    from captioner.encoder_pretraining import describe_accuracy, pretrain_encoder, report_path
+    from captioner.feature_extraction import extract_features
+    from data_prep.synthetic import generate
 
     root = dataset_dir(out, settings)
     try:
@@ -93,48 +125,89 @@ def prepare_data(out: Path, settings: DemoSettings):
             root, n_train=settings.n_train, n_val=settings.n_val, n_test=settings.n_test,
             seed=settings.seed, image_size=settings.image_size, progress=True,
         )
-    cache = feature_cache_path(out, settings)
+    weights, cache = encoder_path(out, settings), feature_cache_path(out, settings)
+    pretraining = replace(settings.pretraining, seed=settings.seed)
+    report = _read_report(report_path(weights))
+    if not weights.is_file() or {k: report.get(k) for k in asdict(pretraining)} != asdict(
+            pretraining):
+        print(f"\n== pretraining the encoder on the training split's cells ({pretraining.epochs} "
+              "epochs)")
+        cache.unlink(missing_ok=True)  # made by an earlier encoder
+        report = pretrain_encoder(dataset.karpathy_json, dataset.image_root, dataset.instances,
+                                  weights, pretraining)
+    print(describe_accuracy(report))
     if not cache.is_file():
         extract_features(
             dataset.karpathy_json, dataset.image_root, cache, arch=ENCODER_ARCH,
-            layer=ENCODER_LAYER, weights=None,
-            image_size=settings.image_size, batch_size=16, num_workers=0,
-            seed=settings.seed,
+            layer=ENCODER_LAYER, weights=str(weights.resolve()), image_size=settings.image_size,
+            batch_size=16, num_workers=0,
         )
-    return dataset, cache, str(encoder_weights_path(cache).resolve())
+    return DemoData(dataset, cache, weights.resolve(), report)
 
 
-def fit_arguments(mapping: str, dataset, cache: Path, weights: str, settings: DemoSettings,
-                  out: Path) -> list[str]:
-    """``captioner fit`` options that train the demo's ``mapping`` captioner: its config, the
-    paths of this run's data, and the settings' overrides."""
+def _read_report(path: Path) -> dict:
+    """A pretraining report, or {} when it is missing or unreadable (the encoder is remade)."""
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return report if isinstance(report, dict) else {}
+
+
+def fit_arguments(mapping: str, data: DemoData, settings: DemoSettings, out: Path,
+                  seed: int, extra: tuple[str, ...] = ()) -> list[str]:
+    """``captioner fit`` options that train the demo's ``mapping`` captioner with ``seed``: its
+    config, the paths of this run's data, the settings' overrides and ``extra`` ones."""
     return [
         "--config", str(CONFIGS / f"demo_{mapping}.yaml"),
-        "--data.karpathy_json", str(dataset.karpathy_json),
-        "--data.image_root", str(dataset.image_root),
-        "--data.feature_cache", str(cache),
+        "--data.karpathy_json", str(data.dataset.karpathy_json),
+        "--data.image_root", str(data.dataset.image_root),
+        "--data.feature_cache", str(data.cache),
         "--data.image_size", str(settings.image_size),
-        "--model.encoder_weights", weights,
+        "--model.encoder_weights", str(data.weights),
         "--trainer.logger.init_args.save_dir", str(out / "runs"),
         "--trainer.enable_model_summary", "false",
-        "--seed_everything", str(settings.seed),
+        "--seed_everything", str(seed),
         *settings.overrides,
+        *extra,
     ]
 
 
-def train(mapping: str, dataset, cache: Path, weights: str, settings: DemoSettings,
-          out: Path) -> Path:
+def train(mapping: str, data: DemoData, settings: DemoSettings, out: Path, seed: int,
+          extra: tuple[str, ...] = ()) -> tuple[Path, float]:
     """Train one captioner through the same CLI and config as ``captioner fit``; returns its
-    best checkpoint (copied to ``OUT/<mapping>.ckpt``)."""
+    best checkpoint and that checkpoint's val/CIDEr."""
     from captioner.training_cli import build_cli
 
-    cli = build_cli(fit_arguments(mapping, dataset, cache, weights, settings, out), run=False)
-    print(f"\n== training the {mapping} captioner ({cli.trainer.max_epochs} epochs)")
+    cli = build_cli(fit_arguments(mapping, data, settings, out, seed, extra), run=False)
+    print(f"\n== training the {mapping} captioner, seed {seed} ({cli.trainer.max_epochs} "
+          f"epochs) {' '.join(extra)}")
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     print(cli.run_summary())
-    best = out / f"{mapping}.ckpt"
-    shutil.copyfile(cli.best_callback.best_model_path, best)
-    return best
+    best = cli.best_callback
+    return Path(best.best_model_path), float(best.best_model_score)
+
+
+def checkpoint_name(mapping: str, seed: int, seeds: list[int]) -> str:
+    """``<mapping>.ckpt`` for the first seed (the one the figures and the README use),
+    ``<mapping>_seed<k>.ckpt`` for the others."""
+    return f"{mapping}.ckpt" if seed == seeds[0] else f"{mapping}_seed{seed}.ckpt"
+
+
+def choose_lam(grid: list[float], data: DemoData, settings: DemoSettings, out: Path,
+               seed: int) -> tuple[float, dict[float, float], Path]:
+    """Train TVmax with every lambda of ``grid`` (``seed``) and keep the best on val/CIDEr, the
+    paper's rule; returns (chosen lambda, {lambda: val/CIDEr}, the chosen model's checkpoint)."""
+    scores: dict[float, float] = {}
+    checkpoints: dict[float, Path] = {}
+    for lam in grid:
+        checkpoints[lam], scores[lam] = train(
+            "tvmax", data, settings, out, seed, (f"--model.output_attention_kwargs.lam={lam}",))
+    chosen = max(grid, key=lambda lam: scores[lam])
+    print("\nTVmax lambda on the validation split (val/CIDEr): "
+          + ", ".join(f"{lam:g}: {score:.3f}" for lam, score in scores.items())
+          + f"; chosen {chosen:g}")
+    return chosen, scores, checkpoints[chosen]
 
 
 def evaluate(checkpoint: Path, dataset, metrics: tuple[str, ...]):
@@ -147,23 +220,18 @@ def evaluate(checkpoint: Path, dataset, metrics: tuple[str, ...]):
     )
 
 
-def evaluate_all(checkpoints: dict[str, Path], dataset, metrics: tuple[str, ...], out: Path):
+def evaluate_all(checkpoints: dict[str, Path], dataset, metrics: tuple[str, ...], out: Path,
+                 suffix: str = ""):
     """Decode and score the test split with every checkpoint (SPICE aside: see :func:`score_spice`);
-    writes ``captions_<mapping>.json``; returns (results, captions) keyed by mapping."""
+    writes ``captions_<mapping><suffix>.json``; returns (results, captions) keyed by mapping."""
     results: dict[str, dict[str, float]] = {}
     captions: dict[str, dict[int, str]] = {}
     for mapping, checkpoint in checkpoints.items():
-        print(f"\n== decoding and scoring the test split with {mapping}")
+        print(f"\n== decoding and scoring the test split with {checkpoint.name}")
         report = evaluate(checkpoint, dataset, tuple(m for m in metrics if m != "SPICE"))
-        results[mapping] = {
-            **report.metrics,
-            **report.attention,
-            "attention_precision": report.objects["attention_precision"],
-            "object_recall": report.objects["object_recall"],
-            "object_precision": report.objects["object_precision"],
-        }
+        results[mapping] = {**report.metrics, **report.attention, **report.objects}
         captions[mapping] = {r["image_id"]: r["caption"] for r in report.results}
-        (out / f"captions_{mapping}.json").write_text(json.dumps(report.results, indent=1))
+        (out / f"captions_{mapping}{suffix}.json").write_text(json.dumps(report.results, indent=1))
     return results, captions
 
 
@@ -211,22 +279,6 @@ def write_figures(out: Path, entries, checkpoints: dict[str, Path], n_images: in
             write_heatmaps(out / "figures" / stem / name, image, record, zero_style="white")
 
 
-def format_table(results: dict[str, dict[str, float]]) -> str:
-    """The paper's Table 1 columns, then zero attention and attention precision (in %)."""
-    from eval.table import format_table1
-
-    table = format_table1(results).splitlines()
-    extra = (("ZeroAtt%", "zero_attention"), ("AttPrec%", "attention_precision"))
-    lines = [table[0] + "".join(f"{title:>10}" for title, _ in extra)]
-    for line, metrics in zip(table[1:], results.values(), strict=True):
-        cells = "".join(
-            f"{'nan' if math.isnan(metrics[key]) else f'{100 * metrics[key]:.1f}':>10}"
-            for _, key in extra
-        )
-        lines.append(line + cells)
-    return "\n".join(lines)
-
-
 def available_metrics(spice: bool) -> tuple[str, ...]:
     """All metrics, without SPICE (and a notice) when its jars are not installed or the run
     is a quick one."""
@@ -264,37 +316,99 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="tiny smoke run (under 2 minutes; the numbers mean nothing)")
     parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the synthetic data, the encoder and the training (default 0)")
+                        help="seed of the synthetic data and the encoder (default 0)")
+    parser.add_argument("--seeds", type=int, nargs="+", metavar="SEED",
+                        help="train the captioners once per seed and report mean and sd "
+                        "(default: --seed alone)")
+    parser.add_argument("--lam-grid", type=float, nargs="+", metavar="LAM",
+                        help="choose TVmax's lambda among these on the validation split "
+                        "(default: the config's)")
     args = parser.parse_args(argv)
-    if args.seed < 0:
-        parser.error(f"--seed must be >= 0, got {args.seed}")
+    seeds = args.seeds or [args.seed]
+    if min(args.seed, *seeds) < 0:
+        parser.error(f"seeds must be >= 0, got {args.seed} {seeds}")
+    if len(set(seeds)) != len(seeds):
+        parser.error(f"--seeds are repeated: {seeds}")
+    if args.lam_grid and min(args.lam_grid) <= 0:
+        parser.error(f"--lam-grid values must be positive, got {args.lam_grid}")
     settings = replace(QUICK if args.quick else FULL, seed=args.seed)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
 
     metrics = available_metrics(settings.spice)
-    dataset, cache, weights = prepare_data(out, settings)
+    data = prepare_data(out, settings)
+    summary: dict = {"settings": asdict(settings), "seeds": seeds,
+                     "encoder_val_cell_accuracy": data.encoder_report["val_cell_accuracy"]}
     # One torch thread: the decoder's tensors are small, so thread hand-offs cost more than they
     # gain, and on a busy machine spinning threads made a training step 30x slower (0.35 s vs
     # 10 s, shared 2-core CPU). The numba kernels of TVmax keep all cores: they run a grid per
     # thread (192 ms vs 102 ms per training step of the demo on 1 and 2 cores).
     with torch_threads(1):
-        checkpoints = {m: train(m, dataset, cache, weights, settings, out) for m in MAPPINGS}
-        results, captions = evaluate_all(checkpoints, dataset, metrics, out)
-        (out / "settings.json").write_text(json.dumps(asdict(settings), indent=2))
-        # Written before SPICE and the figures, so that their failure loses no scores.
-        (out / "results.json").write_text(json.dumps(results, indent=2))
-        entries = load_test_split(dataset)
+        trained: dict[int, dict[str, Path]] = {seed: {} for seed in seeds}
+        tvmax_extra: tuple[str, ...] = ()
+        if args.lam_grid:
+            lam, scores, trained[seeds[0]]["tvmax"] = choose_lam(
+                args.lam_grid, data, settings, out, seeds[0])
+            summary["lam_selection"] = {"val_CIDEr": {f"{k:g}": v for k, v in scores.items()},
+                                        "chosen": lam}
+            tvmax_extra = (f"--model.output_attention_kwargs.lam={lam}",)
+        for seed in seeds:
+            for mapping in MAPPINGS:
+                if mapping not in trained[seed]:
+                    extra = tvmax_extra if mapping == "tvmax" else ()
+                    trained[seed][mapping] = train(mapping, data, settings, out, seed, extra)[0]
+                copy = out / checkpoint_name(mapping, seed, seeds)
+                shutil.copyfile(trained[seed][mapping], copy)
+                trained[seed][mapping] = copy
+        per_seed, captions = {}, {}
+        for seed in seeds:
+            suffix = "" if seed == seeds[0] else f"_seed{seed}"
+            per_seed[seed], by_mapping = evaluate_all(trained[seed], data.dataset, metrics, out,
+                                                      suffix)
+            captions.update({(seed, m): c for m, c in by_mapping.items()})
+        summary["per_seed"] = per_seed
+        write_results(out, summary)  # before SPICE and the figures: their failure loses nothing
+        entries = load_test_split(data.dataset)
         if "SPICE" in metrics:
-            print("\n== SPICE of the three captioners (one run)")
-            for mapping, (corpus, _) in score_spice(entries, captions).items():
-                results[mapping]["SPICE"] = corpus
-            (out / "results.json").write_text(json.dumps(results, indent=2))
-        write_figures(out, entries, checkpoints, settings.n_figures)
+            print("\n== SPICE of every captioner (one run)")
+            for (seed, mapping), (corpus, _) in score_spice(entries, captions).items():
+                per_seed[seed][mapping]["SPICE"] = corpus
+            write_results(out, summary)
+        write_figures(out, entries, trained[seeds[0]], settings.n_figures)
+
+    from eval.metrics_figure import plot_seed_metrics
+    from eval.table import format_seed_table
 
     minutes = (time.monotonic() - started) / 60
-    print(f"\nSynthetic test split ({settings.n_test} images), beam size 3:\n")
-    print(format_table(results))
-    print(f"\nresults, checkpoints and figures: {out}  ({minutes:.1f} min)")
+    seeds_text = f"mean ± sd over seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else (
+        f"seed {seeds[0]}")
+    title = f"Synthetic test split ({settings.n_test} images), beam size 3, {seeds_text}"
+    figure = plot_seed_metrics(per_seed, out / "metrics.png", title)
+    print(f"\n{title}:\n")
+    print(format_seed_table(per_seed))
+    print(f"\nfigure: {figure}")
+    print(f"results, checkpoints and figures: {out}  ({minutes:.1f} min)")
     return 0
+
+
+def write_results(out: Path, summary: dict) -> None:
+    """``results.json``: the settings, the encoder's accuracy, every seed's metrics per mapping
+    and their mean and sd over the seeds."""
+    from eval.table import mean_and_sd
+
+    per_seed = summary["per_seed"]
+    mappings = list(next(iter(per_seed.values())))
+    keys = sorted({k for by_mapping in per_seed.values() for m in by_mapping.values() for k in m})
+    spread = {
+        m: {k: mean_and_sd([per_seed[s][m].get(k, math.nan) for s in per_seed]) for k in keys}
+        for m in mappings
+    }
+    document = {
+        **summary,
+        "per_seed": {str(s): v for s, v in per_seed.items()},
+        "mean": {m: {k: v[0] for k, v in spread[m].items()} for m in mappings},
+        "sd": {m: {k: v[1] for k, v in spread[m].items()} for m in mappings},
+    }
+    with atomic_write(out / "results.json") as handle:
+        json.dump(document, handle, indent=2)

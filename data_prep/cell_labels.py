@@ -1,0 +1,113 @@
+"""Which annotated object covers each cell of an image's feature grid: the dense targets of
+encoder pretraining (``captioner.encoder_pretraining``) and the masks of attention precision
+(``eval.objects``), from COCO instance annotations.
+
+A cell is labelled with the object that covers the largest share of it when that share is at
+least ``MIN_COVER`` (half the cell), and with class 0 (``"none"``) otherwise. Each label is a
+tuple of attributes: the annotation's category, then each of :data:`ATTRIBUTE_FIELDS` that every
+annotation of the file carries (the synthetic dataset's ``"colour"`` and ``"size"``; COCO's own
+files have neither, so their labels are the category alone).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ATTRIBUTE_FIELDS = ("colour", "size")
+NONE = "none"  # class 0 of every attribute: no object covers the cell
+MIN_COVER = 0.5
+
+
+def area_weights(n_out: int, n_in: int) -> np.ndarray:
+    """(n_out, n_in) matrix: row i holds the fraction of output cell i covered by each input
+    pixel (cells of n_in / n_out pixels, fractional at their borders); rows sum to 1."""
+    edges = np.linspace(0.0, n_in, n_out + 1)
+    pixel = np.arange(n_in)
+    overlap = np.clip(
+        np.minimum(edges[1:, None], pixel[None, :] + 1)
+        - np.maximum(edges[:-1, None], pixel[None, :]),
+        0.0,
+        None,
+    )
+    return overlap / (n_in / n_out)
+
+
+def downsample_mask(mask: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """Fraction (h, w) float64 of each cell of an (h, w) grid covered by the binary (H, W)
+    ``mask``."""
+    rows = area_weights(grid[0], mask.shape[0])
+    cols = area_weights(grid[1], mask.shape[1])
+    return rows @ mask.astype(np.float64) @ cols.T
+
+
+def load_coco(path: str | Path):
+    """``pycocotools.coco.COCO`` of an instances file, without its progress prints.
+
+    Raises FileNotFoundError naming a missing file."""
+    from pycocotools.coco import COCO
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"instances file not found: {path}")
+    with contextlib.redirect_stdout(io.StringIO()):
+        return COCO(str(path))
+
+
+@dataclass(frozen=True)
+class CellLabeller:
+    """Per-cell labels of the images of one COCO instances file.
+
+    Attributes:
+        coco: the ``pycocotools.coco.COCO`` of the file.
+        path: the file.
+        classes: attribute name ("category", then the carried :data:`ATTRIBUTE_FIELDS`) ->
+            class names, ``classes[a][0] == "none"``.
+    """
+
+    coco: object
+    path: Path
+    classes: dict[str, tuple[str, ...]]
+
+    @classmethod
+    def load(cls, path: str | Path,
+             classes: dict[str, tuple[str, ...]] | None = None) -> CellLabeller:
+        """The labeller of the instances file ``path``, with the ``classes`` of another split's
+        labeller when given (ValueError naming a class that split does not have)."""
+        coco = load_coco(path)
+        annotations = list(coco.anns.values())
+        own = {"category": (NONE, *(c["name"] for c in coco.loadCats(coco.getCatIds())))}
+        for field in ATTRIBUTE_FIELDS:
+            if annotations and all(isinstance(a.get(field), str) for a in annotations):
+                own[field] = (NONE, *sorted({a[field] for a in annotations}))
+        if classes is None:
+            return cls(coco, Path(path), own)
+        for attribute, names in own.items():
+            unknown = sorted(set(names) - set(classes.get(attribute, ())))
+            if unknown:
+                raise ValueError(f"{path}: {attribute} {unknown} not among the training "
+                                 f"classes {list(classes.get(attribute, ()))}")
+        return cls(coco, Path(path), dict(classes))
+
+    def labels(self, image_id: int, grid: tuple[int, int]) -> np.ndarray:
+        """(A, h, w) int64 class indices of every attribute (in ``classes`` order) for each
+        cell of the image's (h, w) grid. KeyError names an image missing from the file."""
+        if image_id not in self.coco.imgs:
+            raise KeyError(f"image {image_id} is not in the instances file {self.path}")
+        annotations = self.coco.loadAnns(self.coco.getAnnIds(imgIds=[image_id], iscrowd=None))
+        labels = np.zeros((len(self.classes), *grid), dtype=np.int64)
+        if not annotations:
+            return labels
+        cover = np.stack([downsample_mask(self.coco.annToMask(a), grid) for a in annotations])
+        best = cover.argmax(axis=0)
+        covered = cover.max(axis=0) >= MIN_COVER
+        for row, (attribute, names) in enumerate(self.classes.items()):
+            values = [self.coco.cats[a["category_id"]]["name"] if attribute == "category"
+                      else a[attribute] for a in annotations]
+            per_object = np.array([names.index(v) for v in values], dtype=np.int64)
+            labels[row] = np.where(covered, per_object[best], 0)
+        return labels

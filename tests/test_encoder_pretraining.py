@@ -1,0 +1,169 @@
+"""Encoder pretraining: per-cell labels from instance masks (by hand), aligned crops, and
+``captioner pretrain-encoder`` -> ``captioner prepare-features --weights`` through the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from pycocotools import mask as mask_utils
+
+from captioner.encoder_pretraining import CellLabelledImages, PretrainingSettings
+from captioner.model.encoder import build_encoder
+from data_prep.cell_labels import CellLabeller
+from data_prep.features import FeatureCache
+
+
+def _instances(path, annotations, size=64):
+    def rle(mask):
+        encoded = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
+        return {"size": list(encoded["size"]), "counts": encoded["counts"].decode("ascii")}
+
+    path.write_text(json.dumps({
+        "images": [{"id": 1, "width": size, "height": size, "file_name": "a.png"}],
+        "categories": [{"id": 1, "name": "circle"}, {"id": 2, "name": "square"}],
+        "annotations": [
+            {"id": k + 1, "image_id": 1, "category_id": category, "segmentation": rle(mask),
+             "area": float(mask.sum()), "bbox": [0, 0, 1, 1], "iscrowd": 0, **extra}
+            for k, (category, mask, extra) in enumerate(annotations)
+        ],
+    }))
+    return path
+
+
+def test_cell_labels_by_hand(tmp_path):
+    square = np.zeros((64, 64), dtype=bool)
+    square[0:32, 0:24] = True  # cells (16 px) of column 0 fully, column 1 half: labelled
+    circle = np.zeros((64, 64), dtype=bool)
+    circle[40:64, 48:64] = True  # row 2 half (8 of 16 rows), row 3 fully, column 3
+    path = _instances(tmp_path / "instances.json", [
+        (2, square, {"colour": "red", "size": "large"}),
+        (1, circle, {"colour": "blue", "size": "small"}),
+    ])
+    labeller = CellLabeller.load(path)
+    assert labeller.classes == {
+        "category": ("none", "circle", "square"),
+        "colour": ("none", "blue", "red"),
+        "size": ("none", "large", "small"),
+    }
+    labels = labeller.labels(1, (4, 4))
+    category = np.zeros((4, 4), dtype=np.int64)
+    category[0:2, 0:2] = 2  # square; column 1 is covered at exactly half: labelled
+    category[2:4, 3] = 1  # circle: row 2 covered at half
+    np.testing.assert_array_equal(labels[0], category)
+    np.testing.assert_array_equal(labels[1], np.where(category == 2, 2, np.where(category, 1, 0)))
+    np.testing.assert_array_equal(labels[2], np.where(category == 2, 1, np.where(category, 2, 0)))
+    # Less than half a cell: no object.
+    assert CellLabeller.load(path).labels(1, (2, 2))[0].tolist() == [[2, 0], [0, 0]]
+    with pytest.raises(KeyError, match="image 7 is not in the instances file"):
+        labeller.labels(7, (4, 4))
+
+
+def test_other_split_uses_the_training_classes_and_refuses_new_ones(tmp_path):
+    mask = np.zeros((64, 64), dtype=bool)
+    mask[:32, :32] = True
+    train = CellLabeller.load(_instances(tmp_path / "train.json", [
+        (1, mask, {"colour": "red", "size": "large"}),
+        (2, ~mask, {"colour": "blue", "size": "small"}),
+    ]))
+    val = CellLabeller.load(
+        _instances(tmp_path / "val.json", [(1, mask, {"colour": "blue", "size": "small"})]),
+        train.classes,
+    )
+    assert val.classes == train.classes  # blue is class 1 in both, though val lacks red
+    assert val.labels(1, (2, 2))[1, 0, 0] == train.classes["colour"].index("blue")
+    with pytest.raises(ValueError, match=r"colour \['green'\] not among the training classes"):
+        CellLabeller.load(_instances(tmp_path / "val2.json", [
+            (1, mask, {"colour": "green", "size": "small"})]), train.classes)
+
+
+def test_crops_keep_pixels_and_labels_aligned():
+    torch.manual_seed(0)
+    stride, cells = 16, 8
+    # Every pixel holds the index of its cell, and so does the label: any crop and flip must
+    # keep them equal.
+    index = torch.arange(cells * cells).view(cells, cells)
+    pixels = index.repeat_interleave(stride, 0).repeat_interleave(stride, 1).to(torch.uint8)
+    images = pixels.expand(3, -1, -1).unsqueeze(0).repeat(4, 1, 1, 1)
+    labels = index.expand(1, -1, -1).unsqueeze(0).repeat(4, 1, 1, 1).long()
+    data = CellLabelledImages(images, labels, stride, crop=64)
+    seen = set()
+    for i in range(40):
+        image, label = data[i % 4]
+        assert image.shape == (3, 64, 64) and label.shape == (1, 4, 4)
+        centres = image[0, stride // 2::stride, stride // 2::stride].long()
+        assert torch.equal(centres, label[0])
+        seen.add((int(label[0, 0, 0]), bool(label[0, 0, 1] < label[0, 0, 0])))
+    assert len(seen) > 4  # crops move and flip
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="crop must be a multiple of 16"):
+        PretrainingSettings(crop=100).check()
+    with pytest.raises(ValueError, match="image size must be a multiple of 32"):
+        PretrainingSettings(layer="layer4", image_size=200, crop=64).check()
+    with pytest.raises(ValueError, match="epochs must be at least 1"):
+        PretrainingSettings(epochs=0).check()
+
+
+def _captioner(*argv, cwd):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "captioner.cli", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_pretrain_encoder_then_prepare_features_through_the_cli(synthetic_data, tmp_path):
+    data = synthetic_data
+    run = _captioner(
+        "pretrain-encoder", "--data", str(data.karpathy_json), "--images", str(data.image_root),
+        "--train-instances", str(data.instances["train"]),
+        "--val-instances", str(data.instances["val"]), "--out", "encoder.pt",
+        "--image-size", "128", "--crop", "64", "--epochs", "2", "--no-progress", cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "per-cell accuracy on the validation split (4 images)" in run.stdout
+    report = json.loads((tmp_path / "encoder.json").read_text())
+    assert report["images"] == {"train": 16, "val": 4}
+    assert set(report["classes"]) == {"category", "colour", "size"}
+    for value in report["val_cell_accuracy"].values():
+        assert 0.0 <= value <= 1.0
+    # A torchvision state_dict: it loads as encoder weights and differs from a random init.
+    trained = build_encoder("resnet18", tmp_path / "encoder.pt", layer="layer3")
+    state = torch.load(tmp_path / "encoder.pt", weights_only=True)
+    assert "layer3.0.conv1.weight" in state and "fc.weight" in state
+    assert torch.equal(trained.trunk[6][0].conv1.weight, state["layer3.0.conv1.weight"])
+
+    run = _captioner(
+        "prepare-features", "--data", str(data.karpathy_json), "--images", str(data.image_root),
+        "--arch", "resnet18", "--layer", "layer3", "--weights", "encoder.pt", "--image-size",
+        "128", "--out", "features.h5", "--num-workers", "0", "--no-progress", cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert FeatureCache(tmp_path / "features.h5").encoder["weights"] == "encoder.pt"
+
+
+def test_pretrain_encoder_bad_input_is_one_line(synthetic_data, tmp_path):
+    data = synthetic_data
+    run = _captioner(
+        "pretrain-encoder", "--data", str(data.karpathy_json), "--images", str(data.image_root),
+        "--train-instances", str(tmp_path / "missing.json"),
+        "--val-instances", str(data.instances["val"]), "--out", "encoder.pt", cwd=tmp_path,
+    )
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        f"captioner pretrain-encoder: instances file not found: {tmp_path / 'missing.json'}"
+    ]
+    run = _captioner(
+        "pretrain-encoder", "--data", str(data.karpathy_json), "--images", str(data.image_root),
+        "--train-instances", str(data.instances["train"]),
+        "--val-instances", str(data.instances["val"]), "--out", "encoder.pt", "--crop", "100",
+        cwd=tmp_path,
+    )
+    assert run.returncode == 2
+    assert "crop must be a multiple of 16" in run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / "encoder.pt").exists()

@@ -1,0 +1,45 @@
+"""The demo's comparison over seeds: mean and sd by hand, the table and the figure."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from PIL import Image
+
+from eval.metrics_figure import plot_seed_metrics
+from eval.table import format_seed_table, mean_and_sd
+
+
+def _run(cider: float, recall: float) -> dict[str, float]:
+    return {"CIDEr": cider, "object_recall": recall}
+
+
+PER_SEED = {
+    0: {"softmax": _run(1.0, 0.90), "tvmax": _run(1.2, 0.80)},
+    1: {"softmax": _run(1.2, 0.94), "tvmax": _run(1.5, 0.84)},
+    2: {"softmax": _run(1.4, 0.92), "tvmax": _run(1.8, math.nan)},
+}
+
+
+def test_mean_and_sd_by_hand():
+    assert mean_and_sd([1.0, 1.2, 1.4]) == pytest.approx((1.2, 0.2))  # sample sd (n - 1)
+    assert mean_and_sd([2.0]) == (2.0, 0.0)
+    assert mean_and_sd([0.8, math.nan, 0.84]) == pytest.approx((0.82, math.sqrt(0.0008)))
+    assert all(math.isnan(v) for v in mean_and_sd([math.nan]))
+
+
+def test_seed_table_rows_are_metrics_and_cells_mean_plus_minus_sd():
+    lines = format_seed_table(PER_SEED).splitlines()
+    assert lines[0].split() == ["softmax", "tvmax"]
+    assert lines[1].split() == ["CIDEr", "1.200", "±", "0.200", "1.500", "±", "0.300"]
+    assert lines[2].split() == ["object", "recall", "%", "92.0", "±", "2.0", "82.0", "±", "2.8"]
+    assert len(lines) == 3  # metrics nobody computed (SPICE, ...) are left out
+    single = format_seed_table({0: PER_SEED[0]}).splitlines()
+    assert single[1].split() == ["CIDEr", "1.000", "1.200"]  # one seed: no spread shown
+
+
+def test_figure_is_a_png_with_a_panel_per_computed_metric(tmp_path):
+    path = plot_seed_metrics(PER_SEED, tmp_path / "metrics.png", "test split")
+    with Image.open(path) as image:
+        assert image.format == "PNG" and image.width > image.height > 100
