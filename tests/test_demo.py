@@ -33,6 +33,8 @@ def test_quick_demo_writes_results_checkpoints_and_figures(tmp_path, capsys):
     assert 0.0 <= accuracy["category_accuracy_on_objects"] <= 1.0
     assert "per-cell accuracy on the validation split" in printed
     assert (out / "metrics.png").is_file()
+    assert f"gallery: {out / 'gallery' / 'index.html'}" in printed
+    assert len(list((out / "gallery" / "images").glob("*.jpg"))) == QUICK.n_gallery
     for mapping, metrics in results.items():
         for key in ("Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "REP"):
             assert math.isfinite(metrics[key]), (mapping, key)

@@ -19,7 +19,8 @@
    divergence of consecutive words, fused groups) and the attention precision (share of
    output attention on the named object's mask, at its shape word and over its whole phrase).
 5. Writes ``results.json`` (every seed, and mean and sd over seeds), the table, the figure
-   ``metrics.png`` and per-word attention figures of a few test images.
+   ``metrics.png``, per-word attention figures of a few test images and the side-by-side
+   attention gallery ``gallery/index.html`` of the first seed's models.
 
 SPICE needs jars that ``captioner fetch-spice`` installs (the README's quickstart runs it
 first); when they are absent the demo scores without SPICE and says so. SPICE scores every
@@ -57,6 +58,7 @@ class DemoSettings:
     n_test: int
     image_size: int
     n_figures: int
+    n_gallery: int
     spice: bool
     pretraining: PretrainingSettings
     overrides: tuple[str, ...] = ()
@@ -68,11 +70,13 @@ ENCODER_ARCH = "resnet18"
 # attention precision 23.7%, layer4 0.95 and 15.4%.
 ENCODER_LAYER = "layer3"
 FULL = DemoSettings(
-    n_train=500, n_val=80, n_test=100, image_size=256, n_figures=3, spice=True,
+    n_train=500, n_val=80, n_test=100, image_size=256, n_figures=3, n_gallery=20,
+    spice=True,
     pretraining=PretrainingSettings(arch=ENCODER_ARCH, layer=ENCODER_LAYER, image_size=256),
 )
 QUICK = DemoSettings(
-    n_train=64, n_val=6, n_test=6, image_size=128, n_figures=1, spice=False,
+    n_train=64, n_val=6, n_test=6, image_size=128, n_figures=1, n_gallery=2,
+    spice=False,
     pretraining=PretrainingSettings(arch=ENCODER_ARCH, layer=ENCODER_LAYER, image_size=128,
                                     crop=64, epochs=1),
     overrides=(
@@ -113,6 +117,7 @@ def prepare_data(out: Path, settings: DemoSettings) -> DemoData:
     (the encoder again when its recorded settings are not those of this run)."""
     from captioner.encoder_pretraining import describe_accuracy, pretrain_encoder, report_path
     from captioner.feature_extraction import extract_features
+    from data_prep.features import partial_cache_path
     from data_prep.synthetic import generate
 
     root = dataset_dir(out, settings)
@@ -132,7 +137,8 @@ def prepare_data(out: Path, settings: DemoSettings) -> DemoData:
             pretraining):
         print(f"\n== pretraining the encoder on the training split's cells ({pretraining.epochs} "
               "epochs)")
-        cache.unlink(missing_ok=True)  # made by an earlier encoder
+        for made_by_an_earlier_encoder in (cache, partial_cache_path(cache)):
+            made_by_an_earlier_encoder.unlink(missing_ok=True)
         report = pretrain_encoder(dataset.karpathy_json, dataset.image_root, dataset.instances,
                                   weights, pretraining)
     print(describe_accuracy(report))
@@ -279,6 +285,24 @@ def write_figures(out: Path, entries, checkpoints: dict[str, Path], n_images: in
             write_heatmaps(out / "figures" / stem / name, image, record, zero_style="white")
 
 
+def write_gallery(out: Path, entries, checkpoints: dict[str, Path], n_images: int) -> Path:
+    """``OUT/gallery/index.html``: the first ``n_images`` test ``entries`` captioned by every
+    model side by side, one attention overlay per word (``captioner gallery``)."""
+    from captioner.inference import Captioner
+    from eval.gallery import GalleryModel, build_gallery, caption_gallery
+
+    captioners = [Captioner.load(path) for path in checkpoints.values()]
+    images, failed = caption_gallery(
+        captioners, [c.decoding for c in captioners], [e.path for e in entries[:n_images]],
+        names=[e.path.name for e in entries[:n_images]],
+    )
+    if failed:  # the demo's own images: unreadable ones mean a damaged output folder
+        raise OSError(f"cannot read {', '.join(map(str, failed))}")
+    models = [GalleryModel(mapping, str(path), mapping) for mapping, path in checkpoints.items()]
+    return build_gallery(out / "gallery", images, models, zero_style="white",
+                         title="captioner demo: synthetic test images")
+
+
 def available_metrics(spice: bool) -> tuple[str, ...]:
     """All metrics, without SPICE (and a notice) when its jars are not installed or the run
     is a quick one."""
@@ -376,6 +400,7 @@ def main(argv: list[str]) -> int:
                 per_seed[seed][mapping]["SPICE"] = corpus
             write_results(out, summary)
         write_figures(out, entries, trained[seeds[0]], settings.n_figures)
+        gallery = write_gallery(out, entries, trained[seeds[0]], settings.n_gallery)
 
     from eval.metrics_figure import plot_seed_metrics
     from eval.table import format_seed_table
@@ -387,7 +412,7 @@ def main(argv: list[str]) -> int:
     figure = plot_seed_metrics(per_seed, out / "metrics.png", title)
     print(f"\n{title}:\n")
     print(format_seed_table(per_seed))
-    print(f"\nfigure: {figure}")
+    print(f"\nfigure: {figure}\ngallery: {gallery}")
     print(f"results, checkpoints and figures: {out}  ({minutes:.1f} min)")
     return 0
 
