@@ -30,6 +30,7 @@ import lightning as L
 import numpy as np
 import torch
 import torchvision
+from PIL import Image
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
@@ -97,8 +98,10 @@ class CellLabelledImages(Dataset):
             raise ValueError(f"{karpathy_json}: the {split} split is empty")
         size, stride = settings.image_size, STRIDES[settings.layer]
         grid = (size // stride, size // stride)
+        # Bilinear, as data_prep.images.imagenet_transform resizes for the feature cache.
         images = torch.from_numpy(np.stack([
-            np.asarray(load_image(e.path).resize((size, size)), dtype=np.uint8) for e in entries
+            np.asarray(load_image(e.path).resize((size, size), Image.BILINEAR), dtype=np.uint8)
+            for e in entries
         ])).permute(0, 3, 1, 2).contiguous()
         labels = torch.from_numpy(np.stack([labeller.labels(e.image_id, grid) for e in entries]))
         return cls(images, labels, stride, crop)
