@@ -91,6 +91,7 @@ def test_quick_demo_over_seeds_with_lambda_chosen_on_validation(tmp_path, capsys
     printed = capsys.readouterr().out
     document = json.loads((out / "results.json").read_text())
     assert document["seeds"] == [3, 4] and list(document["per_seed"]) == ["3", "4"]
+    assert [list(document["per_seed"][s]) for s in ("3", "4")] == [list(MAPPINGS)] * 2
     selection = document["lam_selection"]
     assert set(selection["val_CIDEr"]) == {"0.1", "1"}
     assert selection["val_CIDEr"][f"{selection['chosen']:g}"] == max(

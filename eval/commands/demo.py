@@ -369,22 +369,22 @@ def main(argv: list[str]) -> int:
     # 10 s, shared 2-core CPU). The numba kernels of TVmax keep all cores: they run a grid per
     # thread (192 ms vs 102 ms per training step of the demo on 1 and 2 cores).
     with torch_threads(1):
-        trained: dict[int, dict[str, Path]] = {seed: {} for seed in seeds}
-        tvmax_extra: tuple[str, ...] = ()
+        grid_checkpoint, tvmax_extra = None, ()
         if args.lam_grid:
-            lam, scores, trained[seeds[0]]["tvmax"] = choose_lam(
-                args.lam_grid, data, settings, out, seeds[0])
+            lam, scores, grid_checkpoint = choose_lam(args.lam_grid, data, settings, out, seeds[0])
             summary["lam_selection"] = {"val_CIDEr": {f"{k:g}": v for k, v in scores.items()},
                                         "chosen": lam}
             tvmax_extra = (f"--model.output_attention_kwargs.lam={lam}",)
+        trained: dict[int, dict[str, Path]] = {seed: {} for seed in seeds}
         for seed in seeds:
             for mapping in MAPPINGS:
-                if mapping not in trained[seed]:
+                if mapping == "tvmax" and seed == seeds[0] and grid_checkpoint is not None:
+                    best = grid_checkpoint  # the grid's model of the chosen lambda
+                else:
                     extra = tvmax_extra if mapping == "tvmax" else ()
-                    trained[seed][mapping] = train(mapping, data, settings, out, seed, extra)[0]
-                copy = out / checkpoint_name(mapping, seed, seeds)
-                shutil.copyfile(trained[seed][mapping], copy)
-                trained[seed][mapping] = copy
+                    best = train(mapping, data, settings, out, seed, extra)[0]
+                trained[seed][mapping] = out / checkpoint_name(mapping, seed, seeds)
+                shutil.copyfile(best, trained[seed][mapping])
         per_seed, captions = {}, {}
         for seed in seeds:
             suffix = "" if seed == seeds[0] else f"_seed{seed}"
