@@ -37,9 +37,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from captioner.model.encoder import GridEncoder
 from data_prep.cell_labels import CellLabeller
-from data_prep.files import atomic_write
+from data_prep.files import atomic_write, check_output_file
 from data_prep.images import IMAGENET_MEAN, IMAGENET_STD, load_image
-from data_prep.karpathy import load_karpathy
+from data_prep.karpathy import ImageEntry, load_karpathy
 
 STRIDES = {"layer3": 16, "layer4": 32}
 
@@ -89,13 +89,10 @@ class CellLabelledImages(Dataset):
         self.images, self.labels, self.stride, self.crop = images, labels, stride, crop
 
     @classmethod
-    def load(cls, karpathy_json, image_root, split: str, labeller: CellLabeller,
+    def load(cls, entries: list[ImageEntry], labeller: CellLabeller,
              settings: PretrainingSettings, crop: int | None) -> CellLabelledImages:
-        """ValueError for an empty split; KeyError for an image missing from the labels'
-        instances file; image errors name the file."""
-        entries = load_karpathy(karpathy_json, image_root).split(split)
-        if not entries:
-            raise ValueError(f"{karpathy_json}: the {split} split is empty")
+        """The images of Karpathy ``entries`` with their labels. KeyError for an image missing
+        from the labeller's instances file; image errors name the file."""
         size, stride = settings.image_size, STRIDES[settings.layer]
         grid = (size // stride, size // stride)
         # Bilinear, as data_prep.images.imagenet_transform resizes for the feature cache.
@@ -189,17 +186,25 @@ def pretrain_encoder(karpathy_json, image_root, instances: dict[str, Path], out:
     and write the ResNet ``state_dict`` to ``out`` and the report to :func:`report_path`
     (both atomically). ``instances``: split -> COCO instances file. Returns the report.
 
-    Raises ValueError / KeyError / OSError naming the bad setting, file or image."""
+    Raises ValueError / KeyError / OSError naming the bad setting, file or image, before any
+    training when they can be known then (an unwritable ``out`` included)."""
     settings.check()
+    for path in (out, report_path(out)):
+        check_output_file(path)
+    karpathy = load_karpathy(karpathy_json, image_root)
+    splits = {split: karpathy.split(split) for split in ("train", "val")}
+    for split, entries in splits.items():
+        if not entries:
+            raise ValueError(f"{karpathy_json}: the {split} split is empty")
     train_labeller = CellLabeller.load(instances["train"])
     labellers = {"train": train_labeller,
                  "val": CellLabeller.load(instances["val"], train_labeller.classes)}
     classes = {a: list(names) for a, names in train_labeller.classes.items()}
     L.seed_everything(settings.seed, verbose=False)
     data = {
-        split: CellLabelledImages.load(karpathy_json, image_root, split, labellers[split],
-                                       settings, settings.crop if split == "train" else None)
-        for split in ("train", "val")
+        split: CellLabelledImages.load(entries, labellers[split], settings,
+                                       settings.crop if split == "train" else None)
+        for split, entries in splits.items()
     }
     model = CellClassifier(classes, settings.arch, settings.layer, settings.lr, settings.epochs)
     trainer = L.Trainer(

@@ -167,3 +167,11 @@ def test_pretrain_encoder_bad_input_is_one_line(synthetic_data, tmp_path):
     assert run.returncode == 2
     assert "crop must be a multiple of 16" in run.stderr and "Traceback" not in run.stderr
     assert not (tmp_path / "encoder.pt").exists()
+    (tmp_path / "a_folder.pt").mkdir()  # refused before any image is read or trained on
+    run = _captioner(
+        "pretrain-encoder", "--data", str(data.karpathy_json), "--images", str(data.image_root),
+        "--train-instances", str(data.instances["train"]),
+        "--val-instances", str(data.instances["val"]), "--out", "a_folder.pt", cwd=tmp_path,
+    )
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
+    assert "a_folder.pt" in run.stderr and "Traceback" not in run.stderr

@@ -56,11 +56,8 @@ def main(argv: list[str]) -> int:
     settings = PretrainingSettings(**{f.name: getattr(args, f.name) for f in fields(defaults)})
 
     from captioner.encoder_pretraining import pretrain_encoder
-    from data_prep.files import check_output_file
 
     try:
-        settings.check()
-        check_output_file(args.out)
         report = pretrain_encoder(
             args.data, args.images, {"train": args.train_instances, "val": args.val_instances},
             args.out, settings, progress=not args.no_progress,

@@ -195,10 +195,11 @@ def train(mapping: str, data: DemoData, settings: DemoSettings, out: Path, seed:
     return Path(best.best_model_path), float(best.best_model_score)
 
 
-def checkpoint_name(mapping: str, seed: int, seeds: list[int]) -> str:
-    """``<mapping>.ckpt`` for the first seed (the one the figures and the README use),
-    ``<mapping>_seed<k>.ckpt`` for the others."""
-    return f"{mapping}.ckpt" if seed == seeds[0] else f"{mapping}_seed{seed}.ckpt"
+def seed_suffix(seed: int, seeds: list[int]) -> str:
+    """What the names of a seed's checkpoints and captions files add to the mapping: nothing
+    for the first seed (``tvmax.ckpt``, the one the figures and the README use), ``_seed<k>``
+    for the others (``tvmax_seed1.ckpt``)."""
+    return "" if seed == seeds[0] else f"_seed{seed}"
 
 
 def choose_lam(grid: list[float], data: DemoData, settings: DemoSettings, out: Path,
@@ -257,18 +258,15 @@ def score_spice(entries, captions: dict[str, dict[int, str]]) -> dict[str, tuple
     return spice_of_systems(captions, {e.image_id: list(e.raws) for e in entries})
 
 
-def write_figures(out: Path, entries, checkpoints: dict[str, Path], n_images: int) -> None:
-    """Per-word output-attention figures of the first ``n_images`` test ``entries``, one
-    folder per image and model, on one colour scale shared by all of them."""
+def write_figures(out: Path, entries, captioners: dict, n_images: int) -> None:
+    """Per-word output-attention figures of the first ``n_images`` test ``entries`` by every
+    `captioner.inference.Captioner` of ``captioners`` (keyed by mapping), one folder per image
+    and model, on one colour scale shared by all of them."""
     from captioner.heatmaps import AttentionRecord, shared_vmax, unique_stems, write_heatmaps
-    from captioner.inference import Captioner
     from data_prep.images import load_image
 
     paths = [e.path for e in entries[:n_images]]
-    captions = {
-        name: Captioner.load(path).caption(paths)
-        for name, path in checkpoints.items()
-    }
+    captions = {name: captioner.caption(paths) for name, captioner in captioners.items()}
     maps = [c.attention.numpy() for cs in captions.values() for c in cs if c.tokens]
     if not maps:
         print("notice: no attention figures, every caption is empty (an untrained model)")
@@ -286,20 +284,24 @@ def write_figures(out: Path, entries, checkpoints: dict[str, Path], n_images: in
             write_heatmaps(out / "figures" / stem / name, image, record, zero_style="white")
 
 
-def write_gallery(out: Path, entries, checkpoints: dict[str, Path], n_images: int) -> Path:
+def write_gallery(out: Path, entries, captioners: dict, n_images: int) -> Path | None:
     """``OUT/gallery/index.html``: the first ``n_images`` test ``entries`` captioned by every
-    model side by side, one attention overlay per word (``captioner gallery``)."""
-    from captioner.inference import Captioner
+    `captioner.inference.Captioner` of ``captioners`` (keyed by mapping) side by side, one
+    attention overlay per word (``captioner gallery``); None, with a notice, when every
+    caption is empty."""
     from eval.gallery import GalleryModel, build_gallery, caption_gallery
 
-    captioners = [Captioner.load(path) for path in checkpoints.values()]
     images, failed = caption_gallery(
-        captioners, [c.decoding for c in captioners], [e.path for e in entries[:n_images]],
-        names=[e.path.name for e in entries[:n_images]],
+        list(captioners.values()), [c.decoding for c in captioners.values()],
+        [e.path for e in entries[:n_images]], names=[e.path.name for e in entries[:n_images]],
     )
     if failed:  # the demo's own images: unreadable ones mean a damaged output folder
         raise OSError(f"cannot read {', '.join(map(str, failed))}")
-    models = [GalleryModel(mapping, str(path), mapping) for mapping, path in checkpoints.items()]
+    if not any(c.tokens for item in images for c in item.captions):
+        print("notice: no gallery, every caption is empty (an untrained model)")
+        return None
+    models = [GalleryModel(mapping, str(captioner.checkpoint), mapping)
+              for mapping, captioner in captioners.items()]
     return build_gallery(out / "gallery", images, models, zero_style="white",
                          title="captioner demo: synthetic test images")
 
@@ -384,13 +386,12 @@ def main(argv: list[str]) -> int:
                 else:
                     extra = tvmax_extra if mapping == "tvmax" else ()
                     best = train(mapping, data, settings, out, seed, extra)[0]
-                trained[seed][mapping] = out / checkpoint_name(mapping, seed, seeds)
+                trained[seed][mapping] = out / f"{mapping}{seed_suffix(seed, seeds)}.ckpt"
                 shutil.copyfile(best, trained[seed][mapping])
         per_seed, captions = {}, {}
         for seed in seeds:
-            suffix = "" if seed == seeds[0] else f"_seed{seed}"
             per_seed[seed], by_mapping = evaluate_all(trained[seed], data.dataset, metrics, out,
-                                                      suffix)
+                                                      seed_suffix(seed, seeds))
             captions.update({(seed, m): c for m, c in by_mapping.items()})
         summary["per_seed"] = per_seed
         write_results(out, summary)  # before SPICE and the figures: their failure loses nothing
@@ -400,8 +401,11 @@ def main(argv: list[str]) -> int:
             for (seed, mapping), (corpus, _) in score_spice(entries, captions).items():
                 per_seed[seed][mapping]["SPICE"] = corpus
             write_results(out, summary)
-        write_figures(out, entries, trained[seeds[0]], settings.n_figures)
-        gallery = write_gallery(out, entries, trained[seeds[0]], settings.n_gallery)
+        from captioner.inference import Captioner
+
+        shown = {m: Captioner.load(path) for m, path in trained[seeds[0]].items()}
+        write_figures(out, entries, shown, settings.n_figures)
+        gallery = write_gallery(out, entries, shown, settings.n_gallery)
 
     from eval.metrics_figure import plot_seed_metrics
     from eval.table import format_seed_table
@@ -413,7 +417,9 @@ def main(argv: list[str]) -> int:
     figure = plot_seed_metrics(per_seed, out / "metrics.png", title)
     print(f"\n{title}:\n")
     print(format_seed_table(per_seed))
-    print(f"\nfigure: {figure}\ngallery: {gallery}")
+    print(f"\nfigure: {figure}")
+    if gallery is not None:
+        print(f"gallery: {gallery}")
     print(f"results, checkpoints and figures: {out}  ({minutes:.1f} min)")
     return 0
 
