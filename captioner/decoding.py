@@ -33,12 +33,14 @@ Call ``decoder.eval()`` first: decoding with dropout active is rarely what is wa
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from captioner.attention import DeferredChecks
 from captioner.decoding_options import DEFAULT_LENGTH_NORMALIZATION
 from captioner.losses import word_log_probs
 from captioner.model.decoder import AttentionDecoder
@@ -97,6 +99,21 @@ def _banned_mask(banned_ids: Sequence[int], vocab_size: int, device) -> Tensor:
 
 
 @torch.no_grad()
+def _checks_read_once(search):
+    """Run ``search`` with its attention checks read back once at the end (one host sync)
+    instead of at every step (see attention.DeferredChecks)."""
+
+    @functools.wraps(search)
+    def run(*args, **kwargs):
+        with DeferredChecks() as checks:
+            result = search(*args, **kwargs)
+        checks.raise_first()
+        return result
+
+    return run
+
+
+@_checks_read_once
 def greedy_search(
     decoder: AttentionDecoder,
     features: Tensor,
@@ -226,6 +243,7 @@ class _FinishedPool:
 
 
 @torch.no_grad()
+@_checks_read_once
 def beam_search(
     decoder: AttentionDecoder,
     features: Tensor,

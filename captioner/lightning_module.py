@@ -24,6 +24,7 @@ import torch.distributed as dist
 from pycocoevalcap.bleu.bleu import Bleu
 from torch import Tensor
 
+from captioner.attention import DeferredChecks
 from captioner.checkpointing import constructor_arguments
 from captioner.cider import cider_d
 from captioner.decoding import Hypothesis, beam_search
@@ -102,6 +103,8 @@ class CaptioningModule(L.LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        # The step's checks of attention scores and targets, read back once it has ended.
+        self._step_checks = DeferredChecks()
         self.decoding = DecodingOptions.coerce(decoding)
         # A dict in the hyperparameters keeps checkpoints loadable with weights_only=True.
         self.hparams["decoding"] = asdict(self.decoding)
@@ -229,15 +232,20 @@ class CaptioningModule(L.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         captions = batch["captions"]
-        output = self.model(batch["inputs"], captions[:, :-1])
-        loss = caption_loss(
-            output.scores,
-            captions[:, 1:],
-            output_mapping=self.hparams.output_mapping,
-            pad_id=Vocabulary.PAD_ID,
-        )
+        with self._step_checks:
+            output = self.model(batch["inputs"], captions[:, :-1])
+            loss = caption_loss(
+                output.scores,
+                captions[:, 1:],
+                output_mapping=self.hparams.output_mapping,
+                pad_id=Vocabulary.PAD_ID,
+            )
         self.log("train/loss", loss, prog_bar=True, batch_size=captions.shape[0])
         return loss
+
+    def on_train_batch_end(self, outputs, batch: dict, batch_idx: int) -> None:
+        # After the optimizer step, so that reading the checks back stalls no queued work.
+        self._step_checks.raise_first()
 
     def configure_gradient_clipping(
         self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None

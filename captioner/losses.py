@@ -111,16 +111,26 @@ def caption_loss(
     if targets.dtype != torch.long:
         raise ValueError(f"caption_loss targets must be torch.long, got {targets.dtype}")
     keep = targets != pad_id
-    if not bool(keep.any()):
-        raise ValueError(f"caption_loss: every target is the pad id {pad_id}; nothing to learn")
     vocab_size = scores.shape[-1]
-    kept_targets = targets[keep]
-    if int(kept_targets.min()) < 0 or int(kept_targets.max()) >= vocab_size:
-        raise ValueError(
-            f"caption_loss: target ids must lie in [0, {vocab_size}); got min "
-            f"{int(kept_targets.min())}, max {int(kept_targets.max())}"
-        )
-    kept_scores = scores[keep]
+    outside = keep & ((targets < 0) | (targets >= vocab_size))
+    # Deferred inside attention.DeferredChecks: no host sync per training step.
+    attention.fail_if(
+        ~keep.any(),
+        lambda: f"caption_loss: every target is the pad id {pad_id}; nothing to learn",
+    )
+    attention.fail_if(
+        outside.any(),
+        lambda: f"caption_loss: target ids must lie in [0, {vocab_size}); got min "
+        f"{int(targets[keep].min())}, max {int(targets[keep].max())}",
+    )
+    # Every position is scored and the pads weighted out (boolean indexing would sync); ids
+    # outside the vocabulary are clamped so that a deferred check can still raise its message.
+    flat_scores = scores.reshape(-1, vocab_size)
+    flat_targets = targets.reshape(-1).clamp(0, vocab_size - 1)
+    weights = keep.reshape(-1).to(scores.dtype)
     if output_mapping == "softmax":
-        return torch.nn.functional.cross_entropy(kept_scores, kept_targets)
-    return fenchel_young_loss(kept_scores, kept_targets, _TSALLIS_ALPHA[output_mapping]).mean()
+        losses = torch.nn.functional.cross_entropy(flat_scores, flat_targets, reduction="none")
+    else:
+        alpha = _TSALLIS_ALPHA[output_mapping]
+        losses = fenchel_young_loss(flat_scores, flat_targets, alpha)
+    return (losses * weights).sum() / weights.sum()

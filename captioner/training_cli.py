@@ -22,6 +22,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
@@ -83,6 +84,9 @@ CKPT_PATH_HELP = {
 _NAMED_CHECKPOINTS = ("last", "best")
 
 
+MATMUL_PRECISIONS = ("highest", "high", "medium")
+
+
 class UserError(ValueError):
     """A problem with the command line, a config or a file the user named."""
 
@@ -114,6 +118,11 @@ class CaptionerCLI(LightningCLI):
         parser.add_argument(
             "--run_name", type=str | None, default=None,
             help="runs/NAME/version_N folder name (default: the first config file's stem)",
+        )
+        parser.add_argument(
+            "--float32_matmul_precision", choices=MATMUL_PRECISIONS, default="highest",
+            help="torch.set_float32_matmul_precision: 'high' lets float32 matrix products use "
+            "TF32 tensor cores on NVIDIA GPUs (Ampere and later), faster and less exact",
         )
         parser.link_arguments("data.image_size", "model.image_size")
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
@@ -178,6 +187,7 @@ class CaptionerCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
+        torch.set_float32_matmul_precision(config.get("float32_matmul_precision") or "highest")
         logger = config.trainer.get("logger")
         init_args = getattr(logger, "init_args", None)
         if init_args is None or "name" not in init_args:

@@ -9,11 +9,13 @@ Functional API (``z`` scores, ``mask`` bool with True = may attend):
   proximal operators :func:`tv1d_prox` (Condat, 2013) and :func:`oscar_prox`
 * :func:`tvmax` and its prox :func:`tv2d_prox` over (..., H, W) grids (Martins et al.)
 
-Every mapping validates its input (ValueError on NaN, ``+inf`` or fully masked rows).
+Every mapping validates its input (ValueError on NaN, ``+inf`` or fully masked rows); inside
+a :class:`DeferredChecks` the checks of GPU tensors are read back once, not at every call.
 Modules share ``forward(scores (..., H, W), mask=None) -> weights (..., H, W)``;
 :func:`build` constructs them by name (:data:`MAPPINGS`).
 """
 
+from ._checks import DeferredChecks, fail_if
 from .entmax import Entmax, Entmax15, entmax15, entmax_bisect
 from .fusedmax import Fusedmax, fusedmax
 from .oscarmax import Oscarmax, oscar_prox, oscarmax
@@ -25,6 +27,7 @@ from .tvmax import TVMax, tv2d_prox, tvmax
 
 __all__ = [
     "MAPPINGS",
+    "DeferredChecks",
     "Entmax",
     "Entmax15",
     "Fusedmax",
@@ -35,6 +38,7 @@ __all__ = [
     "build",
     "entmax15",
     "entmax_bisect",
+    "fail_if",
     "fusedmax",
     "oscar_prox",
     "oscarmax",

@@ -14,9 +14,66 @@ All mappings follow one convention (contract in CONTRACTS.md, section 1):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from contextvars import ContextVar
 
 import torch
 from torch import Tensor
+
+# The DeferredChecks collecting the outcome of checks of device tensors, if any.
+_COLLECTOR: ContextVar[DeferredChecks | None] = ContextVar("captioner_checks", default=None)
+
+
+class DeferredChecks:
+    """Collects the checks of GPU tensors made inside ``with``, to be read back all at once.
+
+    A check of a CUDA tensor needs its verdict on the host: a device sync per call, dozens per
+    training step. Inside ``with checks:`` the verdicts stay queued on the device instead, and
+    :meth:`raise_first` reads them with one sync and raises the first failure's ValueError,
+    the same as an immediate check would have. CPU tensors are checked at once (there is no
+    sync to save). The training step and beam search collect their checks this way.
+    """
+
+    def __init__(self) -> None:
+        self._failed: list[tuple[Tensor, Callable[[], str | None]]] = []
+        self._tokens: list = []
+
+    def __enter__(self) -> DeferredChecks:
+        self._tokens.append(_COLLECTOR.set(self))
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        _COLLECTOR.reset(self._tokens.pop())
+
+    def add(self, failed: Tensor, describe: Callable[[], str | None]) -> None:
+        self._failed.append((failed.reshape(()), describe))
+
+    def raise_first(self) -> None:
+        """Raise ValueError(describe()) for the first failed check since the last call."""
+        pending, self._failed = self._failed, []
+        if not pending:
+            return
+        flags = torch.stack([failed for failed, _ in pending]).tolist()  # the one sync
+        for flag, (_, describe) in zip(flags, pending, strict=True):
+            message = describe() if flag else None
+            if message is not None:
+                raise ValueError(message)
+
+
+def fail_if(failed: Tensor, describe: Callable[[], str | None]) -> None:
+    """Raise ValueError(describe()) if the 0-dim bool tensor ``failed`` is True.
+
+    Inside a :class:`DeferredChecks` a device tensor is only queued (no host sync here).
+    ``describe`` may return None when a closer look finds nothing wrong after all.
+    """
+    collector = _COLLECTOR.get()
+    if collector is not None and failed.device.type != "cpu":
+        collector.add(failed, describe)
+        return
+    if bool(failed):
+        message = describe()
+        if message is not None:
+            raise ValueError(message)
 
 
 def check_scores(z: Tensor, dim: int, func: str, *, min_dim: int = 1) -> int:
@@ -77,46 +134,55 @@ def checked_max(z: Tensor, dim: int, func: str) -> Tensor:
 
     One reduction serves both the numerically stable shift and the validation: a row's
     maximum is NaN iff the row holds a NaN, ``+inf`` iff it holds ``+inf`` (and no NaN) and
-    ``-inf`` iff every entry is masked or ``-inf``.
+    ``-inf`` iff every entry is masked or ``-inf``. A finite sum of the maxima rules all three
+    out; float64 keeps huge finite float32 maxima from overflowing it (if it overflows anyway,
+    the description finds nothing wrong and nothing is raised). The check is deferred inside
+    :class:`DeferredChecks`.
     """
     z_max = z.detach().amax(dim=dim, keepdim=True)
-    # A finite sum of the maxima rules all three out with one cheap reduction; float64 keeps
-    # huge finite float32 maxima from overflowing it (if it overflows anyway, the exact
-    # checks below find nothing wrong).
-    if math.isfinite(z_max.sum(dtype=torch.float64)):
-        return z_max
-    if bool(torch.isnan(z_max).any()):
-        raise ValueError(f"{func}: scores contain NaN")
-    if bool(torch.isposinf(z_max).any()):
-        raise ValueError(f"{func}: scores contain +inf (only -inf is allowed, meaning masked)")
-    empty = torch.isneginf(z_max)
-    if bool(empty.any()):
-        where = ""
-        if z.dim() > 1:
-            row = torch.nonzero(empty.squeeze(dim))[0].tolist()
-            where = f" in the row at index {row} of the other dimensions"
-        raise ValueError(
-            f"{func}: every entry along dim {dim} is masked or -inf{where}; "
-            "such a row has no probability distribution"
-        )
+    failed = ~torch.isfinite(z_max.sum(dtype=torch.float64))
+    fail_if(failed, lambda: _describe_max(z_max, dim, z.dim(), func))
     return z_max
 
 
+def _describe_max(z_max: Tensor, dim: int, rank: int, func: str) -> str | None:
+    if bool(torch.isnan(z_max).any()):
+        return f"{func}: scores contain NaN"
+    if bool(torch.isposinf(z_max).any()):
+        return f"{func}: scores contain +inf (only -inf is allowed, meaning masked)"
+    empty = torch.isneginf(z_max)
+    if not bool(empty.any()):
+        return None
+    where = ""
+    if rank > 1:
+        row = torch.nonzero(empty.squeeze(dim))[0].tolist()
+        where = f" in the row at index {row} of the other dimensions"
+    return (
+        f"{func}: every entry along dim {dim} is masked or -inf{where}; "
+        "such a row has no probability distribution"
+    )
+
+
 def check_lam(lam: float | Tensor, func: str, name: str = "lam") -> float | Tensor:
-    """Check a regularization strength: a float or 0-dim tensor, finite and >= 0."""
+    """Check a regularization strength: a float or 0-dim tensor, finite and >= 0 (a tensor's
+    value is checked without a host sync inside :class:`DeferredChecks`)."""
     if isinstance(lam, Tensor):
         if lam.dim() != 0:
             raise ValueError(
                 f"{func}: {name} must be a float or a 0-dim tensor, got shape {tuple(lam.shape)}"
             )
-        value = float(lam.detach())
-    elif isinstance(lam, (int, float)) and not isinstance(lam, bool):
-        value = float(lam)
-    else:
+        value = lam.detach()
+        fail_if(
+            ~(torch.isfinite(value) & (value >= 0)),
+            lambda: f"{func}: {name} must be finite and >= 0, got {float(value)}",
+        )
+        return lam
+    if not isinstance(lam, (int, float)) or isinstance(lam, bool):
         raise TypeError(f"{func}: {name} must be a float or a 0-dim tensor, got {lam!r}")
+    value = float(lam)
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{func}: {name} must be finite and >= 0, got {value}")
-    return lam if isinstance(lam, Tensor) else value
+    return value
 
 
 def check_alpha(alpha: float | Tensor, func: str) -> None:
@@ -125,11 +191,11 @@ def check_alpha(alpha: float | Tensor, func: str) -> None:
         if not alpha.is_floating_point():
             raise ValueError(f"{func}: alpha must be a floating-point tensor, got {alpha.dtype}")
         bad = ~(torch.isfinite(alpha) & (alpha > 1))
-        if bool(bad.any()):
-            raise ValueError(
-                f"{func}: alpha must be finite and > 1 (use softmax for alpha = 1), "
-                f"got {alpha[bad].flatten()[0].item()}"
-            )
+        fail_if(
+            bad.any(),
+            lambda: f"{func}: alpha must be finite and > 1 (use softmax for alpha = 1), "
+            f"got {alpha[bad].flatten()[0].item()}",
+        )
     elif isinstance(alpha, (int, float)) and not isinstance(alpha, bool):
         if not (math.isfinite(alpha) and alpha > 1):
             raise ValueError(

@@ -1,15 +1,17 @@
-"""``captioner bench {attention,model}``: benchmarks that print time ratios side by side."""
+"""``captioner bench {attention,model,fit}``: benchmarks that print time ratios side by side."""
 
 from __future__ import annotations
 
 import importlib
 import sys
 
-HELP = "benchmarks: 'bench attention' (mappings) or 'bench model' (training step, beam search)"
+HELP = ("benchmarks: 'bench attention' (mappings), 'bench model' (training step, beam search) or "
+        "'bench fit' (a real fit on COCO-shaped data)")
 
 _TARGETS = {
     "attention": "captioner.benchmarks.attention",
     "model": "captioner.benchmarks.model",
+    "fit": "captioner.benchmarks.fit",
 }
 
 

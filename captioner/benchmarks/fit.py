@@ -1,0 +1,264 @@
+"""``captioner bench fit``: a real ``captioner fit`` on COCO-shaped data, against the model alone.
+
+It writes COCO-shaped data once (``--images`` training images with 5 random captions of 15 words
+each over a ``--vocab-size`` word vocabulary, and random float16 ``grid x grid x channels``
+features in an HDF5 feature cache, as ``captioner prepare-features`` writes them), then trains
+each mapping's paper config (``configs/coco_<mapping>.yaml``) through the same CLI as
+``captioner fit`` for ``--steps`` steps, validation off, and times the steps after
+``--warmup-steps``. In the same run it times the model's own training step on one resident
+batch of the same shape (``captioner bench model``'s step: no data loading, no Lightning), so
+the last column says how much of a real step the input pipeline and the trainer add.
+
+The model step excludes what a real fit adds on purpose: reading and collating batches, the
+copy to the device, gradient clipping, logging. At 1.00x the input pipeline is hidden entirely.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+HELP = "time a real fit on generated COCO-shaped data against the model's own training step"
+
+COCO_TRAIN_PAIRS = 566_747  # Karpathy train + restval: 113,287 images, their captions
+PAPER_EPOCHS = 50
+CAPTIONS_PER_IMAGE = 5
+WORDS_PER_CAPTION = 15
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CHANNELS = 2048  # the paper configs' encoder: ResNet-101 up to layer4
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="captioner bench fit", description=HELP)
+    parser.add_argument("--mappings", default="softmax,tvmax",
+                        help="output attention mappings, each trained with configs/coco_<name>"
+                        ".yaml (default: %(default)s)")
+    parser.add_argument("--images", type=int, default=8000, help="training images")
+    parser.add_argument("--grid", type=int, default=8, help="feature grid side (COCO: 8)")
+    parser.add_argument("--vocab-size", type=int, default=10000, help="words in the captions")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=500, help="training steps per fit")
+    parser.add_argument("--warmup-steps", type=int, default=50, help="untimed steps first")
+    parser.add_argument("--num-workers", type=int, default=None,
+                        help="DataLoader workers (default: the config's)")
+    parser.add_argument("--preload-features", action="store_true",
+                        help="hold the features in memory (data.preload_features)")
+    parser.add_argument("--precision", default=None,
+                        help="--trainer.precision of the fit, e.g. bf16-mixed")
+    parser.add_argument("--float32-matmul-precision", default="highest",
+                        choices=("highest", "high", "medium"))
+    parser.add_argument("--accelerator", default="auto")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="folder for the generated data, kept and reused (default: a "
+                        "temporary folder, deleted at the end)")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def _check(args: argparse.Namespace) -> None:
+    for name in ("images", "grid", "batch_size", "steps"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"captioner bench fit: --{name.replace('_', '-')} must be >= 1")
+    if not 0 <= args.warmup_steps < args.steps:
+        raise SystemExit("captioner bench fit: --warmup-steps must lie in [0, --steps)")
+    if args.vocab_size < 1:
+        raise SystemExit("captioner bench fit: --vocab-size must be >= 1")
+
+
+def write_coco_shaped(folder: Path, *, images: int, grid: int, channels: int,
+                      vocab_size: int, seed: int) -> tuple[Path, Path]:
+    """Karpathy JSON and feature cache of random COCO-shaped data in ``folder`` (reused when
+    present with the same settings); returns (karpathy json, feature cache)."""
+    import numpy as np
+    from tqdm.auto import tqdm
+
+    from data_prep.features import FeatureCacheWriter
+    from data_prep.files import atomic_write
+
+    settings = {"images": images, "grid": grid, "channels": channels,
+                "vocab_size": vocab_size, "seed": seed}
+    karpathy, cache, stamp = (folder / "dataset_coco_shaped.json",
+                              folder / "features.h5", folder / "settings.json")
+    if stamp.is_file() and json.loads(stamp.read_text()) == settings and cache.is_file():
+        return karpathy, cache
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    words = rng.integers(0, vocab_size, size=(images + 1, CAPTIONS_PER_IMAGE, WORDS_PER_CAPTION))
+    entries = [
+        {"imgid": i, "cocoid": i, "filepath": "none", "filename": f"{i}.jpg",
+         "split": "train" if i < images else "val",
+         "sentences": [_sentence([f"w{w}" for w in caption]) for caption in words[i]]}
+        for i in range(images + 1)
+    ]
+    with atomic_write(karpathy) as file:
+        file.write(json.dumps({"dataset": "coco", "images": entries}))
+    encoder = {"arch": "resnet101", "weights": None, "image_size": 256, "layer": "layer4"}
+    chunk = 256
+    with FeatureCacheWriter(cache, grid=(grid, grid), channels=channels,
+                            encoder=encoder) as writer:
+        for start in tqdm(range(0, images + 1, chunk), desc="writing features", unit="chunk"):
+            ids = list(range(start, min(start + chunk, images + 1)))
+            shape = (len(ids), grid, grid, channels)
+            writer.add(ids, rng.standard_normal(shape, dtype=np.float32).astype(np.float16))
+    stamp.write_text(json.dumps(settings))
+    return karpathy, cache
+
+
+def _sentence(tokens: list[str]) -> dict:
+    return {"tokens": tokens, "raw": " ".join(tokens)}
+
+
+def _fit_arguments(mapping: str, args: argparse.Namespace, karpathy: Path, cache: Path,
+                   runs: Path) -> list[str]:
+    config = CONFIGS / f"coco_{mapping}.yaml"
+    if not config.is_file():
+        raise SystemExit(f"captioner bench fit: no config {config} for mapping {mapping!r}")
+    arguments = [
+        "--config", str(config), "--run_name", f"bench_{mapping}",
+        "--data.karpathy_json", str(karpathy), "--data.image_root", str(karpathy.parent),
+        "--data.feature_cache", str(cache), "--data.min_count", "1",
+        "--data.batch_size", str(args.batch_size),
+        "--data.preload_features", str(args.preload_features).lower(),
+        "--model.encoder_weights", "null",
+        "--trainer.accelerator", args.accelerator, "--trainer.devices", "1",
+        "--trainer.max_steps", str(args.steps), "--trainer.limit_val_batches", "0",
+        "--trainer.num_sanity_val_steps", "0", "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false",
+        "--trainer.logger.init_args.save_dir", str(runs),
+        "--checkpoint.dirpath", str(runs / "checkpoints" / mapping), "--checkpoint.monitor",
+        "null", "--checkpoint.save_top_k", "0",
+        "--float32_matmul_precision", args.float32_matmul_precision,
+    ]
+    if args.num_workers is not None:
+        arguments += ["--data.num_workers", str(args.num_workers)]
+    if args.precision is not None:
+        arguments += ["--trainer.precision", args.precision]
+    return arguments
+
+
+def _step_timer(warmup_steps: int):
+    """A callback timing the training steps after ``warmup_steps`` (one sync at each end)."""
+    import lightning as L
+    import torch
+
+    class StepTimer(L.Callback):
+        def __init__(self) -> None:
+            self.start = self.seconds = None
+            self.steps = 0
+
+        def _now(self, module) -> float:
+            if module.device.type == "cuda":
+                torch.cuda.synchronize(module.device)
+            return time.perf_counter()
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+            if trainer.global_step == warmup_steps and self.start is None:
+                self.start, self.first_step = self._now(module), trainer.global_step
+
+        def on_train_end(self, trainer, module) -> None:
+            if self.start is not None:
+                self.seconds = self._now(module) - self.start
+                self.steps = trainer.global_step - self.first_step
+
+    return StepTimer()
+
+
+def time_fit(mapping: str, args: argparse.Namespace, karpathy: Path, cache: Path,
+             runs: Path) -> dict:
+    """Seconds per step of a real fit, and the model and vocabulary it trained."""
+    from captioner.training_cli import build_cli
+
+    cli = build_cli(_fit_arguments(mapping, args, karpathy, cache, runs), run=False)
+    timer = _step_timer(args.warmup_steps)
+    cli.trainer.callbacks.append(timer)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    return {"fit_ms": 1000.0 * timer.seconds / timer.steps, "steps": timer.steps,
+            "module": cli.model, "device": cli.model.device}
+
+
+def time_model_step(module, args: argparse.Namespace, repeats: int = 30) -> float:
+    """Milliseconds of the model's own training step (forward, loss, backward, Adam) on one
+    resident batch of the fit's shape, with the fit's precision."""
+    import contextlib
+
+    import torch
+
+    from captioner.losses import caption_loss
+
+    device = module.device
+    decoder = module.model.decoder
+    optimizer = torch.optim.Adam(decoder.parameters(), lr=1e-4, betas=(0.8, 0.999))
+    generator = torch.Generator().manual_seed(args.seed)
+    shape = (args.batch_size, args.grid, args.grid, CHANNELS)
+    features = torch.randn(shape, generator=generator).half().to(device)
+    captions = torch.randint(4, module.hparams.vocab_size,
+                             (args.batch_size, WORDS_PER_CAPTION + 2), generator=generator)
+    captions = captions.to(device)
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16)
+                if args.precision and args.precision.startswith("bf16")
+                else contextlib.nullcontext())
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def step() -> None:
+        with autocast:
+            output = decoder(features.float(), captions[:, :-1])
+            loss = caption_loss(output.scores, captions[:, 1:],
+                                output_mapping=module.hparams.output_mapping)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    decoder.train()
+    for _ in range(3):
+        step()
+    sync()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    sync()
+    return 1000.0 * (time.perf_counter() - start) / repeats
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    _check(args)
+    mappings = [name.strip() for name in args.mappings.split(",") if name.strip()]
+    with tempfile.TemporaryDirectory(prefix="captioner-bench-fit-") as scratch:
+        data = args.data or Path(scratch) / "data"
+        karpathy, cache = write_coco_shaped(
+            data, images=args.images, grid=args.grid, channels=CHANNELS,
+            vocab_size=args.vocab_size, seed=args.seed)
+        rows = {}
+        for mapping in mappings:
+            fit = time_fit(mapping, args, karpathy, cache, Path(scratch) / "runs")
+            model_ms = time_model_step(fit["module"], args)
+            rows[mapping] = {"fit_ms": fit["fit_ms"], "model_ms": model_ms,
+                             "device": str(fit["device"]), "steps": fit["steps"]}
+    print(_report(rows, args))
+    return 0
+
+
+def _report(rows: dict[str, dict], args: argparse.Namespace) -> str:
+    steps_per_epoch = -(-COCO_TRAIN_PAIRS // args.batch_size)
+    device = next(iter(rows.values()))["device"] if rows else "?"
+    lines = [
+        f"{args.images} images x {CAPTIONS_PER_IMAGE} captions, features {args.grid}x{args.grid}"
+        f"x{CHANNELS} float16, batch {args.batch_size}, device {device}, precision "
+        f"{args.precision or 'config'}, float32 matmul {args.float32_matmul_precision}, "
+        f"preload {args.preload_features}; steps {args.warmup_steps + 1}-{args.steps} timed",
+        f"{'mapping':<10}{'fit it/s':>10}{'fit ms':>9}{'model ms':>10}{'fit/model':>11}"
+        f"{'COCO epoch min':>16}{f'{PAPER_EPOCHS} epochs h':>13}",
+    ]
+    for mapping, row in rows.items():
+        epoch_min = row["fit_ms"] * steps_per_epoch / 60_000
+        lines.append(
+            f"{mapping:<10}{1000 / row['fit_ms']:>10.1f}{row['fit_ms']:>9.1f}"
+            f"{row['model_ms']:>10.1f}{row['fit_ms'] / row['model_ms']:>10.2f}x"
+            f"{epoch_min:>16.1f}{epoch_min * PAPER_EPOCHS / 60:>13.1f}"
+        )
+    lines.append(f"COCO epoch: {COCO_TRAIN_PAIRS:,} caption pairs = {steps_per_epoch:,} steps, "
+                 "training only (no validation)")
+    return "\n".join(lines)
