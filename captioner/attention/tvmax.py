@@ -2,15 +2,17 @@
 
 TVmax(z) = argmin_{p in simplex} 1/2 ||p - z||^2 + lam * TV2D(p) over the H x W grid, with
 TV2D(p) = sum_ij |p_ij - p_i,j+1| + |p_ij - p_i+1,j| (anisotropic, 4-neighbour). By Proposition 1
-it is sparsemax(prox_{lam TV2D}(z)). The prox is solved exactly (see ``_tv2d_kernels``); its
-Jacobian averages over the fused groups (Proposition 2, Eq. 9; Algorithm 1) and its derivative in
-lam is each group's signed boundary count over its size (Eq. 8), so lam can be learned.
+it is sparsemax(prox_{lam TV2D}(z)). The prox is solved exactly: on the CPU by certified merges
+or parametric min-cuts (``_tv2d_kernels``), on a GPU by certified proximal Dykstra
+(``_tv2d_dykstra``, Triton), whose rare uncertified grids go to the CPU solver. Its Jacobian
+averages over the fused groups (Proposition 2, Eq. 9; Algorithm 1) and its derivative in lam is
+each group's signed boundary count over its size (Eq. 8), so lam can be learned.
 """
 
 from __future__ import annotations
 
 import math
-from functools import partial
+from functools import cache, partial
 
 import numba
 import numpy as np
@@ -36,6 +38,40 @@ _tvmax_rows = by_size(tvmax_rows_serial, tvmax_rows_parallel)
 _tvmax_backward_rows = by_size(tvmax_backward_rows_serial, tvmax_backward_rows_parallel)
 # The kernels read and write these dtypes directly; others go through float64.
 _KERNEL_DTYPES = (torch.float32, torch.float64)
+# CUDA scores go through the device solver when Triton is installed (set False to time or
+# check the host round trip instead).
+DEVICE_SOLVER = True
+# Grids solved by the device solver, and how many of them its certificate left to the CPU.
+DEVICE_STATS = {"grids": 0, "fallback": 0}
+
+
+@cache
+def _triton_installed() -> bool:
+    try:
+        import triton  # noqa: F401  (ships with torch's CUDA wheels)
+    except ImportError:
+        return False
+    return True
+
+
+def _on_device_solver(z: Tensor) -> bool:
+    return z.is_cuda and DEVICE_SOLVER and _triton_installed()
+
+
+def _solve_on_host(z: np.ndarray, lam: float, height: int, width: int):
+    """The exact CPU kernel on rows (B, H*W): (weights, group int32, dlam float64, code)."""
+    p = np.empty_like(z)
+    group = np.empty(z.shape, dtype=np.int32)
+    dlam = np.empty(z.shape)
+    code = _tvmax_rows(z, lam, p, group, dlam, height, width, numba.get_num_threads(),
+                       MAX_MERGE_ROUNDS)
+    return p, group, dlam, code
+
+
+def _raise_invalid(z: Tensor, grid_shape: torch.Size, code: int) -> None:
+    """Raise the ValueError describing the scores, rows indexed as the caller's."""
+    checked_max(z.detach().cpu().view(grid_shape).flatten(-2), -1, "tvmax")
+    raise RuntimeError(f"tvmax: the kernel rejected row {code // 3} of valid scores")
 
 
 def _solve_rows(z, lam, x, group, sign, dlam, *, height: int, width: int) -> None:
@@ -93,23 +129,17 @@ class TVmaxFunction(torch.autograd.Function):
     Forward: the exact prox and the sparsemax of each grid (``tvmax_rows``), which also checks
     the scores. Backward: the sparsemax Jacobian-vector product, its mean over each fused group
     and the lam gradient (Eq. 8), also in one kernel. ``z`` is (rows, H*W), the caller's scores
-    of shape ``grid_shape`` (..., H, W) flattened.
+    of shape ``grid_shape`` (..., H, W) flattened. Runs on the CPU; CUDA tensors make a host
+    round trip (see :class:`TVmaxDeviceFunction` for the GPU solver).
     """
 
     @staticmethod
     def forward(ctx, z: Tensor, lam: float | Tensor, grid_shape: torch.Size) -> Tensor:
         dtype = z.dtype if z.dtype in _KERNEL_DTYPES else torch.float64
         z_host = z.detach().to(device="cpu", dtype=dtype).contiguous().numpy()
-        # Plain numpy work arrays: far cheaper to allocate than tensors at these sizes.
-        p = np.empty_like(z_host)
-        group = np.empty(z_host.shape, dtype=np.int32)
-        dlam = np.empty(z_host.shape)
-        code = _tvmax_rows(z_host, float(lam), p, group, dlam, *grid_shape[-2:],
-                           numba.get_num_threads(), MAX_MERGE_ROUNDS)
+        p, group, dlam, code = _solve_on_host(z_host, float(lam), *grid_shape[-2:])
         if code >= 0:
-            # Raises the ValueError describing the scores, rows indexed as the caller's.
-            checked_max(torch.from_numpy(z_host).view(grid_shape).flatten(-2), -1, "tvmax")
-            raise RuntimeError(f"tvmax: the kernel rejected row {code // 3} of valid scores")
+            _raise_invalid(torch.from_numpy(z_host), grid_shape, code)
         weights = torch.from_numpy(p)
         ctx.save_for_backward(weights)
         ctx.group, ctx.dlam = group, dlam
@@ -131,6 +161,63 @@ class TVmaxFunction(torch.autograd.Function):
         return grad_z, grad_lam, None
 
 
+class TVmaxDeviceFunction(torch.autograd.Function):
+    """TVmaxFunction on a GPU: certified proximal Dykstra in one Triton kernel per call.
+
+    Forward: ``tvmax_rows_dykstra`` solves every grid on the device; the grids its certificate
+    leaves (and those with masked or invalid scores) are solved by the exact CPU kernel, which
+    is the only host round trip, and the only sync: reading which grids those are. Backward, on
+    the device: the sparsemax Jacobian-vector product, its mean over each fused group by
+    scatter (Algorithm 1) and the lam gradient (Eq. 8).
+    """
+
+    @staticmethod
+    def forward(ctx, z: Tensor, lam: float | Tensor, grid_shape: torch.Size) -> Tensor:
+        from ._tv2d_dykstra import tvmax_rows_dykstra
+
+        height, width = grid_shape[-2:]
+        dtype = z.dtype
+        z = z.detach() if dtype in _KERNEL_DTYPES else z.detach().double()
+        weights, group, dlam, status, _ = tvmax_rows_dykstra(z, lam, height, width)
+        left = torch.nonzero(status).flatten()  # the one sync
+        DEVICE_STATS["grids"] += z.shape[0]
+        DEVICE_STATS["fallback"] += left.numel()
+        if left.numel():
+            z_left = z[left].cpu().numpy()
+            p, group_left, dlam_left, code = _solve_on_host(z_left, float(lam), height, width)
+            if code >= 0:
+                _raise_invalid(z, grid_shape, code)
+            weights[left] = torch.from_numpy(p).to(weights.device)
+            group[left] = torch.from_numpy(group_left).to(group.device)
+            dlam[left] = torch.from_numpy(dlam_left).to(dlam.device)
+        ctx.save_for_backward(weights, group, dlam)
+        ctx.lam_like = lam if isinstance(lam, Tensor) else None
+        return weights.to(dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        weights, group, dlam = ctx.saved_tensors
+        v = _sparsemax_jvp(grad.to(torch.float64), weights > 0)
+        present = group >= 0  # -1: a masked cell (CPU-solved grids only)
+        index = group.clamp_min(0).long()
+        sums = torch.zeros_like(v).scatter_add_(1, index, v)
+        sizes = torch.zeros_like(v).scatter_add_(1, index, present.to(v.dtype))
+        grad_z = torch.where(present, sums.gather(1, index) / sizes.gather(1, index), 0.0)
+        grad_lam = None
+        if ctx.needs_input_grad[1]:
+            lam = ctx.lam_like
+            grad_lam = (v * dlam).sum().to(dtype=lam.dtype, device=lam.device)
+        return grad_z.to(grad.dtype), grad_lam, None
+
+
+def _sparsemax_jvp(grad: Tensor, support: Tensor) -> Tensor:
+    """J_sparsemax grad per row (Martins & Astudillo, Eq. 14): grad minus its mean over the
+    support, 0 off it."""
+    kept = torch.where(support, grad, 0.0)
+    mean = kept.sum(-1, keepdim=True) / support.sum(-1, keepdim=True)
+    return torch.where(support, grad - mean, 0.0)
+
+
 def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
     """TVmax(z) = sparsemax over the H*W cells of prox_{lam TV2D}(z) (Proposition 1).
 
@@ -139,9 +226,10 @@ def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
     group (Proposition 2, Algorithm 1); differentiable in ``lam`` (Eq. 8).
 
     Args:
-        z: scores (..., H, W), float32 or float64. The prox and the sparsemax run in one
-            numba kernel on the CPU (float64 inside); CUDA tensors give correct results through
-            a host round trip.
+        z: scores (..., H, W), float32 or float64 (others are computed in float64). On the
+            CPU the prox and the sparsemax run in one numba kernel (float64 inside); CUDA
+            tensors in one Triton kernel (certified Dykstra, float64 inside), with a host round
+            trip only for grids it leaves uncertified or that hold masked cells.
         lam: TV strength >= 0 (float or 0-dim tensor); lam = 0 is exactly sparsemax.
         mask: optional bool tensor broadcastable to ``z``, True = cell may receive attention.
             Masked cells (and ``-inf`` scores) take no part in the grid graph and get exactly
@@ -161,7 +249,8 @@ def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
         return sparsemax(z.flatten(-2), dim=-1, mask=flat_mask).unflatten(-1, z.shape[-2:])
     height, width = z.shape[-2:]
     rows = apply_mask(z, mask, "tvmax").reshape(-1, height * width)
-    return TVmaxFunction.apply(rows, lam, z.shape).view(z.shape)
+    function = TVmaxDeviceFunction if _on_device_solver(rows) else TVmaxFunction
+    return function.apply(rows, lam, z.shape).view(z.shape)
 
 
 class TVMax(nn.Module):
