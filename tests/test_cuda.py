@@ -126,3 +126,117 @@ def test_caption_command_on_cuda_matches_cpu(tiny_checkpoint, synthetic_data, ca
                              "--beam-size", "2", "--max-length", "8", "--no-progress"]) == 0
         lines[device] = capsys.readouterr().out.splitlines()
     assert lines["cuda"] == lines["cpu"] and lines["cpu"]
+
+
+def _tvmax_module():
+    import sys
+
+    return sys.modules["captioner.attention.tvmax"]
+
+
+@pytest.fixture
+def device_solver(monkeypatch):
+    """TVmax's forward pass on the GPU (certified Dykstra) for the test."""
+    monkeypatch.setattr(_tvmax_module(), "DEVICE_SOLVER", True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(512, 8, 8), (128, 16, 16), (64, 5, 7)])
+@pytest.mark.parametrize("lam", [0.01, 0.1])
+def test_tvmax_device_solver_matches_the_cpu_solver(shape, lam, dtype, device_solver):
+    module = _tvmax_module()
+    generator = torch.Generator().manual_seed(0)
+    z = torch.randn(*shape, generator=generator, dtype=dtype)
+    grad = torch.randn(*shape, generator=generator, dtype=dtype)
+    results = []
+    for device in ("cpu", "cuda"):
+        zz = z.to(device).requires_grad_()
+        lam_t = torch.tensor(lam, dtype=dtype, device=device, requires_grad=True)
+        before = dict(module.DEVICE_STATS)
+        out = att.tvmax(zz, lam_t)
+        out.backward(grad.to(device))
+        results.append((out.detach().cpu(), zz.grad.cpu(), lam_t.grad.cpu()))
+    assert module.DEVICE_STATS["grids"] - before["grids"] == shape[0]
+    left = module.DEVICE_STATS["fallback"] - before["fallback"]
+    assert left <= shape[0] // 20, f"{left} of {shape[0]} grids left to the CPU"
+    tol = 1e-6 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(results[1][0], results[0][0], atol=tol, rtol=0)
+    torch.testing.assert_close(results[1][1], results[0][1], atol=10 * tol, rtol=0)
+    torch.testing.assert_close(results[1][2], results[0][2], atol=1e-4, rtol=1e-5)
+
+
+def test_tvmax_device_groups_hold_bitwise_equal_weights():
+    from captioner.attention._tv2d_dykstra import tvmax_rows_dykstra
+
+    z = torch.randn(256, 64, device="cuda")
+    weights, group, _, status, _ = tvmax_rows_dykstra(z, 0.1, 8, 8)
+    done = status == 0
+    weights, group = weights[done], group[done].long()
+    lowest = torch.full_like(weights, float("inf")).scatter_reduce(1, group, weights, "amin")
+    highest = torch.full_like(weights, -float("inf")).scatter_reduce(1, group, weights, "amax")
+    assert torch.equal(lowest.gather(1, group), highest.gather(1, group))
+    assert bool((group.gather(1, group) == group).all())  # labels are the groups' first cells
+
+
+def _syncs(run) -> int:
+    """How many synchronizing CUDA operations ``run()`` makes."""
+    import warnings
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def test_tvmax_device_solver_syncs_once_per_call(device_solver):
+    z = torch.randn(64, 8, 8, device="cuda", requires_grad=True)
+    grad = torch.randn(64, 8, 8, device="cuda")
+    att.tvmax(z, 0.01).backward(grad)  # compile and warm up
+    # The one sync: reading which grids the certificate left to the CPU. None in backward.
+    assert _syncs(lambda: att.tvmax(z, 0.01).backward(grad)) == 1
+
+
+def test_tvmax_backward_on_cuda_never_syncs():
+    z = torch.randn(64, 8, 8, device="cuda", requires_grad=True)
+    grad = torch.randn(64, 8, 8, device="cuda")
+    weights = att.tvmax(z, 0.1)  # the host solver: the forward pass makes the round trip
+    assert _syncs(lambda: weights.backward(grad)) == 0
+
+
+@pytest.mark.parametrize("output_attention", ["softmax", "sparsemax", "entmax15", "tvmax"])
+def test_bf16_autocast_training_step(output_attention):
+    decoder = small_decoder("softmax", output_attention).cuda()
+    features, captions = random_batch(batch=4, length=7)
+    features, captions = features.cuda(), captions.cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        output = decoder(features, captions[:, :-1])
+        loss = caption_loss(output.scores, captions[:, 1:])
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert output.output_attention.dtype == torch.float32
+    sums = output.output_attention.sum((-2, -1))
+    torch.testing.assert_close(sums, torch.ones_like(sums))
+    assert all(torch.isfinite(p.grad).all() for p in decoder.parameters() if p.grad is not None)
+
+
+def test_training_step_checks_do_not_sync_per_call():
+    """The attention and loss checks of a step are read back once (DeferredChecks)."""
+    decoder = small_decoder("softmax", "sparsemax").cuda()
+    features, captions = random_batch(batch=4, length=7)
+    features, captions = features.cuda(), captions.cuda()
+    checks = att.DeferredChecks()
+
+    def step():
+        with checks:
+            output = decoder(features, captions[:, :-1])
+            caption_loss(output.scores, captions[:, 1:]).backward()
+
+    step()  # warm up
+    checks.raise_first()
+    assert _syncs(step) == 0
+    assert _syncs(checks.raise_first) == 1

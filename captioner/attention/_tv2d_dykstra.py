@@ -20,9 +20,11 @@ conditions of the prox, Eq. 16-17):
    every cell of a group reads the same number, so groups hold bitwise equal values;
 3. every edge between two groups keeps its order, strictly, at those values;
 4. the edges inside each group admit duals in [-1, 1]: Dykstra's duals u, plus a correction
-   routing the residual e_i = z_i + lam c_i - v_G - lam (div u)_i along a spanning tree of the
-   group, which adds at most sum_G |e| / lam to any edge. So |u_e| + sum_G |e| / lam <= 1 on
-   every inner edge proves that the exact prox has exactly these groups and values.
+   routing the residual e_i = z_i + lam c_i - v_G - lam (div u)_i (which sums to 0 over G by
+   Eq. 8) along a spanning tree of the group, which adds at most sum_G |e| / lam to an edge of
+   the tree. So if every inner |u_e| <= 1 and the group stays connected through its inner edges
+   with |u_e| + sum_G |e| / lam <= 1 (a tree of those carries the correction; the others keep
+   their u), the exact prox has exactly these groups and values.
 
 A certified grid's weights are the sparsemax of the values (Michelot's algorithm: the support
 only shrinks), written with each cell's group (its smallest cell index) and d prox / d lam
@@ -278,7 +280,8 @@ def _tvmax_dykstra_kernel(z_ptr, lam_ptr, p_ptr, label_ptr, dlam_ptr, status_ptr
         tl.debug_barrier()
         group_c = tl.load(gc + label, cache_modifier=".cg", mask=inside, other=0.0)
         group_n = tl.load(gn + label, cache_modifier=".cg", mask=inside, other=1.0)
-        value = (tl.load(gz + label, cache_modifier=".cg", mask=inside, other=0.0) + lam * group_c) / group_n
+        group_z = tl.load(gz + label, cache_modifier=".cg", mask=inside, other=0.0)
+        value = (group_z + lam * group_c) / group_n
         # 3. The order between groups holds at these values.
         tl.store(xs + offs, value, mask=inside)
         tl.debug_barrier()
@@ -301,9 +304,17 @@ def _tvmax_dykstra_kernel(z_ptr, lam_ptr, p_ptr, label_ptr, dlam_ptr, status_ptr
         tl.atomic_add(ge + label, tl.where(inside, residual, 0.0), mask=inside)
         tl.debug_barrier()
         reach = tl.load(ge + label, cache_modifier=".cg", mask=inside, other=0.0) / lam
-        dual_ok = ((~same_r) | (tl.abs(u_r) + reach <= 1.0 + dual_tol))
-        dual_ok &= (~same_d) | (tl.abs(u_d) + reach <= 1.0 + dual_tol)
-        ok = tl.sum((~(order_ok & dual_ok) & inside).to(tl.int32)) == 0
+        bounded = ((~same_r) | (tl.abs(u_r) <= 1.0 + dual_tol))
+        bounded &= (~same_d) | (tl.abs(u_d) <= 1.0 + dual_tol)
+        # The correction runs along a spanning tree of the inner edges with room for it: the
+        # group must stay connected through those "safe" edges alone.
+        safe_r = same_r & (tl.abs(u_r) + reach <= 1.0 + dual_tol)
+        safe_d = same_d & (tl.abs(u_d) + reach <= 1.0 + dual_tol)
+        tl.store(ints + I_FR * n + offs, safe_r.to(tl.int32), mask=inside)
+        tl.store(ints + I_FD * n + offs, safe_d.to(tl.int32), mask=inside)
+        tl.debug_barrier()
+        safe_label = _labels(labs, ints + I_FR * n, ints + I_FD * n, offs, r, c, inside, H, W)
+        ok = tl.sum((~(order_ok & bounded & (safe_label == label)) & inside).to(tl.int32)) == 0
         if ok:
             status = CERTIFIED
             # Sparsemax of the values (Michelot): tau over the support until none drops.
@@ -355,6 +366,6 @@ def tvmax_rows_dykstra(rows, lam, height: int, width: int):
     _tvmax_dykstra_kernel[(batch,)](
         rows, lam_value, weights, group, dlam, status, rounds, float_scratch, int_scratch,
         height, width, CHECK_EVERY, MAX_ROUNDS, FUSE_TOL, DUAL_TOL,
-        BH=block_h, BW=block_w, num_warps=1 if block_h * block_w <= 256 else 4,
+        BH=block_h, BW=block_w, num_warps=4,
     )
     return weights, group, dlam, status, rounds

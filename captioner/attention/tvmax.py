@@ -12,6 +12,7 @@ each group's signed boundary count over its size (Eq. 8), so lam can be learned.
 from __future__ import annotations
 
 import math
+import os
 from functools import cache, partial
 
 import numba
@@ -38,9 +39,15 @@ _tvmax_rows = by_size(tvmax_rows_serial, tvmax_rows_parallel)
 _tvmax_backward_rows = by_size(tvmax_backward_rows_serial, tvmax_backward_rows_parallel)
 # The kernels read and write these dtypes directly; others go through float64.
 _KERNEL_DTYPES = (torch.float32, torch.float64)
-# CUDA scores go through the device solver when Triton is installed (set False to time or
-# check the host round trip instead).
-DEVICE_SOLVER = True
+# The forward pass of CUDA scores: "host", the exact CPU solver (a round trip per call), or
+# "device", certified Dykstra on the GPU (Triton), whose uncertified grids go to the host. The
+# backward pass runs on the device either way. Chosen by the environment variable
+# CAPTIONER_TVMAX_SOLVER; "host" measured faster on an H100 (README, GPU section).
+SOLVERS = ("host", "device")
+_solver = os.environ.get("CAPTIONER_TVMAX_SOLVER", "host")
+if _solver not in SOLVERS:
+    raise ValueError(f"CAPTIONER_TVMAX_SOLVER must be one of {SOLVERS}, got {_solver!r}")
+DEVICE_SOLVER = _solver == "device"
 # Grids solved by the device solver, and how many of them its certificate left to the CPU.
 DEVICE_STATS = {"grids": 0, "fallback": 0}
 
@@ -52,10 +59,6 @@ def _triton_installed() -> bool:
     except ImportError:
         return False
     return True
-
-
-def _on_device_solver(z: Tensor) -> bool:
-    return z.is_cuda and DEVICE_SOLVER and _triton_installed()
 
 
 def _solve_on_host(z: np.ndarray, lam: float, height: int, width: int):
@@ -129,8 +132,8 @@ class TVmaxFunction(torch.autograd.Function):
     Forward: the exact prox and the sparsemax of each grid (``tvmax_rows``), which also checks
     the scores. Backward: the sparsemax Jacobian-vector product, its mean over each fused group
     and the lam gradient (Eq. 8), also in one kernel. ``z`` is (rows, H*W), the caller's scores
-    of shape ``grid_shape`` (..., H, W) flattened. Runs on the CPU; CUDA tensors make a host
-    round trip (see :class:`TVmaxDeviceFunction` for the GPU solver).
+    of shape ``grid_shape`` (..., H, W) flattened. For CPU tensors (see
+    :class:`TVmaxDeviceFunction` for CUDA tensors).
     """
 
     @staticmethod
@@ -162,34 +165,21 @@ class TVmaxFunction(torch.autograd.Function):
 
 
 class TVmaxDeviceFunction(torch.autograd.Function):
-    """TVmaxFunction on a GPU: certified proximal Dykstra in one Triton kernel per call.
+    """TVmaxFunction for CUDA tensors: the backward pass runs on the device.
 
-    Forward: ``tvmax_rows_dykstra`` solves every grid on the device; the grids its certificate
-    leaves (and those with masked or invalid scores) are solved by the exact CPU kernel, which
-    is the only host round trip, and the only sync: reading which grids those are. Backward, on
-    the device: the sparsemax Jacobian-vector product, its mean over each fused group by
-    scatter (Algorithm 1) and the lam gradient (Eq. 8).
+    Forward: with :data:`DEVICE_SOLVER` (and Triton), ``tvmax_rows_dykstra`` solves every grid
+    on the device, and only the grids its certificate leaves (or that hold masked or invalid
+    scores) cross to the exact CPU kernel; reading which ones is the one sync. Without it,
+    every grid makes the host round trip. Backward, on the device either way: the sparsemax
+    Jacobian-vector product, its mean over each fused group by scatter (Algorithm 1) and the
+    lam gradient (Eq. 8), with no sync.
     """
 
     @staticmethod
     def forward(ctx, z: Tensor, lam: float | Tensor, grid_shape: torch.Size) -> Tensor:
-        from ._tv2d_dykstra import tvmax_rows_dykstra
-
-        height, width = grid_shape[-2:]
         dtype = z.dtype
         z = z.detach() if dtype in _KERNEL_DTYPES else z.detach().double()
-        weights, group, dlam, status, _ = tvmax_rows_dykstra(z, lam, height, width)
-        left = torch.nonzero(status).flatten()  # the one sync
-        DEVICE_STATS["grids"] += z.shape[0]
-        DEVICE_STATS["fallback"] += left.numel()
-        if left.numel():
-            z_left = z[left].cpu().numpy()
-            p, group_left, dlam_left, code = _solve_on_host(z_left, float(lam), height, width)
-            if code >= 0:
-                _raise_invalid(z, grid_shape, code)
-            weights[left] = torch.from_numpy(p).to(weights.device)
-            group[left] = torch.from_numpy(group_left).to(group.device)
-            dlam[left] = torch.from_numpy(dlam_left).to(dlam.device)
+        weights, group, dlam = _solve_on_device(z, lam, grid_shape)
         ctx.save_for_backward(weights, group, dlam)
         ctx.lam_like = lam if isinstance(lam, Tensor) else None
         return weights.to(dtype)
@@ -198,7 +188,7 @@ class TVmaxDeviceFunction(torch.autograd.Function):
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         weights, group, dlam = ctx.saved_tensors
         v = _sparsemax_jvp(grad.to(torch.float64), weights > 0)
-        present = group >= 0  # -1: a masked cell (CPU-solved grids only)
+        present = group >= 0  # -1: a masked cell
         index = group.clamp_min(0).long()
         sums = torch.zeros_like(v).scatter_add_(1, index, v)
         sizes = torch.zeros_like(v).scatter_add_(1, index, present.to(v.dtype))
@@ -208,6 +198,35 @@ class TVmaxDeviceFunction(torch.autograd.Function):
             lam = ctx.lam_like
             grad_lam = (v * dlam).sum().to(dtype=lam.dtype, device=lam.device)
         return grad_z.to(grad.dtype), grad_lam, None
+
+
+def _solve_on_device(z: Tensor, lam: float | Tensor, grid_shape: torch.Size):
+    """(weights, group int32, dlam float64) of the rows of z (B, H*W), all on z's device."""
+    height, width = grid_shape[-2:]
+    if DEVICE_SOLVER and _triton_installed():
+        from ._tv2d_dykstra import tvmax_rows_dykstra
+
+        weights, group, dlam, status, _ = tvmax_rows_dykstra(z, lam, height, width)
+        left = torch.nonzero(status).flatten()  # the one sync
+        DEVICE_STATS["grids"] += z.shape[0]
+        DEVICE_STATS["fallback"] += left.numel()
+        if not left.numel():
+            return weights, group, dlam
+        z_left = z[left]
+    else:
+        left = slice(None)
+        z_left = z
+        weights = torch.empty_like(z)
+        group = torch.empty(z.shape, dtype=torch.int32, device=z.device)
+        dlam = torch.empty(z.shape, dtype=torch.float64, device=z.device)
+    p, group_left, dlam_left, code = _solve_on_host(z_left.cpu().numpy(), float(lam), height,
+                                                    width)
+    if code >= 0:
+        _raise_invalid(z, grid_shape, code)
+    weights[left] = torch.from_numpy(p).to(weights.device)
+    group[left] = torch.from_numpy(group_left).to(group.device)
+    dlam[left] = torch.from_numpy(dlam_left).to(dlam.device)
+    return weights, group, dlam
 
 
 def _sparsemax_jvp(grad: Tensor, support: Tensor) -> Tensor:
@@ -249,7 +268,7 @@ def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
         return sparsemax(z.flatten(-2), dim=-1, mask=flat_mask).unflatten(-1, z.shape[-2:])
     height, width = z.shape[-2:]
     rows = apply_mask(z, mask, "tvmax").reshape(-1, height * width)
-    function = TVmaxDeviceFunction if _on_device_solver(rows) else TVmaxFunction
+    function = TVmaxDeviceFunction if rows.is_cuda else TVmaxFunction
     return function.apply(rows, lam, z.shape).view(z.shape)
 
 

@@ -1,10 +1,14 @@
 """``captioner bench attention``: time forward+backward of the attention mappings side by side.
 
-Scores ~ N(0, 1) of shape (batch, H, W), float32, CPU. Each timed call is one forward pass and
-one backward pass of a random upstream gradient. 1-D mappings run over the H*W cells of each
-grid (row-major); TVmax runs on the grid. Warm-up calls (numba compilation included) are not
-timed. The mappings are timed in interleaved rounds and each reports its median over rounds, so
-that load from other processes hits all of them alike and the ratios stay comparable.
+Scores ~ N(0, 1) of shape (batch, H, W), float32, on the CPU or a GPU (``--device cuda``). Each
+timed call is one forward pass and one backward pass of a random upstream gradient. On a GPU,
+TVmax runs with both forward solvers (``CAPTIONER_TVMAX_SOLVER``): "device", certified Dykstra
+on the GPU (the share of grids its certificate left to the CPU solver is printed), and "host",
+the exact CPU solver with a round trip; the backward pass runs on the GPU in both. 1-D mappings
+run over the H*W cells of each grid (row-major); TVmax runs on the grid. Warm-up calls (numba
+and Triton compilation included) are not timed. The mappings are timed in interleaved rounds
+and each reports its median over rounds, so that load from other processes hits all of them
+alike and the ratios stay comparable.
 
 Every call of a shape reuses the same scores. The TVmax kernel branches on the data, and at batch
 64 the CPU's branch predictors partly learn the repeated input; at batch 1024 they cannot, so
@@ -14,13 +18,17 @@ that row is closer to TVmax's cost on fresh scores (as in training).
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import time
 from collections.abc import Callable
 
 HELP = "time forward+backward of softmax, sparsemax, entmax15 and TVmax (ratios printed)"
 
-SHAPES = ((64, 8, 8), (1024, 8, 8), (64, 14, 14), (1024, 14, 14))
+SHAPES = {
+    "cpu": ((64, 8, 8), (1024, 8, 8), (64, 14, 14), (1024, 14, 14)),
+    "cuda": ((64, 8, 8), (256, 8, 8), (64, 16, 16), (256, 16, 16)),
+}
 TVMAX_LAMS = (0.01, 0.1)
 ROUND_SECONDS = 0.02  # each round repeats a call until it has run at least this long
 
@@ -32,6 +40,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         "--threads", type=int, default=None, help="torch and numba threads (default: as is)"
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed of the scores")
+    parser.add_argument("--device", choices=sorted(SHAPES), default="cpu")
     parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
@@ -40,6 +49,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         "than wall time on a machine busy with other work, but blind to parallel speed-up)",
     )
     args = parser.parse_args(argv)
+    if args.device == "cuda" and args.clock == "cpu":
+        parser.error("--clock cpu only measures CPU devices")
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.threads is not None and args.threads < 1:
@@ -47,10 +58,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _mappings() -> dict[str, Callable]:
-    """name -> f(scores (B, H, W)) -> weights (B, H, W)."""
+def _mappings(device: str) -> tuple[dict[str, Callable], dict[str, list[int]]]:
+    """name -> f(scores (B, H, W)) -> weights (B, H, W), and the device solver's counts of
+    (grids, grids left to the CPU) per TVmax mapping."""
     from captioner import attention
-    from captioner.attention.tvmax import tvmax
+
+    # The module (the package's name ``tvmax`` is the function).
+    tvmax_module = importlib.import_module("captioner.attention.tvmax")
 
     def flat(fn):
         return lambda z: fn(z.flatten(-2), dim=-1).unflatten(-1, z.shape[-2:])
@@ -66,30 +80,64 @@ def _mappings() -> dict[str, Callable]:
     else:
         mappings["entmax.sparsemax (pkg)"] = flat(entmax.sparsemax)
     mappings["entmax15"] = flat(attention.entmax15)
+    fallbacks: dict[str, list[int]] = {}
+
+    def counted(name: str, lam: float) -> Callable:
+        def run(z):
+            stats = tvmax_module.DEVICE_STATS
+            before = (stats["grids"], stats["fallback"])
+            out = attention.tvmax(z, lam)
+            fallbacks[name][0] += stats["grids"] - before[0]
+            fallbacks[name][1] += stats["fallback"] - before[1]
+            return out
+        fallbacks[name] = [0, 0]
+        return run
+
+    def with_solver(run: Callable, device_solver: bool) -> Callable:
+        def switched(z):
+            saved, tvmax_module.DEVICE_SOLVER = tvmax_module.DEVICE_SOLVER, device_solver
+            try:
+                return run(z)
+            finally:
+                tvmax_module.DEVICE_SOLVER = saved
+        return switched
+
     for lam in TVMAX_LAMS:
-        mappings[f"tvmax lam={lam:g}"] = lambda z, lam=lam: tvmax(z, lam)
-    return mappings
+        if device == "cuda":
+            name = f"tvmax lam={lam:g} (device)"
+            mappings[name] = with_solver(counted(name, lam), True)
+            mappings[f"tvmax lam={lam:g} (host)"] = with_solver(
+                lambda z, lam=lam: attention.tvmax(z, lam), False)
+        else:
+            mappings[f"tvmax lam={lam:g}"] = lambda z, lam=lam: attention.tvmax(z, lam)
+    return mappings, fallbacks
 
 
-def _timer(fn: Callable, z, grad, clock: Callable[[], float]) -> Callable[[], float]:
-    """A round: seconds per forward+backward call, over as many calls as fill a round."""
+def _timer(fn: Callable, z, grad, clock: Callable[[], float],
+           synchronize: Callable[[], None]) -> Callable[[], float]:
+    """A round: seconds per forward+backward call, over as many calls as fill a round (on a
+    GPU: as many as the warm-up calls say fill it, timed between two syncs)."""
 
     def call() -> None:
         z.grad = None
         fn(z).backward(grad)
 
-    def one_round() -> float:
-        calls = 0
-        start = clock()
-        while True:
-            call()
-            calls += 1
-            elapsed = clock() - start
-            if elapsed >= ROUND_SECONDS:
-                return elapsed / calls
-
     for _ in range(3):
         call()
+    synchronize()
+    start = clock()
+    call()
+    synchronize()
+    calls = max(1, int(ROUND_SECONDS / max(clock() - start, 1e-9)))
+
+    def one_round() -> float:
+        synchronize()
+        start = clock()
+        for _ in range(calls):
+            call()
+        synchronize()
+        return (clock() - start) / calls
+
     return one_round
 
 
@@ -114,25 +162,35 @@ def main(argv: list[str]) -> int:
         torch.set_num_threads(args.threads)
         numba.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    mappings = _mappings()
+    mappings, fallbacks = _mappings(args.device)
     clock = time.perf_counter if args.clock == "wall" else time.process_time
+    synchronize = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     rows = []
-    for batch, height, width in SHAPES:
+    notes = []
+    for batch, height, width in SHAPES[args.device]:
         shape = f"{batch}x{height}x{width}"
-        z = torch.randn(batch, height, width, requires_grad=True)
-        grad = torch.randn(batch, height, width)
-        timers = {name: _timer(fn, z, grad, clock) for name, fn in mappings.items()}
+        z = torch.randn(batch, height, width, device=args.device, requires_grad=True)
+        grad = torch.randn(batch, height, width, device=args.device)
+        for counts in fallbacks.values():
+            counts[:] = [0, 0]
+        timers = {name: _timer(fn, z, grad, clock, synchronize) for name, fn in mappings.items()}
         samples = {name: [] for name in mappings}
         for _ in range(args.repeats):
             for name, one_round in timers.items():
                 samples[name].append(one_round())
         rows += [(shape, name, statistics.median(s)) for name, s in samples.items()]
+        notes += [f"{shape} {name}: {left} of {grids} grids left to the CPU solver"
+                  for name, (grids, left) in fallbacks.items() if grids]
         print(f"done {shape}", flush=True)
+    where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     print(
-        f"forward+backward, float32 CPU, {args.clock} clock, torch {torch.__version__}, "
+        f"forward+backward, float32, {where}, {args.clock} clock, torch {torch.__version__}, "
         f"threads torch={torch.get_num_threads()} numba={numba.get_num_threads()}, "
         f"median of {args.repeats} rounds"
     )
     baselines = [b for b in ("softmax", "sparsemax", "entmax.sparsemax (pkg)") if b in mappings]
     print(_table(rows, baselines))
+    if notes:
+        print("TVmax device solver, same scores at every call (N(0, 1)):")
+        print("\n".join(notes))
     return 0

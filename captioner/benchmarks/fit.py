@@ -16,6 +16,7 @@ copy to the device, gradient clipping, logging. At 1.00x the input pipeline is h
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import tempfile
 import time
@@ -171,12 +172,16 @@ def time_fit(mapping: str, args: argparse.Namespace, karpathy: Path, cache: Path
     """Seconds per step of a real fit, and the model and vocabulary it trained."""
     from captioner.training_cli import build_cli
 
+    stats = importlib.import_module("captioner.attention.tvmax").DEVICE_STATS
     cli = build_cli(_fit_arguments(mapping, args, karpathy, cache, runs), run=False)
     timer = _step_timer(args.warmup_steps)
     cli.trainer.callbacks.append(timer)
+    before = dict(stats)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return {"fit_ms": 1000.0 * timer.seconds / timer.steps, "steps": timer.steps,
-            "module": cli.model, "device": cli.model.device}
+            "module": cli.model, "device": cli.model.device,
+            "grids": stats["grids"] - before["grids"],
+            "fallback": stats["fallback"] - before["fallback"]}
 
 
 def time_model_step(module, args: argparse.Namespace, repeats: int = 30) -> float:
@@ -236,7 +241,8 @@ def main(argv: list[str]) -> int:
             fit = time_fit(mapping, args, karpathy, cache, Path(scratch) / "runs")
             model_ms = time_model_step(fit["module"], args)
             rows[mapping] = {"fit_ms": fit["fit_ms"], "model_ms": model_ms,
-                             "device": str(fit["device"]), "steps": fit["steps"]}
+                             "device": str(fit["device"]), "steps": fit["steps"],
+                             "grids": fit["grids"], "fallback": fit["fallback"]}
     print(_report(rows, args))
     return 0
 
@@ -261,4 +267,6 @@ def _report(rows: dict[str, dict], args: argparse.Namespace) -> str:
         )
     lines.append(f"COCO epoch: {COCO_TRAIN_PAIRS:,} caption pairs = {steps_per_epoch:,} steps, "
                  "training only (no validation)")
+    lines += [f"{mapping}: TVmax device solver left {row['fallback']} of {row['grids']} grids "
+              "to the CPU solver" for mapping, row in rows.items() if row["grids"]]
     return "\n".join(lines)

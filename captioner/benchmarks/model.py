@@ -19,6 +19,7 @@ row; the others are still measured.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import sys
@@ -260,6 +261,10 @@ def main(argv: list[str]) -> int:
     )
     results = _run_all(mappings, args, features, captions, synchronize)
     print(_table(results))
+    stats = importlib.import_module("captioner.attention.tvmax").DEVICE_STATS
+    if stats["grids"]:
+        print(f"TVmax device solver: {stats['fallback']} of {stats['grids']} grids left to the "
+              "CPU solver by its certificate")
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     failed = [name for name, row in results.items() if "error" in row]

@@ -51,6 +51,11 @@ class AdditiveAttention(nn.Module):
         lead = query.shape[:-1]
         projected = self.query_projection(query).view(batch, -1, 1, keys.shape[-1])
         scores = self.score(torch.tanh(projected + keys.unsqueeze(1))).squeeze(-1)
-        weights = self.mapping(scores.view(*lead, *grid))
-        context = torch.bmm(weights.reshape(batch, -1, regions), values)
+        scores = scores.view(*lead, *grid)
+        if scores.dtype in (torch.float16, torch.bfloat16):
+            # Under autocast: the mappings compute in float32, since thresholds and fused
+            # groups found in half precision would be coarse.
+            scores = scores.float()
+        weights = self.mapping(scores)
+        context = torch.bmm(weights.reshape(batch, -1, regions).to(values.dtype), values)
         return context.view(*lead, values.shape[-1]), weights

@@ -1,0 +1,185 @@
+"""The GPU TVmax solver (certified proximal Dykstra, ``_tv2d_dykstra``) run by Triton's
+interpreter on the CPU: the same kernel code as on a GPU, checked against the exact CPU solver
+and prox_tv. The interpreter is chosen when Triton is imported, so the kernels run in a child
+process (``TRITON_INTERPRET=1``) that writes its results as JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import captioner.attention as att  # noqa: E402
+
+CASES = [  # (name, H, W, lam, batch, seed)
+    ("n01_8x8_lam0.01", 8, 8, 0.01, 6, 0),
+    ("n01_8x8_lam0.1", 8, 8, 0.1, 6, 1),
+    ("n01_5x7_lam0.3", 5, 7, 0.3, 4, 2),
+    ("n01_16x16_lam0.1", 16, 16, 0.1, 2, 3),
+    ("row_1x6", 1, 6, 0.3, 2, 4),
+    ("column_6x1", 6, 1, 0.3, 2, 5),
+    ("single_1x1", 1, 1, 0.3, 2, 6),
+]
+
+CHILD = textwrap.dedent(
+    """
+    import importlib, json, sys
+    import torch
+    D = importlib.import_module("captioner.attention._tv2d_dykstra")
+    T = importlib.import_module("captioner.attention.tvmax")
+    cases, out = json.loads(sys.argv[1]), {}
+
+    def run(name, z, lam, h, w):
+        weights, group, dlam, status, rounds = D.tvmax_rows_dykstra(z.reshape(len(z), -1),
+                                                                    lam, h, w)
+        out[name] = {"z": z.tolist(), "lam": lam, "weights": weights.tolist(),
+                     "group": group.tolist(), "dlam": dlam.tolist(),
+                     "status": status.tolist(), "rounds": rounds.tolist()}
+
+    for name, h, w, lam, batch, seed in cases:
+        g = torch.Generator().manual_seed(seed)
+        run(name, torch.randn(batch, h, w, generator=g, dtype=torch.float64), lam, h, w)
+    ties = torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.0, 2.0, 1.0, 1.0], [3.0, 3.0, 3.0, 0.0]])
+    run("ties", torch.stack([ties, torch.zeros(3, 4)]).double(), 0.2, 3, 4)
+    g = torch.Generator().manual_seed(7)
+    run("float32", torch.randn(4, 8, 8, generator=g), 0.05, 8, 8)
+    # One Dykstra iteration and one check: a guess far from converged, which the certificate
+    # must reject rather than accept wrong groups.
+    D.CHECK_EVERY, D.MAX_ROUNDS = 1, 1
+    g = torch.Generator().manual_seed(8)
+    run("one_iteration_lam1", torch.randn(8, 6, 6, generator=g, dtype=torch.float64), 1.0, 6, 6)
+    D.CHECK_EVERY, D.MAX_ROUNDS = 2, 40
+
+    # The autograd Function on CPU tensors: device solver, host fallback, device backward.
+    T.DEVICE_SOLVER = True
+    g = torch.Generator().manual_seed(9)
+    z = torch.randn(5, 4 * 5, generator=g, dtype=torch.float64)
+    z[2, 3] = -float("inf")  # a masked cell: that grid goes to the CPU solver
+    lam = torch.tensor(0.2, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(5, 4 * 5, generator=g, dtype=torch.float64)
+    results = {}
+    for name, function in (("device", T.TVmaxDeviceFunction), ("cpu", T.TVmaxFunction)):
+        zz = z.clone().requires_grad_()
+        lam.grad = None
+        weights = function.apply(zz, lam, torch.Size((5, 4, 5)))
+        weights.backward(grad)
+        results[name] = [weights.tolist(), zz.grad.tolist(), lam.grad.item()]
+    out["function"] = {**results, "stats": dict(T.DEVICE_STATS)}
+    bad = torch.randn(3, 4 * 5, dtype=torch.float64)
+    bad[1, 2] = float("nan")
+    try:
+        T.TVmaxDeviceFunction.apply(bad, 0.2, torch.Size((3, 4, 5)))
+    except ValueError as error:
+        out["nan_error"] = str(error)
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(CASES)],
+        env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    return json.loads(child.stdout.splitlines()[-1])
+
+
+def _exact(result):
+    z = torch.tensor(result["z"], dtype=torch.float64)
+    return att.tvmax(z, result["lam"]).reshape(len(z), -1)
+
+
+def _partition(labels) -> set[frozenset[int]]:
+    groups: dict[int, set[int]] = {}
+    for cell, label in enumerate(labels):
+        groups.setdefault(label, set()).add(cell)
+    return {frozenset(cells) for cells in groups.values()}
+
+
+def _exact_groups(z: torch.Tensor, lam: float) -> list[set[frozenset[int]]]:
+    """The CPU solver's fused groups of each grid (its own kernel, its own labels)."""
+    from captioner.attention._tv2d_kernels import MAX_MERGE_ROUNDS, tvmax_rows_serial
+
+    rows = z.reshape(len(z), -1).numpy().copy()
+    p = np.empty_like(rows)
+    group = np.empty(rows.shape, dtype=np.int32)
+    dlam = np.empty(rows.shape)
+    assert tvmax_rows_serial(rows, lam, p, group, dlam, z.shape[-2], z.shape[-1], 1,
+                             MAX_MERGE_ROUNDS) == -1
+    return [_partition(row) for row in group.tolist()]
+
+
+@pytest.mark.parametrize("name", [case[0] for case in CASES] + ["ties"])
+def test_certified_grids_equal_the_exact_solver(interpreted, name):
+    result = interpreted[name]
+    status = torch.tensor(result["status"])
+    assert bool((status == 0).all()), f"grids left uncertified: {result['status']}"
+    weights = torch.tensor(result["weights"], dtype=torch.float64)
+    torch.testing.assert_close(weights, _exact(result), atol=1e-12, rtol=0)
+    z = torch.tensor(result["z"], dtype=torch.float64)
+    exact_groups = _exact_groups(z, result["lam"])
+    for row, labels in enumerate(result["group"]):
+        assert _partition(labels) == exact_groups[row]
+        # Each group is labelled by its first cell and holds bitwise equal weights.
+        for cells in _partition(labels):
+            assert min(cells) == labels[min(cells)]
+            assert len({result["weights"][row][cell] for cell in cells}) == 1
+
+
+def test_certified_grids_equal_prox_tv(interpreted):
+    ptv = pytest.importorskip("prox_tv")
+    result = interpreted["n01_8x8_lam0.1"]
+    for row, grid in enumerate(result["z"]):
+        prox = ptv.tv1_2d(np.array(grid), result["lam"], n_threads=1, max_iters=10000)
+        expected = att.sparsemax(torch.tensor(prox).reshape(-1), dim=-1)
+        weights = torch.tensor(result["weights"][row], dtype=torch.float64)
+        torch.testing.assert_close(weights, expected, atol=1e-6, rtol=0)
+
+
+def test_lam_derivative_is_eq8(interpreted):
+    result = interpreted["n01_8x8_lam0.1"]
+    z = torch.tensor(result["z"], dtype=torch.float64)
+    lam = torch.tensor(result["lam"], dtype=torch.float64, requires_grad=True)
+    prox = att.tv2d_prox(z, lam)
+    (jacobian,) = torch.autograd.grad(prox.sum(), lam)
+    # Eq. 8: d prox_i / d lam is the group's signed boundary count over its size; the sum over
+    # cells of the CPU solver's derivative must equal the sum of the kernel's.
+    assert float(jacobian) == pytest.approx(float(np.sum(result["dlam"])), abs=1e-9)
+
+
+def test_float32_scores_match_to_1e6(interpreted):
+    result = interpreted["float32"]
+    assert result["status"] == [0] * len(result["status"])
+    weights = torch.tensor(result["weights"], dtype=torch.float64)
+    torch.testing.assert_close(weights, _exact(result), atol=1e-6, rtol=0)
+
+
+def test_certificate_rejects_an_unconverged_guess(interpreted):
+    result = interpreted["one_iteration_lam1"]
+    status = torch.tensor(result["status"])
+    assert bool((status != 0).any()), "one iteration at lam 1 should leave grids uncertified"
+    done = status == 0
+    weights = torch.tensor(result["weights"], dtype=torch.float64)
+    torch.testing.assert_close(weights[done], _exact(result)[done], atol=1e-12, rtol=0)
+
+
+def test_function_with_fallback_and_device_backward_matches_cpu(interpreted):
+    result = interpreted["function"]
+    for got, expected in zip(result["device"], result["cpu"], strict=True):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), atol=1e-12, rtol=0)
+    assert result["stats"] == {"grids": 5, "fallback": 1}
+
+
+def test_invalid_scores_raise_through_the_fallback(interpreted):
+    assert interpreted["nan_error"] == "tvmax: scores contain NaN"
