@@ -75,6 +75,9 @@ def _tv1d_lines(src, dst, starts, lam, n_lines, length, line_stride, pos_stride,
     base = lane * line_stride
     for j in range(0, LEN):
         tl.store(starts + base + j * pos_stride, 0, mask=live & (lane * 0 + j < length))
+    # Each lane is held by several threads, in several warps; the reductions below may run
+    # within each warp, so no warp may mark a segment start before every warp has cleared.
+    tl.debug_barrier()
     k = tl.zeros([LANES], tl.int32)
     start = k
     k_lo = k
@@ -148,6 +151,7 @@ def _tv1d_lines(src, dst, starts, lam, n_lines, length, line_stride, pos_stride,
         k_hi = nk_hi
         running = running & (~finish)
 
+    tl.debug_barrier()
     value = tl.zeros([LANES], tl.float64)
     for j in range(0, LEN):
         inside = live & (lane * 0 + j < length)

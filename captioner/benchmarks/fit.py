@@ -179,7 +179,8 @@ def time_fit(mapping: str, args: argparse.Namespace, karpathy: Path, cache: Path
     before = dict(stats)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return {"fit_ms": 1000.0 * timer.seconds / timer.steps, "steps": timer.steps,
-            "module": cli.model, "device": cli.model.device,
+            # Lightning moves the module back to the CPU when fit ends.
+            "module": cli.model, "device": cli.trainer.strategy.root_device,
             "grids": stats["grids"] - before["grids"],
             "fallback": stats["fallback"] - before["fallback"]}
 
@@ -239,7 +240,7 @@ def main(argv: list[str]) -> int:
         rows = {}
         for mapping in mappings:
             fit = time_fit(mapping, args, karpathy, cache, Path(scratch) / "runs")
-            model_ms = time_model_step(fit["module"], args)
+            model_ms = time_model_step(fit["module"].to(fit["device"]), args)
             rows[mapping] = {"fit_ms": fit["fit_ms"], "model_ms": model_ms,
                              "device": str(fit["device"]), "steps": fit["steps"],
                              "grids": fit["grids"], "fallback": fit["fallback"]}
