@@ -333,9 +333,9 @@ def eq8_slopes(ref: np.ndarray, labels: np.ndarray, pairs: np.ndarray) -> np.nda
 @pytest.mark.parametrize("driver", ["serial", "parallel"])
 def test_kernel_paths_give_values_groups_and_slopes_of_the_reference(merge_rounds, driver):
     """Both solver paths (divide and conquer alone, fast path with early fallback, fast path)."""
-    from captioner.attention import _tv2d_kernels
+    from captioner.attention import _tv2d_prox
 
-    tv2d_prox_rows = getattr(_tv2d_kernels, f"tv2d_prox_rows_{driver}")
+    tv2d_prox_rows = getattr(_tv2d_prox, f"tv2d_prox_rows_{driver}")
 
     rng = np.random.default_rng(12)
     tested = 0
@@ -401,7 +401,8 @@ def test_fused_kernel_matches_sparsemax_of_prox(dtype):
 
 def test_fused_kernel_drivers_agree_and_report_bad_rows():
     """Serial and parallel TVmax drivers give identical results; bad rows are reported."""
-    from captioner.attention import _tv2d_kernels as kernels
+    from captioner.attention import _tv2d_prox
+    from captioner.attention import _tvmax_kernels as kernels
 
     rng = np.random.default_rng(15)
     z = rng.normal(size=(9, 30)).astype(np.float32)
@@ -410,7 +411,7 @@ def test_fused_kernel_drivers_agree_and_report_bad_rows():
     for driver in (kernels.tvmax_rows_serial, kernels.tvmax_rows_parallel):
         p, dlam = np.empty_like(z), np.empty(z.shape)
         group = np.empty(z.shape, dtype=np.int32)
-        assert driver(z, 0.2, p, group, dlam, 5, 6, 3, kernels.MAX_MERGE_ROUNDS) == -1
+        assert driver(z, 0.2, p, group, dlam, 5, 6, 3, _tv2d_prox.MAX_MERGE_ROUNDS) == -1
         outputs.append((p, group, dlam))
     for a, b in zip(*outputs, strict=True):
         np.testing.assert_array_equal(a, b)

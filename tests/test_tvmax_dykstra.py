@@ -109,7 +109,8 @@ def _partition(labels) -> set[frozenset[int]]:
 
 def _exact_groups(z: torch.Tensor, lam: float) -> list[set[frozenset[int]]]:
     """The CPU solver's fused groups of each grid (its own kernel, its own labels)."""
-    from captioner.attention._tv2d_kernels import MAX_MERGE_ROUNDS, tvmax_rows_serial
+    from captioner.attention._tv2d_prox import MAX_MERGE_ROUNDS
+    from captioner.attention._tvmax_kernels import tvmax_rows_serial
 
     rows = z.reshape(len(z), -1).numpy().copy()
     p = np.empty_like(rows)

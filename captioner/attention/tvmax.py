@@ -3,7 +3,7 @@
 TVmax(z) = argmin_{p in simplex} 1/2 ||p - z||^2 + lam * TV2D(p) over the H x W grid, with
 TV2D(p) = sum_ij |p_ij - p_i,j+1| + |p_ij - p_i+1,j| (anisotropic, 4-neighbour). By Proposition 1
 it is sparsemax(prox_{lam TV2D}(z)). The prox is solved exactly: on the CPU by certified merges
-or parametric min-cuts (``_tv2d_kernels``), on a GPU by certified proximal Dykstra
+or parametric min-cuts (``_tv2d_prox``, ``_tvmax_kernels``), on a GPU by certified proximal Dykstra
 (``_tv2d_dykstra``, Triton), whose rare uncertified grids go to the CPU solver. Its Jacobian
 averages over the fused groups (Proposition 2, Eq. 9; Algorithm 1) and its derivative in lam is
 each group's signed boundary count over its size (Eq. 8), so lam can be learned.
@@ -22,10 +22,8 @@ from torch import Tensor, nn
 
 from ._checks import apply_mask, check_lam, check_mask, check_scores, checked_max
 from ._grouped import by_size, grouped_prox, is_zero
-from ._tv2d_kernels import (
-    MAX_MERGE_ROUNDS,
-    tv2d_prox_rows_parallel,
-    tv2d_prox_rows_serial,
+from ._tv2d_prox import MAX_MERGE_ROUNDS, tv2d_prox_rows_parallel, tv2d_prox_rows_serial
+from ._tvmax_kernels import (
     tvmax_backward_rows_parallel,
     tvmax_backward_rows_serial,
     tvmax_rows_parallel,

@@ -1,4 +1,4 @@
-"""Numba kernels for the exact 2-D total-variation prox on a 4-neighbour grid.
+"""The exact 2-D total-variation prox on a 4-neighbour grid (numba, CPU).
 
 Both paths below return the exact solution with exact groups: groups come from cuts or from a
 certificate of the optimality conditions, never from comparing floats, and each group's value is
@@ -25,15 +25,20 @@ capacity lam both ways; each side restarts from the flow already found.
 Residuals at or below a rounding tolerance count as saturated (and values that close as tied),
 so near-ties (values within ~1e-12 relative) are fused rather than split by rounding noise.
 
-Layout: cells are flattened row-major, n = H * W; neighbour tables have one row per cell and the
-four directions left, right, up, down (the opposite of direction d is d ^ 1), -1 for "no edge".
-All arithmetic is in float64.
+Layout: cells are flattened row-major, n = H * W (see ``_tv2d_maxflow`` for the neighbour
+tables and the flows). A grid's work arrays live in one :class:`Workspace`, reused from grid to
+grid. All arithmetic is in float64. TVmax itself (prox, then sparsemax, and its backward pass)
+is in ``_tvmax_kernels``.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit, prange
+
+from ._tv2d_maxflow import _min_cut, _neighbours, _sign, _tree_feasible
 
 # Relative rounding tolerance of the flow (per cell of the set, times the scores' magnitude).
 _REL_TOL = 1e-13
@@ -41,96 +46,57 @@ _REL_TOL = 1e-13
 MAX_MERGE_ROUNDS = 40
 
 
-@njit(cache=True)
-def _neighbours(active, H, W, nbr):
-    """Fill nbr (n, 4) with the active 4-neighbours of each active cell (-1 where none)."""
-    for i in range(H * W):
-        r = i // W
-        c = i - r * W
-        nbr[i, 0] = i - 1 if c > 0 else -1
-        nbr[i, 1] = i + 1 if c < W - 1 else -1
-        nbr[i, 2] = i - W if r > 0 else -1
-        nbr[i, 3] = i + W if r < H - 1 else -1
-        for d in range(4):
-            j = nbr[i, d]
-            if not active[i] or (j >= 0 and not active[j]):
-                nbr[i, d] = -1
+class Workspace(NamedTuple):
+    """Work arrays of the prox of one grid of n cells (numba passes it as one tuple)."""
+
+    nbr: np.ndarray  # (n, 4) int32: neighbour cell per direction, -1 for none
+    cnt: np.ndarray  # (n,) int64: signed count of edges to cells of other groups or sets
+    setid: np.ndarray  # (n,) int32: the set (divide and conquer) or group (certificate)
+    order: np.ndarray  # (n,) int32: active cells, grouped by set
+    seg: np.ndarray  # (n + 1, 2) int32: stack of [lo, hi) ranges of order still to cut
+    exc: np.ndarray  # (n,) float64: excess of the flow at each cell
+    cap: np.ndarray  # (n, 4) float64: residual capacity per direction
+    visited: np.ndarray  # (n,) int64: search stamps
+    parent: np.ndarray  # (n,) int32: search tree
+    pdir: np.ndarray  # (n,) int8: direction from the parent
+    queue: np.ndarray  # (n,) int32
+    lab: np.ndarray  # (n,) int32: group root of each cell (fast path)
+    head: np.ndarray  # (n,) int32: first member of each group (linked list)
+    nxt: np.ndarray  # (n,) int32: next member
+    size: np.ndarray  # (n,) int64: group sizes
+    zsum: np.ndarray  # (n,) float64: group sums of the scores
+    bsum: np.ndarray  # (n,) int64: group sums of the edge signs
+    val: np.ndarray  # (n,) float64: group values
+    nv: np.ndarray  # (n,) float64: next group values
+    members: np.ndarray  # (n,) int32: the cells of one group
+    roots: np.ndarray  # (n,) int32: the groups to certify
+    acc: np.ndarray  # (n,) float64: subtree sums of the residuals
+    edge_a: np.ndarray  # (2 n,) int32: first cell of each edge examined
+    edge_b: np.ndarray  # (2 n,) int32: second cell
+    fixed: np.ndarray  # (n,) int64: signed count of each cell's edges of fixed sign
+    gfixed: np.ndarray  # (n,) int64: group sums of fixed
 
 
 @njit(cache=True)
-def _min_cut(lo, hi, sid, order, nbr, setid, exc, cap, eps, stamp, visited, parent, pdir, queue):
-    """Complete the max-flow on the set setid == sid (cells order[lo:hi]) from its current preflow.
-
-    exc holds each cell's excess (z'_i - t plus net inflow), cap the residual capacities. Returns
-    (stamp, |A|) where A, the cells with visited == stamp, are those still reachable from excess,
-    the smallest minimiser of the level problem.
-    """
-    # Cheap first pass: push along single edges straight from a source into a neighbouring sink.
-    for k in range(lo, hi):
-        u = order[k]
-        if exc[u] <= eps:
-            continue
-        for d in range(4):
-            v = nbr[u, d]
-            if v < 0 or exc[v] >= -eps or cap[u, d] <= eps or setid[v] != sid:
-                continue
-            f = min(exc[u], -exc[v], cap[u, d])
-            exc[u] -= f
-            exc[v] += f
-            cap[u, d] -= f
-            cap[v, d ^ 1] += f
-            if exc[u] <= eps:
-                break
-
-    # Shortest augmenting paths from all remaining sources at once.
-    while True:
-        stamp += 1
-        qt = 0
-        for k in range(lo, hi):
-            i = order[k]
-            if exc[i] > eps:
-                visited[i] = stamp
-                parent[i] = -1
-                queue[qt] = i
-                qt += 1
-        qh = 0
-        found = -1
-        while qh < qt and found < 0:
-            u = queue[qh]
-            qh += 1
-            for d in range(4):
-                v = nbr[u, d]
-                if v < 0 or visited[v] == stamp or cap[u, d] <= eps or setid[v] != sid:
-                    continue
-                visited[v] = stamp
-                parent[v] = u
-                pdir[v] = d
-                if exc[v] < -eps:
-                    found = v
-                    break
-                queue[qt] = v
-                qt += 1
-        if found < 0:
-            return stamp, qt
-        f = -exc[found]
-        v = found
-        while parent[v] >= 0:
-            f = min(f, cap[parent[v], pdir[v]])
-            v = parent[v]
-        f = min(f, exc[v])
-        exc[v] -= f
-        v = found
-        exc[v] += f
-        while parent[v] >= 0:
-            d = pdir[v]
-            cap[parent[v], d] -= f
-            cap[v, d ^ 1] += f
-            v = parent[v]
+def _workspace(n):
+    """A Workspace for grids of n cells."""
+    return Workspace(
+        np.empty((n, 4), np.int32), np.empty(n, np.int64), np.empty(n, np.int32),
+        np.empty(n, np.int32), np.empty((n + 1, 2), np.int32), np.empty(n, np.float64),
+        np.empty((n, 4), np.float64), np.empty(n, np.int64), np.empty(n, np.int32),
+        np.empty(n, np.int8), np.empty(n, np.int32), np.empty(n, np.int32),
+        np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int64),
+        np.empty(n, np.float64), np.empty(n, np.int64), np.empty(n, np.float64),
+        np.empty(n, np.float64), np.empty(n, np.int32), np.empty(n, np.int32),
+        np.empty(n, np.float64), np.empty(2 * n, np.int32), np.empty(2 * n, np.int32),
+        np.empty(n, np.int64), np.empty(n, np.int64),
+    )
 
 
 @njit(cache=True)
-def _emit_groups(z, cnt, lam, nbr, order, lo, hi, sid, setid, queue, w, label, dlam, ngroups):
+def _emit_groups(ws, z, lam, lo, hi, sid, w, label, dlam, ngroups):
     """Close the set setid == sid: one group per connected component, value by Eq. 8."""
+    nbr, cnt, setid, order, queue = ws.nbr, ws.cnt, ws.setid, ws.order, ws.queue
     for k in range(lo, hi):
         root = order[k]
         if setid[root] != sid:
@@ -163,14 +129,11 @@ def _emit_groups(z, cnt, lam, nbr, order, lo, hi, sid, setid, queue, w, label, d
     return ngroups
 
 
-@njit(cache=True, inline="always")
-def _sign(x):
-    return (x > 0.0) - (x < 0.0)
-
-
 @njit(cache=True)
-def _merge_groups(a, b, lab, head, nxt, size, zsum, gfixed, nv):
+def _merge_groups(ws, a, b):
     """Merge groups a and b (roots); the merged value estimate is their size-weighted mean."""
+    lab, head, nxt, size, zsum, nv = ws.lab, ws.head, ws.nxt, ws.size, ws.zsum, ws.nv
+    gfixed = ws.gfixed
     if size[a] < size[b]:
         a, b = b, a
     nv[a] = (nv[a] * size[a] + nv[b] * size[b]) / (size[a] + size[b])
@@ -188,42 +151,12 @@ def _merge_groups(a, b, lab, head, nxt, size, zsum, gfixed, nv):
 
 
 @njit(cache=True)
-def _tree_feasible(r, nbr, setid, exc, lam, eps, stamp, visited, parent, queue, acc):
-    """Route the residuals exc of group r (setid == r) to r along a BFS spanning tree.
-
-    The flow on each tree edge is then the residual sum of the subtree below it; if none
-    exceeds lam, this is a feasible flow (zero on the other edges) and the group is certified
-    without a max-flow. Returns (stamp, feasible).
-    """
-    stamp += 1
-    visited[r] = stamp
-    queue[0] = r
-    qt = 1
-    qh = 0
-    while qh < qt:
-        u = queue[qh]
-        qh += 1
-        acc[u] = exc[u]
-        for d in range(4):
-            v = nbr[u, d]
-            if v >= 0 and setid[v] == r and visited[v] != stamp:
-                visited[v] = stamp
-                parent[v] = u
-                queue[qt] = v
-                qt += 1
-    for t in range(qt - 1, 0, -1):
-        u = queue[t]
-        if abs(acc[u]) > lam + eps:
-            return stamp, False
-        acc[parent[u]] += acc[u]
-    return stamp, True
-
-
-@njit(cache=True)
-def _split_group(r, q, side_stamp, z, fixed, nbr, members, setid, visited, val, eps, lab, head,
-                 nxt, size, zsum, gfixed, queue):
+def _split_group(ws, z, r, q, side_stamp, eps):
     """Split group r (cells members[:q]) into the connected parts of A (visited == side_stamp)
     and of the rest, with value estimates just above / below the group's for the next signs."""
+    nbr, setid, visited, queue, lab, head = ws.nbr, ws.setid, ws.visited, ws.queue, ws.lab, ws.head
+    nxt, size, zsum, val, members, fixed = ws.nxt, ws.size, ws.zsum, ws.val, ws.members, ws.fixed
+    gfixed = ws.gfixed
     value = val[r]
     for t in range(q):
         lab[members[t]] = -1
@@ -260,9 +193,7 @@ def _split_group(r, q, side_stamp, z, fixed, nbr, members, setid, visited, val, 
 
 
 @njit(cache=True)
-def _guess_and_verify(z, lam, nbr, order, m, fixed, edge_a, edge_b, n_edges, eps, max_rounds, w,
-                      label, dlam, lab, head, nxt, size, zsum, gfixed, bsum, val, nv, cnt,
-                      members, roots, setid, exc, cap, visited, parent, pdir, queue, acc):
+def _guess_and_verify(ws, z, lam, m, n_edges, eps, max_rounds, w, label, dlam):
     """Fast path: guess the groups by merging and splitting, certify them by the optimality
     conditions, and write the result; False when no certified guess came within max_rounds.
 
@@ -274,6 +205,10 @@ def _guess_and_verify(z, lam, nbr, order, m, fixed, edge_a, edge_b, n_edges, eps
     lam each, i.e. a trivial min-cut. A group whose min-cut is not trivial is split along it
     and the rounds go on.
     """
+    nbr, cnt, setid, order, exc, cap = ws.nbr, ws.cnt, ws.setid, ws.order, ws.exc, ws.cap
+    visited, lab, head, nxt, size, zsum = ws.visited, ws.lab, ws.head, ws.nxt, ws.size, ws.zsum
+    bsum, val, nv, members, roots, acc = ws.bsum, ws.val, ws.nv, ws.members, ws.roots, ws.acc
+    edge_a, edge_b, fixed, gfixed = ws.edge_a, ws.edge_b, ws.fixed, ws.gfixed
     for k in range(m):
         i = order[k]
         lab[i] = i
@@ -308,7 +243,7 @@ def _guess_and_verify(z, lam, nbr, order, m, fixed, edge_a, edge_b, n_edges, eps
             new = nv[a] - nv[b]
             if ((val[a] - val[b]) * new > 0.0) & (abs(new) > eps):
                 continue
-            _merge_groups(a, b, lab, head, nxt, size, zsum, gfixed, nv)
+            _merge_groups(ws, a, b)
             merged = True
         for k in range(m):
             i = order[k]
@@ -359,19 +294,16 @@ def _guess_and_verify(z, lam, nbr, order, m, fixed, edge_a, edge_b, n_edges, eps
                 stamp += 1
                 visited[members[0] if exc[members[0]] > 0 else members[1]] = stamp
             else:
-                stamp, feasible = _tree_feasible(r, nbr, setid, exc, lam, eps, stamp, visited,
-                                                 parent, queue, acc)
+                stamp, feasible = _tree_feasible(ws, r, lam, eps, stamp)
                 if feasible:
                     continue
                 for t2 in range(q):
                     for d in range(4):
                         cap[members[t2], d] = lam
-                stamp, na = _min_cut(0, q, r, members, nbr, setid, exc, cap, eps, stamp,
-                                     visited, parent, pdir, queue)
+                stamp, na = _min_cut(ws, members, 0, q, r, eps, stamp)
                 if na == 0:
                     continue
-            _split_group(r, q, stamp, z, fixed, nbr, members, setid, visited, val, eps, lab,
-                         head, nxt, size, zsum, gfixed, queue)
+            _split_group(ws, z, r, q, stamp, eps)
             split = True
         if split:
             continue
@@ -392,9 +324,12 @@ def _guess_and_verify(z, lam, nbr, order, m, fixed, edge_a, edge_b, n_edges, eps
 
 
 @njit(cache=True)
-def _prox_one(z, active, lam, H, W, w, label, dlam, nbr, cnt, setid, order, seg, exc, cap,
-              visited, parent, pdir, queue, lab, head, nxt, size, zsum, bsum, val, nv, members,
-              roots, acc, edge_a, edge_b, fixed, gfixed, merge_rounds):
+def _prox_grid(ws, z, active, lam, H, W, w, label, dlam, merge_rounds):
+    """Exact prox of one H x W grid z (float64, n cells; ``active`` False = absent cell) into
+    w, with each cell's group index in label and d w / d lam in dlam: the fast path
+    (``_guess_and_verify``, up to merge_rounds rounds), else divide and conquer by min-cuts."""
+    nbr, cnt, setid, order, seg, exc = ws.nbr, ws.cnt, ws.setid, ws.order, ws.seg, ws.exc
+    cap, visited, edge_a, edge_b, fixed = ws.cap, ws.visited, ws.edge_a, ws.edge_b, ws.fixed
     n = H * W
     _neighbours(active, H, W, nbr)
     ngroups = 0
@@ -458,10 +393,7 @@ def _prox_one(z, active, lam, H, W, w, label, dlam, nbr, cnt, setid, order, seg,
             edge_a[n_edges] = i
             edge_b[n_edges] = j
             n_edges += 1 - is_fixed
-    if _guess_and_verify(z, lam, nbr, order, m, fixed, edge_a, edge_b, n_edges, eps,
-                         merge_rounds, w, label, dlam, lab, head, nxt, size, zsum, gfixed, bsum,
-                         val, nv, cnt, members, roots, setid, exc, cap, visited, parent, pdir,
-                         queue, acc):
+    if _guess_and_verify(ws, z, lam, m, n_edges, eps, merge_rounds, w, label, dlam):
         return
     # Divide and conquer, from the whole active grid at its mean level with no flow yet.
     s = 0.0
@@ -488,13 +420,11 @@ def _prox_one(z, active, lam, H, W, w, label, dlam, nbr, cnt, setid, order, seg,
         hi = seg[nseg, 1]
         sid = setid[order[lo]]
         if hi - lo > 1:
-            stamp, na = _min_cut(lo, hi, sid, order, nbr, setid, exc, cap, eps, stamp, visited,
-                                 parent, pdir, queue)
+            stamp, na = _min_cut(ws, order, lo, hi, sid, eps, stamp)
         else:
             na = 0
         if na == 0 or na == hi - lo:
-            ngroups = _emit_groups(z, cnt, lam, nbr, order, lo, hi, sid, setid, queue, w, label,
-                                   dlam, ngroups)
+            ngroups = _emit_groups(ws, z, lam, lo, hi, sid, w, label, dlam, ngroups)
             continue
         # Every edge across the cut is saturated downwards from A: fold it into the counts (and
         # its sub-eps residual into the excesses), so the flow inside each side stays valid.
@@ -541,49 +471,6 @@ def _prox_one(z, active, lam, H, W, w, label, dlam, nbr, cnt, setid, order, seg,
 
 
 @njit(cache=True)
-def _workspace(n):
-    """Work arrays of _prox_one for grids of n cells, reused from one grid to the next."""
-    return (
-        np.empty((n, 4), np.int32),  # nbr
-        np.empty(n, np.int64),  # cnt
-        np.empty(n, np.int32),  # setid
-        np.empty(n, np.int32),  # order
-        np.empty((n + 1, 2), np.int32),  # seg
-        np.empty(n, np.float64),  # exc
-        np.empty((n, 4), np.float64),  # cap
-        np.empty(n, np.int64),  # visited
-        np.empty(n, np.int32),  # parent
-        np.empty(n, np.int8),  # pdir
-        np.empty(n, np.int32),  # queue
-        np.empty(n, np.int32),  # lab
-        np.empty(n, np.int32),  # head
-        np.empty(n, np.int32),  # nxt
-        np.empty(n, np.int64),  # size
-        np.empty(n, np.float64),  # zsum
-        np.empty(n, np.int64),  # bsum
-        np.empty(n, np.float64),  # val
-        np.empty(n, np.float64),  # nv
-        np.empty(n, np.int32),  # members
-        np.empty(n, np.int32),  # roots
-        np.empty(n, np.float64),  # acc
-        np.empty(2 * n, np.int32),  # edge_a
-        np.empty(2 * n, np.int32),  # edge_b
-        np.empty(n, np.int64),  # fixed
-        np.empty(n, np.int64),  # gfixed
-    )
-
-
-@njit(cache=True)
-def _prox_grid(z, active, lam, H, W, w, label, dlam, ws, merge_rounds):
-    """_prox_one with its work arrays taken from ws (see _workspace)."""
-    (nbr, cnt, setid, order, seg, exc, cap, visited, parent, pdir, queue, lab, head, nxt, size,
-     zsum, bsum, val, nv, members, roots, acc, edge_a, edge_b, fixed, gfixed) = ws
-    _prox_one(z, active, lam, H, W, w, label, dlam, nbr, cnt, setid, order, seg, exc, cap,
-              visited, parent, pdir, queue, lab, head, nxt, size, zsum, bsum, val, nv, members,
-              roots, acc, edge_a, edge_b, fixed, gfixed, merge_rounds)
-
-
-@njit(cache=True)
 def _prox_rows_slice(z, lam, x, group, sign, dlam, H, W, merge_rounds, start, stop):
     """Rows start..stop-1 of tv2d_prox_rows, with one set of work arrays for all of them."""
     n = H * W
@@ -593,7 +480,7 @@ def _prox_rows_slice(z, lam, x, group, sign, dlam, H, W, merge_rounds, start, st
     for b in range(start, stop):
         for i in range(n):
             active[i] = z[b, i] > -np.inf
-        _prox_grid(z[b], active, lam, H, W, x[b], label, dlam[b], ws, merge_rounds)
+        _prox_grid(ws, z[b], active, lam, H, W, x[b], label, dlam[b], merge_rounds)
         for i in range(n):
             group[b, i] = label[i] if active[i] else -1
             sign[b, i] = 1.0
@@ -621,149 +508,3 @@ def tv2d_prox_rows_parallel(z, lam, x, group, sign, dlam, H, W, nchunks, merge_r
     for ch in prange(nchunks):
         _prox_rows_slice(z, lam, x, group, sign, dlam, H, W, merge_rounds,
                          ch * rows // nchunks, (ch + 1) * rows // nchunks)
-
-
-# Row-error kinds reported by the TVmax kernels (code = 3 * row + kind; -1 = all rows valid).
-NAN, POS_INF, EMPTY = 0, 1, 2
-
-
-@njit(cache=True)
-def _sparsemax_grid(x, active, n, p, b, insup):
-    """p[b] = sparsemax of x over the active cells (0 elsewhere), exact, in float64.
-
-    Michelot's algorithm (Condat 2016, Alg. 2; same fixed point as Martins & Astudillo's sort,
-    Eq. 3-4): tau = (sum_S x - 1) / |S| over the current support S, then drop the cells at or
-    below tau, until none drops. The support only shrinks, so it ends within n passes. Values
-    are shifted by their maximum first (which therefore stays in the support with weight > 0)
-    so that huge scores keep an exact 1 / |S| scale; equal x give bitwise equal p.
-    """
-    xmax = -np.inf
-    for i in range(n):
-        insup[i] = active[i]
-        if active[i] and x[i] > xmax:
-            xmax = x[i]
-    tau = 0.0
-    dropped = True
-    # Branch-free passes: which cells stay is unpredictable from cell to cell.
-    while dropped:
-        total = 0.0
-        k = 0
-        for i in range(n):
-            total += x[i] - xmax if insup[i] else 0.0
-            k += insup[i]
-        tau = (total - 1.0) / k
-        dropped = False
-        for i in range(n):
-            drop = insup[i] & (x[i] - xmax <= tau)
-            insup[i] = insup[i] & (not drop)
-            dropped |= drop
-    for i in range(n):
-        p[b, i] = (x[i] - xmax) - tau if insup[i] else 0.0
-
-
-@njit(cache=True)
-def _tvmax_rows_slice(z, lam, p, group, dlam, H, W, merge_rounds, start, stop):
-    """Rows start..stop-1 of tvmax_rows; returns the first row-error code or -1."""
-    n = H * W
-    ws = _workspace(n)
-    active = np.empty(n, np.bool_)
-    insup = np.empty(n, np.bool_)
-    zrow = np.empty(n, np.float64)
-    xrow = np.empty(n, np.float64)
-    for b in range(start, stop):
-        m = 0
-        for i in range(n):
-            v = np.float64(z[b, i])
-            if np.isnan(v):
-                return 3 * b + NAN
-            if v == np.inf:
-                return 3 * b + POS_INF
-            zrow[i] = v
-            active[i] = v > -np.inf
-            if active[i]:
-                m += 1
-        if m == 0:
-            return 3 * b + EMPTY
-        _prox_grid(zrow, active, lam, H, W, xrow, group[b], dlam[b], ws, merge_rounds)
-        _sparsemax_grid(xrow, active, n, p, b, insup)
-        for i in range(n):
-            if not active[i]:
-                group[b, i] = -1
-    return -1
-
-
-@njit(cache=True)
-def tvmax_rows_serial(z, lam, p, group, dlam, H, W, nchunks, merge_rounds):
-    """TVmax = sparsemax(prox_{lam TV2D}) of a batch of flattened grids in one pass, exact.
-
-    z: float32 or float64 (rows, H*W), read as float64, ``-inf`` = cell absent (no edges, zero
-    weight); lam >= 0; nchunks and merge_rounds as in tv2d_prox_rows_serial. Fills p (rows,
-    H*W, z's dtype), the weights; group (int32), each cell's fused group within its row (-1
-    where absent); dlam (float64), d prox / d lam (Eq. 8). Returns -1, or 3 * row + kind
-    (NAN, POS_INF, EMPTY) for the first invalid row found, leaving the outputs incomplete.
-    """
-    return _tvmax_rows_slice(z, lam, p, group, dlam, H, W, merge_rounds, 0, z.shape[0])
-
-
-@njit(cache=True, parallel=True)
-def tvmax_rows_parallel(z, lam, p, group, dlam, H, W, nchunks, merge_rounds):
-    """tvmax_rows_serial with the batch cut into nchunks slices run in parallel."""
-    rows = z.shape[0]
-    nchunks = max(1, min(rows, nchunks))
-    codes = np.empty(nchunks, np.int64)
-    for ch in prange(nchunks):
-        codes[ch] = _tvmax_rows_slice(z, lam, p, group, dlam, H, W, merge_rounds,
-                                      ch * rows // nchunks, (ch + 1) * rows // nchunks)
-    for ch in range(nchunks):
-        if codes[ch] >= 0:
-            return codes[ch]
-    return -1
-
-
-@njit(cache=True)
-def _tvmax_backward_slice(grad, p, group, dlam, grad_z, grad_lam, start, stop):
-    n = grad.shape[1]
-    sums = np.empty(n)
-    counts = np.empty(n)
-    for b in range(start, stop):
-        total = 0.0
-        k = 0
-        for i in range(n):
-            if p[b, i] > 0:
-                total += grad[b, i]
-                k += 1
-        mean = total / k
-        for i in range(n):
-            sums[i] = 0.0
-            counts[i] = 0.0
-        slope = 0.0
-        for i in range(n):
-            g = group[b, i]
-            if g >= 0:
-                v = grad[b, i] - mean if p[b, i] > 0 else 0.0
-                sums[g] += v
-                counts[g] += 1.0
-                slope += v * dlam[b, i]
-        for i in range(n):
-            g = group[b, i]
-            grad_z[b, i] = sums[g] / counts[g] if g >= 0 else 0.0
-        grad_lam[b] = slope
-
-
-@njit(cache=True)
-def tvmax_backward_rows_serial(grad, p, group, dlam, grad_z, grad_lam):
-    """Backward of tvmax_rows (Proposition 2, Algorithm 1), all (rows, H*W) but grad_lam (rows,).
-
-    v = J_sparsemax g at the weights p (Martins & Astudillo, Eq. 14: g minus its mean over the
-    support, 0 off it); grad_z = the mean of v over each fused group (0 where group == -1);
-    grad_lam[row] = sum_i v_i dlam_i, the row's share of the lam gradient (Eq. 8). Arithmetic
-    in float64; grad_z takes grad's dtype.
-    """
-    _tvmax_backward_slice(grad, p, group, dlam, grad_z, grad_lam, 0, grad.shape[0])
-
-
-@njit(cache=True, parallel=True)
-def tvmax_backward_rows_parallel(grad, p, group, dlam, grad_z, grad_lam):
-    rows = grad.shape[0]
-    for r in prange(rows):
-        _tvmax_backward_slice(grad, p, group, dlam, grad_z, grad_lam, r, r + 1)

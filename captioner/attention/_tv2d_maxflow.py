@@ -1,0 +1,139 @@
+"""Max-flow pieces of the exact 2-D TV prox (``_tv2d_prox``) on a 4-neighbour grid.
+
+Cells are flattened row-major, n = H * W; neighbour tables have one row per cell and the four
+directions left, right, up, down (the opposite of direction d is d ^ 1), -1 for "no edge".
+Grid edges carry capacity lam both ways. The work arrays come in one
+:class:`~captioner.attention._tv2d_prox.Workspace` ``ws``. All arithmetic is in float64.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+
+@njit(cache=True)
+def _neighbours(active, H, W, nbr):
+    """Fill nbr (n, 4) with the active 4-neighbours of each active cell (-1 where none)."""
+    for i in range(H * W):
+        r = i // W
+        c = i - r * W
+        nbr[i, 0] = i - 1 if c > 0 else -1
+        nbr[i, 1] = i + 1 if c < W - 1 else -1
+        nbr[i, 2] = i - W if r > 0 else -1
+        nbr[i, 3] = i + W if r < H - 1 else -1
+        for d in range(4):
+            j = nbr[i, d]
+            if not active[i] or (j >= 0 and not active[j]):
+                nbr[i, d] = -1
+
+
+@njit(cache=True, inline="always")
+def _sign(x):
+    return (x > 0.0) - (x < 0.0)
+
+
+@njit(cache=True)
+def _min_cut(ws, order, lo, hi, sid, eps, stamp):
+    """Complete the max-flow on the set setid == sid (cells order[lo:hi]) from its current preflow.
+
+    exc holds each cell's excess (z'_i - t plus net inflow), cap the residual capacities. Returns
+    (stamp, |A|) where A, the cells with visited == stamp, are those still reachable from excess,
+    the smallest minimiser of the level problem.
+    """
+    # Cheap first pass: push along single edges straight from a source into a neighbouring sink.
+    nbr, setid, exc, cap, visited, parent = ws.nbr, ws.setid, ws.exc, ws.cap, ws.visited, ws.parent
+    pdir, queue = ws.pdir, ws.queue
+    for k in range(lo, hi):
+        u = order[k]
+        if exc[u] <= eps:
+            continue
+        for d in range(4):
+            v = nbr[u, d]
+            if v < 0 or exc[v] >= -eps or cap[u, d] <= eps or setid[v] != sid:
+                continue
+            f = min(exc[u], -exc[v], cap[u, d])
+            exc[u] -= f
+            exc[v] += f
+            cap[u, d] -= f
+            cap[v, d ^ 1] += f
+            if exc[u] <= eps:
+                break
+
+    # Shortest augmenting paths from all remaining sources at once.
+    while True:
+        stamp += 1
+        qt = 0
+        for k in range(lo, hi):
+            i = order[k]
+            if exc[i] > eps:
+                visited[i] = stamp
+                parent[i] = -1
+                queue[qt] = i
+                qt += 1
+        qh = 0
+        found = -1
+        while qh < qt and found < 0:
+            u = queue[qh]
+            qh += 1
+            for d in range(4):
+                v = nbr[u, d]
+                if v < 0 or visited[v] == stamp or cap[u, d] <= eps or setid[v] != sid:
+                    continue
+                visited[v] = stamp
+                parent[v] = u
+                pdir[v] = d
+                if exc[v] < -eps:
+                    found = v
+                    break
+                queue[qt] = v
+                qt += 1
+        if found < 0:
+            return stamp, qt
+        f = -exc[found]
+        v = found
+        while parent[v] >= 0:
+            f = min(f, cap[parent[v], pdir[v]])
+            v = parent[v]
+        f = min(f, exc[v])
+        exc[v] -= f
+        v = found
+        exc[v] += f
+        while parent[v] >= 0:
+            d = pdir[v]
+            cap[parent[v], d] -= f
+            cap[v, d ^ 1] += f
+            v = parent[v]
+
+
+@njit(cache=True)
+def _tree_feasible(ws, r, lam, eps, stamp):
+    """Route the residuals exc of group r (setid == r) to r along a BFS spanning tree.
+
+    The flow on each tree edge is then the residual sum of the subtree below it; if none
+    exceeds lam, this is a feasible flow (zero on the other edges) and the group is certified
+    without a max-flow. Returns (stamp, feasible).
+    """
+    nbr, setid, exc, acc = ws.nbr, ws.setid, ws.exc, ws.acc
+    visited, parent, queue = ws.visited, ws.parent, ws.queue
+    stamp += 1
+    visited[r] = stamp
+    queue[0] = r
+    qt = 1
+    qh = 0
+    while qh < qt:
+        u = queue[qh]
+        qh += 1
+        acc[u] = exc[u]
+        for d in range(4):
+            v = nbr[u, d]
+            if v >= 0 and setid[v] == r and visited[v] != stamp:
+                visited[v] = stamp
+                parent[v] = u
+                queue[qt] = v
+                qt += 1
+    for t in range(qt - 1, 0, -1):
+        u = queue[t]
+        if abs(acc[u]) > lam + eps:
+            return stamp, False
+        acc[parent[u]] += acc[u]
+    return stamp, True
