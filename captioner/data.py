@@ -50,7 +50,7 @@ class ImageInputs:
 
 class CachedFeatureInputs:
     """Reads grid features from a :class:`data_prep.features.FeatureCache` -> float16 (h, w, C)
-    per entry, or (N, h, w, C) for a whole batch with one HDF5 selection (:meth:`many`).
+    per entry, or (N, h, w, C) for a whole batch into one array (:meth:`many`).
 
     The HDF5 file is opened lazily so that each DataLoader worker holds its own handle.
     :meth:`preload` reads the features of given entries into memory once instead (in the main
@@ -138,8 +138,8 @@ class CaptionPairs(Dataset):
         return self.inputs(self.entries[image]), self.encoded[image][caption]
 
     def __getitems__(self, indices: list[int]) -> list:
-        """A batch of samples; cached features are read with one selection for the batch
-        (the DataLoader calls this instead of ``__getitem__`` per sample)."""
+        """A batch of samples; cached features are read into one batch array (the DataLoader
+        calls this instead of ``__getitem__`` per sample, and collates no per-sample tensors)."""
         if not hasattr(self.inputs, "many"):
             return [self[index] for index in indices]
         images = self.image_index[indices].tolist()
@@ -166,7 +166,7 @@ class CaptionImages(Dataset):
         return self.inputs(entry), entry.image_id, _references(entry)
 
     def __getitems__(self, indices: list[int]) -> list:
-        """A batch of samples, cached features read with one selection (see CaptionPairs)."""
+        """A batch of samples, cached features read into one array (see CaptionPairs)."""
         if not hasattr(self.inputs, "many"):
             return [self[index] for index in indices]
         entries = [self.entries[index] for index in indices]
@@ -214,8 +214,8 @@ class CaptionDataModule(L.LightningDataModule):
         image_size: images are resized to ``image_size`` x ``image_size`` (paper: 256).
         batch_size: image-caption pairs per training batch.
         eval_batch_size: images per validation / test batch (decoded with beam search).
-        num_workers: DataLoader worker processes. Batches of cached features are read with
-            one HDF5 selection each, so few workers keep a GPU busy.
+        num_workers: DataLoader worker processes. Batches of cached features are read into
+            one array each, so few workers keep a GPU busy.
         preload_features: read the cached features of the splits in use into memory once
             (float16, h*w*C*2 bytes per image: 32 GB for COCO's 123,287 images at 8x8x2048),
             instead of reading them from the HDF5 file at every batch.
