@@ -77,3 +77,36 @@ def test_bad_lam_rejected(func):
 def test_bisect_n_iter_validated():
     with pytest.raises(ValueError, match="n_iter must be a positive int"):
         att.entmax_bisect(torch.zeros(3), 1.5, n_iter=0)
+
+
+def test_deferred_checks_raise_the_first_failure_when_read():
+    checks = att.DeferredChecks()
+    with checks:
+        # CPU tensors have no sync to save: they are checked at once, inside or not.
+        with pytest.raises(ValueError, match="scores contain NaN"):
+            att.sparsemax(torch.tensor([0.0, float("nan")]))
+    # What a GPU check queues: a device flag and a description read only on failure.
+    described = []
+    checks.add(torch.tensor(False), lambda: described.append("ok") or "never raised")
+    checks.add(torch.tensor(True), lambda: "first failure")
+    checks.add(torch.tensor(True), lambda: "second failure")
+    with pytest.raises(ValueError, match="^first failure$"):
+        checks.raise_first()
+    assert described == []
+    checks.raise_first()  # the queue was emptied
+
+
+def test_a_deferred_failure_that_proves_harmless_raises_nothing():
+    # checked_max's first test is coarse (the float64 sum of row maxima); when its closer look
+    # finds nothing wrong, the description says so with None.
+    checks = att.DeferredChecks()
+    checks.add(torch.tensor(True), lambda: None)
+    checks.raise_first()
+    huge = torch.full((2, 3), torch.finfo(torch.float64).max, dtype=torch.float64)
+    assert torch.isfinite(att.softmax(huge, dim=-1)).all()
+
+
+def test_a_learned_lam_is_checked_without_a_float_conversion():
+    lam = torch.tensor(-0.5, requires_grad=True)
+    with pytest.raises(ValueError, match=r"lam must be finite and >= 0, got -0\.5"):
+        att.tvmax(torch.zeros(2, 3, 3), lam)

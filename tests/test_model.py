@@ -169,3 +169,18 @@ def test_caption_model_accepts_images_and_cached_features():
         CaptionModel(None, decoder)(images, captions)
     with pytest.raises(ValueError, match="512 channels"):
         CaptionModel(encoder, small_decoder())
+
+
+@pytest.mark.parametrize("output_attention", ["softmax", "sparsemax", "entmax15", "tvmax"])
+def test_bf16_autocast_keeps_the_mappings_in_float32(output_attention):
+    decoder = small_decoder("softmax", output_attention)
+    features, captions = random_batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output = decoder(features, captions[:, :-1])
+        loss = caption_loss(output.scores, captions[:, 1:])
+    loss.backward()
+    assert output.scores.dtype == torch.bfloat16
+    for weights in (output.output_attention, output.input_attention):
+        assert weights.dtype == torch.float32
+        torch.testing.assert_close(weights.sum((-2, -1)), torch.ones(weights.shape[:2]))
+    assert all(torch.isfinite(p.grad).all() for p in decoder.parameters() if p.grad is not None)

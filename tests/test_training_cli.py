@@ -354,3 +354,17 @@ def test_fit_validate_and_test_each_have_their_own_help_line(capsys):
              if line.startswith("  ")}
     assert "--ckpt_path last resumes" in lines["fit"]
     assert "validation split" in lines["validate"] and "test split" in lines["test"]
+
+
+def test_float32_matmul_precision_is_set_before_training(synthetic_data, tiny_cache, tmp_path):
+    from captioner.training_cli import build_cli
+
+    before = torch.get_float32_matmul_precision()
+    try:
+        args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--float32_matmul_precision", "high")
+        build_cli(args, run=False)
+        assert torch.get_float32_matmul_precision() == "high"
+        build_cli(_cli_args(synthetic_data, tiny_cache, tmp_path), run=False)
+        assert torch.get_float32_matmul_precision() == "highest"  # the default, exact float32
+    finally:
+        torch.set_float32_matmul_precision(before)

@@ -1,0 +1,103 @@
+"""The training input pipeline on a feature cache: batched reads, float16 batches, preloading,
+and the benchmark that times it in a real fit."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from captioner.data import CaptionDataModule
+from data_prep.features import FeatureCacheWriter
+
+GRID, CHANNELS = (2, 3), 4
+
+
+@pytest.fixture
+def cached_dataset(tmp_path):
+    """Karpathy JSON of 6 train (2 captions each) and 2 val images, and their feature cache."""
+    images = [
+        {"imgid": i, "cocoid": 100 + i, "filepath": "x", "filename": f"{i}.jpg",
+         "split": "train" if i < 6 else "val",
+         "sentences": [{"tokens": ["a", f"w{i}"], "raw": f"a w{i}"},
+                       {"tokens": ["b", f"w{i}"], "raw": f"b w{i}"}]}
+        for i in range(8)
+    ]
+    karpathy = tmp_path / "dataset.json"
+    karpathy.write_text(json.dumps({"dataset": "coco", "images": images}))
+    features = np.random.default_rng(0).normal(size=(8, *GRID, CHANNELS)).astype(np.float16)
+    cache = tmp_path / "features.h5"
+    with FeatureCacheWriter(cache, grid=GRID, channels=CHANNELS, encoder={"arch": "x"}) as writer:
+        writer.add([100 + i for i in range(8)], features)
+    return karpathy, cache, features
+
+
+def _module(karpathy, cache, **kwargs):
+    module = CaptionDataModule(karpathy, karpathy.parent, feature_cache=cache, min_count=1,
+                               batch_size=5, eval_batch_size=3, num_workers=0, **kwargs)
+    module.setup("fit")
+    return module
+
+
+@pytest.mark.parametrize("preload", [False, True])
+def test_a_batch_read_at_once_equals_the_samples_read_one_by_one(cached_dataset, preload):
+    karpathy, cache, features = cached_dataset
+    module = _module(karpathy, cache, preload_features=preload)
+    train = module.datasets["train"]
+    indices = [7, 0, 3, 3, 11]
+    batch = train.__getitems__(indices)
+    for (inputs, caption), index in zip(batch, indices, strict=True):
+        expected_inputs, expected_caption = train[index]
+        assert torch.equal(inputs, expected_inputs) and caption == expected_caption
+        assert torch.equal(inputs, torch.from_numpy(features[index // 2]))
+    collated = next(iter(module.train_dataloader()))
+    assert collated["inputs"].dtype == torch.float16  # the model computes in float32
+    assert collated["inputs"].shape == (5, *GRID, CHANNELS)
+    val = next(iter(module.val_dataloader()))
+    assert val["image_ids"].tolist() == [106, 107]
+    assert torch.equal(val["inputs"], torch.from_numpy(features[6:8]))
+    assert val["references"][0] == ["a w6", "b w6"]
+
+
+def test_preloaded_features_are_read_once_and_survive_pickling(cached_dataset, monkeypatch):
+    import pickle
+
+    karpathy, cache, features = cached_dataset
+    module = _module(karpathy, cache, preload_features=True)
+    inputs = module.datasets["train"].inputs
+    assert inputs is module.datasets["val"].inputs  # one reader for every split
+
+    def no_file_reads(*args, **kwargs):
+        raise AssertionError("read the HDF5 file although the features are in memory")
+
+    monkeypatch.setattr(type(inputs.cache), "get_many", no_file_reads)
+    copy = pickle.loads(pickle.dumps(inputs))  # what a spawned worker receives
+    entries = module.datasets["train"].entries[:3]
+    assert torch.equal(copy.many(entries), torch.from_numpy(features[:3]))
+
+
+def test_pin_memory_follows_the_setting(cached_dataset):
+    karpathy, cache, _ = cached_dataset
+    assert not _module(karpathy, cache, pin_memory=False).train_dataloader().pin_memory
+    default = _module(karpathy, cache).train_dataloader().pin_memory
+    assert default == torch.cuda.is_available()
+
+
+def test_bench_fit_times_a_real_fit_against_the_model(tmp_path, capsys):
+    from captioner.benchmarks import fit
+
+    assert fit.main(["--images", "12", "--grid", "2", "--vocab-size", "30", "--batch-size", "4",
+                     "--steps", "4", "--warmup-steps", "1", "--mappings", "softmax",
+                     "--num-workers", "0", "--accelerator", "cpu",
+                     "--data", str(tmp_path / "data")]) == 0
+    out = capsys.readouterr().out
+    header, row = [line for line in out.splitlines() if line.startswith(("mapping", "softmax"))]
+    assert header.split()[:4] == ["mapping", "loader", "it/s", "fit"]
+    values = [float(v.rstrip("x")) for v in row.split()[1:]]
+    assert len(values) == 7 and all(v > 0 for v in values)
+    assert "COCO epoch: 566,747 caption pairs = 141,687 steps" in out
+    # The data are written once and reused.
+    settings = json.loads((tmp_path / "data" / "settings.json").read_text())
+    assert settings == {"images": 12, "grid": 2, "channels": 2048, "vocab_size": 30, "seed": 0}
