@@ -66,12 +66,16 @@ CHILD = textwrap.dedent(
     lam = torch.tensor(0.2, dtype=torch.float64, requires_grad=True)
     grad = torch.randn(5, 4 * 5, generator=g, dtype=torch.float64)
     results = {}
-    for name, function in (("device", T.TVmaxDeviceFunction), ("cpu", T.TVmaxFunction)):
+    runs = (("device", T.TVmaxDeviceFunction, True), ("host", T.TVmaxDeviceFunction, False),
+            ("cpu", T.TVmaxFunction, True))
+    for name, function, device_solver in runs:
+        T.DEVICE_SOLVER = device_solver
         zz = z.clone().requires_grad_()
         lam.grad = None
         weights = function.apply(zz, lam, torch.Size((5, 4, 5)))
         weights.backward(grad)
         results[name] = [weights.tolist(), zz.grad.tolist(), lam.grad.item()]
+    T.DEVICE_SOLVER = True
     out["function"] = {**results, "stats": dict(T.DEVICE_STATS)}
     bad = torch.randn(3, 4 * 5, dtype=torch.float64)
     bad[1, 2] = float("nan")
@@ -175,11 +179,13 @@ def test_certificate_rejects_an_unconverged_guess(interpreted):
     torch.testing.assert_close(weights[done], _exact(result)[done], atol=1e-12, rtol=0)
 
 
-def test_function_with_fallback_and_device_backward_matches_cpu(interpreted):
+@pytest.mark.parametrize("solver", ["device", "host"])
+def test_function_with_either_solver_and_device_backward_matches_cpu(interpreted, solver):
+    """The CUDA autograd Function, forward by either solver, backward by scatter."""
     result = interpreted["function"]
-    for got, expected in zip(result["device"], result["cpu"], strict=True):
+    for got, expected in zip(result[solver], result["cpu"], strict=True):
         torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), atol=1e-12, rtol=0)
-    assert result["stats"] == {"grids": 5, "fallback": 1}
+    assert result["stats"] == {"grids": 5, "fallback": 1}  # the host solver counts no grids
 
 
 def test_invalid_scores_raise_through_the_fallback(interpreted):
