@@ -428,3 +428,13 @@ def test_fused_kernel_drivers_agree_and_report_bad_rows():
     bad[5] = -np.inf
     code = kernels.tvmax_rows_parallel(bad, 0.2, p, group, dlam, 5, 6, 3, 40)
     assert code == 3 * 5 + kernels.EMPTY
+
+
+def test_the_device_solver_without_triton_is_an_error_not_a_silent_fallback(monkeypatch):
+    import sys
+
+    module = sys.modules["captioner.attention.tvmax"]
+    monkeypatch.setattr(module, "DEVICE_SOLVER", True)
+    monkeypatch.setattr(module, "_triton_installed", lambda: False)
+    with pytest.raises(RuntimeError, match="CAPTIONER_TVMAX_SOLVER=device needs Triton"):
+        module.TVmaxDeviceFunction.apply(torch.randn(2, 6), 0.1, torch.Size((2, 2, 3)))

@@ -201,7 +201,12 @@ class TVmaxDeviceFunction(torch.autograd.Function):
 def _solve_on_device(z: Tensor, lam: float | Tensor, grid_shape: torch.Size):
     """(weights, group int32, dlam float64) of the rows of z (B, H*W), all on z's device."""
     height, width = grid_shape[-2:]
-    if DEVICE_SOLVER and _triton_installed():
+    if DEVICE_SOLVER:
+        if not _triton_installed():
+            raise RuntimeError(
+                "CAPTIONER_TVMAX_SOLVER=device needs Triton (it ships with torch's CUDA wheels; "
+                "pip install triton), or set CAPTIONER_TVMAX_SOLVER=host"
+            )
         from ._tv2d_dykstra import tvmax_rows_dykstra
 
         weights, group, dlam, status, _ = tvmax_rows_dykstra(z, lam, height, width)
