@@ -53,10 +53,11 @@ CHILD = textwrap.dedent(
     run("float32", torch.randn(4, 8, 8, generator=g), 0.05, 8, 8)
     # One Dykstra iteration and one check: a guess far from converged, which the certificate
     # must reject rather than accept wrong groups.
+    schedule = D.CHECK_EVERY, D.MAX_ROUNDS
     D.CHECK_EVERY, D.MAX_ROUNDS = 1, 1
     g = torch.Generator().manual_seed(8)
     run("one_iteration_lam1", torch.randn(8, 6, 6, generator=g, dtype=torch.float64), 1.0, 6, 6)
-    D.CHECK_EVERY, D.MAX_ROUNDS = 2, 40
+    D.CHECK_EVERY, D.MAX_ROUNDS = schedule
 
     # The autograd Function on CPU tensors: device solver, host fallback, device backward.
     T.DEVICE_SOLVER = True
