@@ -98,7 +98,6 @@ def _banned_mask(banned_ids: Sequence[int], vocab_size: int, device) -> Tensor:
     return mask.to(device)
 
 
-@torch.no_grad()
 def _checks_read_once(search):
     """Run ``search`` with its attention checks read back once at the end (one host sync)
     instead of at every step (see attention.DeferredChecks)."""
@@ -113,6 +112,7 @@ def _checks_read_once(search):
     return run
 
 
+@torch.no_grad()
 @_checks_read_once
 def greedy_search(
     decoder: AttentionDecoder,

@@ -196,3 +196,15 @@ def test_float16_cached_features_decode_like_their_float32_values():
     from_half = beam_search(decoder, features, **options)
     from_float = beam_search(decoder, features.float(), **options)
     assert [h.token_ids for h in from_half] == [h.token_ids for h in from_float]
+
+
+@pytest.mark.parametrize("search", [greedy_search, beam_search])
+def test_searches_build_no_autograd_graph(search):
+    decoder = ending_decoder("softmax").eval()
+    features, _ = random_batch(batch=2, seed=4)
+    options = dict(start_id=START, end_id=END, max_length=MAX_LENGTH)
+    if search is beam_search:
+        options["beam_size"] = 2
+    for hypothesis in search(decoder, features, **options):
+        assert not hypothesis.output_attention.requires_grad
+        assert not hypothesis.input_attention.requires_grad
