@@ -30,6 +30,15 @@ def sparsemax_threshold(z: Tensor, dim: int) -> Tensor:
     return cumsum_minus_one.gather(dim, support_size - 1) / support_size.to(z.dtype)
 
 
+def sparsemax_jvp(grad: Tensor, support: Tensor, dim: int) -> Tensor:
+    """J_sparsemax(z) grad along ``dim`` (Martins & Astudillo, Eq. 14), with ``support`` the
+    bool mask p > 0: grad minus its mean over the support, exactly 0 off it (whatever grad
+    holds there: the Jacobian's rows and columns off the support are zero)."""
+    kept = torch.where(support, grad, 0.0)
+    mean = kept.sum(dim, keepdim=True) / support.sum(dim, keepdim=True)
+    return torch.where(support, kept - mean, 0.0)
+
+
 class SparsemaxFunction(torch.autograd.Function):
     """sparsemax with the closed-form Jacobian-vector product of Martins & Astudillo (Eq. 14).
 
@@ -48,10 +57,7 @@ class SparsemaxFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
         (p,) = ctx.saved_tensors
-        support = (p > 0).to(grad.dtype)
-        grad = grad * support
-        mean = grad.sum(ctx.dim, keepdim=True) / support.sum(ctx.dim, keepdim=True)
-        return grad.sub_(mean).mul_(support), None, None
+        return sparsemax_jvp(grad, p > 0, ctx.dim), None, None
 
 
 def sparsemax(z: Tensor, dim: int = -1, mask: Tensor | None = None) -> Tensor:

@@ -2,11 +2,12 @@
 
 TVmax(z) = argmin_{p in simplex} 1/2 ||p - z||^2 + lam * TV2D(p) over the H x W grid, with
 TV2D(p) = sum_ij |p_ij - p_i,j+1| + |p_ij - p_i+1,j| (anisotropic, 4-neighbour). By Proposition 1
-it is sparsemax(prox_{lam TV2D}(z)). The prox is solved exactly: on the CPU by certified merges
-or parametric min-cuts (``_tv2d_prox``, ``_tvmax_kernels``), on a GPU by certified proximal Dykstra
-(``_tv2d_dykstra``, Triton), whose rare uncertified grids go to the CPU solver. Its Jacobian
-averages over the fused groups (Proposition 2, Eq. 9; Algorithm 1) and its derivative in lam is
-each group's signed boundary count over its size (Eq. 8), so lam can be learned.
+it is sparsemax(prox_{lam TV2D}(z)). The prox is solved exactly on the CPU by certified merges
+or parametric min-cuts (``_tv2d_prox``, ``_tvmax_kernels``); CUDA scores go there too, unless
+CAPTIONER_TVMAX_SOLVER=device picks certified proximal Dykstra on the GPU (``_tv2d_dykstra``,
+Triton), whose uncertified grids go to the CPU solver. Its Jacobian averages over the fused
+groups (Proposition 2, Eq. 9; Algorithm 1) and its derivative in lam is each group's signed
+boundary count over its size (Eq. 8), so lam can be learned.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ._tvmax_kernels import (
     tvmax_rows_parallel,
     tvmax_rows_serial,
 )
-from .sparsemax import sparsemax
+from .sparsemax import sparsemax, sparsemax_jvp
 
 # Serial with one numba thread or a tiny batch, else parallel over grids (_grouped.by_size).
 _tv2d_prox_rows = by_size(tv2d_prox_rows_serial, tv2d_prox_rows_parallel)
@@ -185,7 +186,7 @@ class TVmaxDeviceFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         weights, group, dlam = ctx.saved_tensors
-        v = _sparsemax_jvp(grad.to(torch.float64), weights > 0)
+        v = sparsemax_jvp(grad.to(torch.float64), weights > 0, -1)
         present = group >= 0  # -1: a masked cell
         index = group.clamp_min(0).long()
         sums = torch.zeros_like(v).scatter_add_(1, index, v)
@@ -232,14 +233,6 @@ def _solve_on_device(z: Tensor, lam: float | Tensor, grid_shape: torch.Size):
     return weights, group, dlam
 
 
-def _sparsemax_jvp(grad: Tensor, support: Tensor) -> Tensor:
-    """J_sparsemax grad per row (Martins & Astudillo, Eq. 14): grad minus its mean over the
-    support, 0 off it."""
-    kept = torch.where(support, grad, 0.0)
-    mean = kept.sum(-1, keepdim=True) / support.sum(-1, keepdim=True)
-    return torch.where(support, grad - mean, 0.0)
-
-
 def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
     """TVmax(z) = sparsemax over the H*W cells of prox_{lam TV2D}(z) (Proposition 1).
 
@@ -249,9 +242,11 @@ def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
 
     Args:
         z: scores (..., H, W), float32 or float64 (others are computed in float64). On the
-            CPU the prox and the sparsemax run in one numba kernel (float64 inside); CUDA
-            tensors in one Triton kernel (certified Dykstra, float64 inside), with a host round
-            trip only for grids it leaves uncertified or that hold masked cells.
+            CPU the prox and the sparsemax run in one numba kernel (float64 inside). CUDA
+            tensors make a host round trip for the forward pass, or with
+            CAPTIONER_TVMAX_SOLVER=device run one Triton kernel (certified Dykstra, float64
+            inside) and cross to the host only for grids it leaves uncertified or that hold
+            masked cells; their backward pass runs on the GPU either way.
         lam: TV strength >= 0 (float or 0-dim tensor); lam = 0 is exactly sparsemax.
         mask: optional bool tensor broadcastable to ``z``, True = cell may receive attention.
             Masked cells (and ``-inf`` scores) take no part in the grid graph and get exactly
