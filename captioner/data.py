@@ -292,14 +292,17 @@ class CaptionDataModule(L.LightningDataModule):
             if not entries:
                 raise ValueError(f"{self.karpathy_json}: the {split!r} split has no images")
             self._check_inputs_exist(entries)
-            if self.hparams.preload_features and self.feature_cache is not None:
-                inputs.preload(entries)
             if split == "train":
                 self.datasets[split] = CaptionPairs(
                     entries, inputs, self.vocabulary, self.hparams.max_caption_length
                 )
             else:
                 self.datasets[split] = CaptionImages(entries, inputs)
+        if self.hparams.preload_features and self.feature_cache is not None:
+            # The stage's splits at once: one array, not one grown (and copied) per split.
+            inputs.preload(
+                [entry for split in _STAGE_SPLITS[stage] for entry in self.datasets[split].entries]
+            )
 
     def _inputs(self):
         if self.feature_cache is None:
