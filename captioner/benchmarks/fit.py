@@ -200,11 +200,9 @@ def time_fit(mapping: str, args: argparse.Namespace, karpathy: Path, cache: Path
 def time_model_step(module, args: argparse.Namespace, repeats: int = 30) -> float:
     """Milliseconds of the model's own training step (forward, loss, backward, Adam) on one
     resident batch of the fit's shape, with the fit's precision."""
-    import contextlib
-
     import torch
 
-    from captioner.losses import caption_loss
+    from captioner.benchmarks.model import train_step
 
     device = module.device
     decoder = module.model.decoder
@@ -215,19 +213,13 @@ def time_model_step(module, args: argparse.Namespace, repeats: int = 30) -> floa
     captions = torch.randint(4, module.hparams.vocab_size,
                              (args.batch_size, WORDS_PER_CAPTION + 2), generator=generator)
     captions = captions.to(device)
-    autocast = (torch.autocast(device.type, dtype=torch.bfloat16)
-                if args.precision and args.precision.startswith("bf16")
-                else contextlib.nullcontext())
+    bf16 = args.precision is not None and args.precision.startswith("bf16")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def step() -> None:
-        with autocast:
-            output = decoder(features.float(), captions[:, :-1])
-            loss = caption_loss(output.scores, captions[:, 1:],
-                                output_mapping=module.hparams.output_mapping)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else None
+        train_step(decoder, optimizer, features.float(), captions,
+                   module.hparams.output_mapping, autocast)
 
     decoder.train()
     for _ in range(3):

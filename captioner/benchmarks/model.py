@@ -91,6 +91,23 @@ def _positive(args: argparse.Namespace, *names: str) -> None:
             )
 
 
+def train_step(decoder, optimizer, features, captions, output_mapping: str = "softmax",
+               autocast=None) -> None:
+    """One teacher-forced training step of ``decoder``: forward on ``captions[:, :-1]``, the
+    loss of ``output_mapping`` on ``captions[:, 1:]`` (under ``autocast``, a context manager,
+    when given), backward and an optimizer step."""
+    import contextlib
+
+    from captioner.losses import caption_loss
+
+    with autocast or contextlib.nullcontext():
+        output = decoder(features, captions[:, :-1])
+        loss = caption_loss(output.scores, captions[:, 1:], output_mapping=output_mapping)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+
+
 class _Runner:
     """One decoder (output attention ``mapping``) with its optimizer and the two timed jobs."""
 
@@ -115,14 +132,8 @@ class _Runner:
         self.lengths: list[int] = []
 
     def train_step(self) -> None:
-        from captioner.losses import caption_loss
-
         self.decoder.train()
-        output = self.decoder(self.features, self.captions[:, :-1])
-        loss = caption_loss(output.scores, self.captions[:, 1:])
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
+        train_step(self.decoder, self.optimizer, self.features, self.captions)
 
     def beam_search(self) -> None:
         from captioner.decoding import beam_search
