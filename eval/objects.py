@@ -299,16 +299,19 @@ def object_statistics(
     inside: list[float] = []
     inside_phrase: list[float] = []
     for image_id, tokens in captions.items():
-        maps = attention[image_id]
-        inside.extend(attention_precision(tokens, maps, image_id, annotations, words).values())
-        inside_phrase.extend(
-            attention_precision(tokens, maps, image_id, annotations, words, modifiers).values()
+        phrase_shares = attention_precision(
+            tokens, attention[image_id], image_id, annotations, words, modifiers
         )
         truth = annotations.categories(image_id)
-        named = mentions(tokens, words).keys()
+        named = mentions(tokens, words)
+        # The naming words' own shares are those of the phrases' last words (modifier words
+        # are attributes, never category names).
+        heads = {position for category in truth & named.keys() for position in named[category]}
+        inside.extend(share for position, share in phrase_shares.items() if position in heads)
+        inside_phrase.extend(phrase_shares.values())
         annotated_total += len(truth)
         mentioned_total += len(named)
-        hits += len(truth & named)
+        hits += len(truth & named.keys())
     nan = float("nan")
     return {
         "object_recall": hits / annotated_total if annotated_total else nan,
