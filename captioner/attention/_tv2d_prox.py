@@ -150,6 +150,18 @@ def _merge_groups(ws, a, b):
     gfixed[a] += gfixed[b]
 
 
+@njit(cache=True, inline="always")
+def _singleton(ws, z, i, value):
+    """Make cell i a group of its own (root i) with value estimate ``value``."""
+    ws.lab[i] = i
+    ws.head[i] = i
+    ws.nxt[i] = -1
+    ws.size[i] = 1
+    ws.zsum[i] = z[i]
+    ws.gfixed[i] = ws.fixed[i]
+    ws.val[i] = value
+
+
 @njit(cache=True)
 def _split_group(ws, z, r, q, side_stamp, eps):
     """Split group r (cells members[:q]) into the connected parts of A (visited == side_stamp)
@@ -165,13 +177,7 @@ def _split_group(ws, z, r, q, side_stamp, eps):
         if lab[root] != -1:
             continue
         upper = visited[root] == side_stamp
-        lab[root] = root
-        head[root] = root
-        nxt[root] = -1
-        size[root] = 1
-        zsum[root] = z[root]
-        gfixed[root] = fixed[root]
-        val[root] = value + eps if upper else value - eps
+        _singleton(ws, z, root, value + eps if upper else value - eps)
         queue[0] = root
         qh = 0
         qt = 1
@@ -208,16 +214,10 @@ def _guess_and_verify(ws, z, lam, m, n_edges, eps, max_rounds, w, label, dlam):
     nbr, cnt, setid, order, exc, cap = ws.nbr, ws.cnt, ws.setid, ws.order, ws.exc, ws.cap
     visited, lab, head, nxt, size, zsum = ws.visited, ws.lab, ws.head, ws.nxt, ws.size, ws.zsum
     bsum, val, nv, members, roots, acc = ws.bsum, ws.val, ws.nv, ws.members, ws.roots, ws.acc
-    edge_a, edge_b, fixed, gfixed = ws.edge_a, ws.edge_b, ws.fixed, ws.gfixed
+    edge_a, edge_b, gfixed = ws.edge_a, ws.edge_b, ws.gfixed
     for k in range(m):
         i = order[k]
-        lab[i] = i
-        head[i] = i
-        nxt[i] = -1
-        size[i] = 1
-        zsum[i] = z[i]
-        gfixed[i] = fixed[i]
-        val[i] = z[i]
+        _singleton(ws, z, i, z[i])
         visited[i] = 0
     stamp = 0
     for _ in range(max_rounds):
