@@ -202,7 +202,7 @@ def test_command_user_errors(tiny_checkpoint, tmp_path, capsys):
 @pytest.mark.browser
 def test_browser_navigation_hash_and_screenshot(command_gallery):
     """Open the command's gallery from file://: captions shown, right arrow -> image 2."""
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (.ci/run does)")
@@ -230,8 +230,9 @@ def test_browser_navigation_hash_and_screenshot(command_gallery):
             page.screenshot(path=str(shot), full_page=True)
 
             page.keyboard.press("ArrowRight")
-            assert page.locator("#position").inner_text() == "Image 2 of 4"
             assert page.evaluate("location.hash") == "#2"
+            # The page renders on the hashchange event, which fires after the key press.
+            expect(page.locator("#position")).to_have_text("Image 2 of 4")
             assert page.locator(".image-name").inner_text() == data["images"][1]["name"]
             page.keyboard.press("k")
             assert page.evaluate("location.hash") == "#1"
