@@ -150,7 +150,7 @@ def test_tvmax_device_solver_matches_the_cpu_solver(shape, lam, dtype, device_so
     grad = torch.randn(*shape, generator=generator, dtype=dtype)
     results = []
     for device in ("cpu", "cuda"):
-        zz = z.to(device).requires_grad_()
+        zz = z.clone().to(device).requires_grad_()  # a leaf of its own on each device
         lam_t = torch.tensor(lam, dtype=dtype, device=device, requires_grad=True)
         before = dict(module.DEVICE_STATS)
         out = att.tvmax(zz, lam_t)

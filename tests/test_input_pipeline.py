@@ -85,11 +85,14 @@ def test_pin_memory_follows_the_setting(cached_dataset):
     assert default == torch.cuda.is_available()
 
 
-def test_bench_fit_times_a_real_fit_against_the_model(tmp_path, capsys):
+# 12 images x 5 captions = 15 batches of 4: 20 steps run into a second epoch, and the loader
+# alone is timed on the first epoch's batches only.
+@pytest.mark.parametrize(("steps", "warmup"), [(4, 1), (20, 0)])
+def test_bench_fit_times_a_real_fit_against_the_model(tmp_path, capsys, steps, warmup):
     from captioner.benchmarks import fit
 
     assert fit.main(["--images", "12", "--grid", "2", "--vocab-size", "30", "--batch-size", "4",
-                     "--steps", "4", "--warmup-steps", "1", "--mappings", "softmax",
+                     "--steps", str(steps), "--warmup-steps", str(warmup), "--mappings", "softmax",
                      "--num-workers", "0", "--accelerator", "cpu",
                      "--data", str(tmp_path / "data")]) == 0
     out = capsys.readouterr().out
@@ -98,6 +101,7 @@ def test_bench_fit_times_a_real_fit_against_the_model(tmp_path, capsys):
     values = [float(v.rstrip("x")) for v in row.split()[1:]]
     assert len(values) == 7 and all(v > 0 for v in values)
     assert "COCO epoch: 566,747 caption pairs = 141,687 steps" in out
+    assert f"steps {warmup + 1}-{steps} timed" in out
     # The data are written once and reused.
     settings = json.loads((tmp_path / "data" / "settings.json").read_text())
     assert settings == {"images": 12, "grid": 2, "channels": 2048, "vocab_size": 30, "seed": 0}

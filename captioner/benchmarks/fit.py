@@ -153,7 +153,7 @@ def _step_timer(warmup_steps: int):
                 torch.cuda.synchronize(module.device)
             return time.perf_counter()
 
-        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
             if trainer.global_step == warmup_steps and self.start is None:
                 self.start, self.first_step = self._now(module), trainer.global_step
 
@@ -167,9 +167,14 @@ def _step_timer(warmup_steps: int):
 
 def time_loader(datamodule, batches: int) -> float:
     """Milliseconds per training batch of the input pipeline alone (no model), after one
-    batch to start the workers."""
+    batch to start the workers; at most ``batches``, and no more than one epoch holds."""
     datamodule.setup("fit")
-    loader = iter(datamodule.train_dataloader())
+    loader = datamodule.train_dataloader()
+    batches = min(batches, len(loader) - 1)
+    if batches < 1:
+        raise SystemExit("captioner bench fit: one epoch holds too few batches to time the "
+                         "loader; raise --images")
+    loader = iter(loader)
     next(loader)
     start = time.perf_counter()
     for _ in range(batches):
