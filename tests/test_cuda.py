@@ -128,6 +128,29 @@ def test_caption_command_on_cuda_matches_cpu(tiny_checkpoint, synthetic_data, ca
     assert lines["cuda"] == lines["cpu"] and lines["cpu"]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("length", [64, 256, 10000, 20000])
+def test_sparsemax_on_cuda_matches_cpu(length, dtype):
+    """Rows up to FUSED_MAX_LENGTH take the fused Triton kernels, longer ones the sort path."""
+    import importlib
+
+    module = importlib.import_module("captioner.attention.sparsemax")
+    generator = torch.Generator().manual_seed(length)
+    z = torch.randn(32, length, generator=generator, dtype=dtype) * 0.1
+    grad = torch.randn(32, length, generator=generator, dtype=dtype)
+    assert module._use_fused_kernels(z.cuda(), -1) == (length <= module.FUSED_MAX_LENGTH)
+    results = []
+    for device in ("cpu", "cuda"):
+        zz = z.clone().to(device).requires_grad_()
+        p = att.sparsemax(zz)
+        p.backward(grad.to(device))
+        results.append((p.detach().cpu(), zz.grad.cpu()))
+    tol = 1e-6 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(results[1][0], results[0][0], atol=tol, rtol=0)
+    torch.testing.assert_close(results[1][1], results[0][1], atol=10 * tol, rtol=0)
+    assert torch.equal(results[1][0] > 0, results[0][0] > 0)
+
+
 def _tvmax_module():
     import sys
 

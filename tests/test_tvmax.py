@@ -435,6 +435,6 @@ def test_the_device_solver_without_triton_is_an_error_not_a_silent_fallback(monk
 
     module = sys.modules["captioner.attention.tvmax"]
     monkeypatch.setattr(module, "DEVICE_SOLVER", True)
-    monkeypatch.setattr(module, "_triton_installed", lambda: False)
+    monkeypatch.setattr(module, "triton_installed", lambda: False)
     with pytest.raises(RuntimeError, match="CAPTIONER_TVMAX_SOLVER=device needs Triton"):
         module.TVmaxDeviceFunction.apply(torch.randn(2, 6), 0.1, torch.Size((2, 2, 3)))

@@ -7,6 +7,11 @@ from torch import Tensor
 
 from ._checks import apply_mask, check_scores, checked_max
 from ._flat import FlatGridMapping
+from ._triton import triton_installed
+
+# Rows on a GPU up to this long run the fused Triton kernels, one program per row held in
+# registers (a 10k-word vocabulary fits); longer rows take the sort-based path.
+FUSED_MAX_LENGTH = 16384
 
 
 def ranks_along(z: Tensor, dim: int) -> Tensor:
@@ -64,7 +69,9 @@ def sparsemax(z: Tensor, dim: int = -1, mask: Tensor | None = None) -> Tensor:
     """sparsemax(z) = argmin_{p in simplex} ||p - z||^2 along ``dim`` (exact, sort-based).
 
     Martins & Astudillo (2016), Eq. 2 (forward, Alg. 1) and Eq. 14 (backward). Vectorized
-    over all other dimensions: O(n log n) per row for n = z.shape[dim].
+    over all other dimensions: O(n log n) per row for n = z.shape[dim]. On a GPU with Triton,
+    rows up to FUSED_MAX_LENGTH long run one fused kernel each way (``_sparsemax_triton``:
+    Michelot's algorithm, same result up to the order of the sums).
 
     Args:
         z: scores, any shape, float32 or float64, any device (runs natively on CUDA);
@@ -81,7 +88,21 @@ def sparsemax(z: Tensor, dim: int = -1, mask: Tensor | None = None) -> Tensor:
     """
     dim = check_scores(z, dim, "sparsemax")
     z = apply_mask(z, mask, "sparsemax")
-    return SparsemaxFunction.apply(z, checked_max(z, dim, "sparsemax"), dim)
+    z_max = checked_max(z, dim, "sparsemax")
+    if not _use_fused_kernels(z, dim):
+        return SparsemaxFunction.apply(z, z_max, dim)
+    from ._sparsemax_triton import SparsemaxRowsFunction
+
+    rows = z.movedim(dim, -1)
+    p = SparsemaxRowsFunction.apply(rows.reshape(-1, rows.shape[-1]).contiguous())
+    return p.view(rows.shape).movedim(-1, dim)
+
+
+def _use_fused_kernels(z: Tensor, dim: int) -> bool:
+    """Whether ``z`` takes the fused Triton kernels: CUDA scores with rows of at most
+    FUSED_MAX_LENGTH entries, when Triton is installed (the sort-based path otherwise)."""
+    return (z.is_cuda and z.numel() > 0 and z.shape[dim] <= FUSED_MAX_LENGTH
+            and triton_installed())
 
 
 class Sparsemax(FlatGridMapping):

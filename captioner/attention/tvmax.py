@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import os
-from functools import cache, partial
+from functools import partial
 
 import numba
 import numpy as np
@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from ._checks import apply_mask, check_lam, check_mask, check_scores, checked_max
 from ._grouped import by_size, grouped_prox, is_zero
+from ._triton import triton_installed
 from ._tv2d_prox import MAX_MERGE_ROUNDS, tv2d_prox_rows_parallel, tv2d_prox_rows_serial
 from ._tvmax_kernels import (
     tvmax_backward_rows_parallel,
@@ -49,15 +50,6 @@ if _solver not in SOLVERS:
 DEVICE_SOLVER = _solver == "device"
 # Grids solved by the device solver, and how many of them its certificate left to the CPU.
 DEVICE_STATS = {"grids": 0, "fallback": 0}
-
-
-@cache
-def _triton_installed() -> bool:
-    try:
-        import triton  # noqa: F401  (ships with torch's CUDA wheels)
-    except ImportError:
-        return False
-    return True
 
 
 def _solve_on_host(z: np.ndarray, lam: float, height: int, width: int):
@@ -203,7 +195,7 @@ def _solve_on_device(z: Tensor, lam: float | Tensor, grid_shape: torch.Size):
     """(weights, group int32, dlam float64) of the rows of z (B, H*W), all on z's device."""
     height, width = grid_shape[-2:]
     if DEVICE_SOLVER:
-        if not _triton_installed():
+        if not triton_installed():
             raise RuntimeError(
                 "CAPTIONER_TVMAX_SOLVER=device needs Triton (it ships with torch's CUDA wheels; "
                 "pip install triton), or set CAPTIONER_TVMAX_SOLVER=host"
