@@ -15,13 +15,14 @@ Batches are dicts:
 
 from __future__ import annotations
 
+import os
 from functools import cached_property
 from pathlib import Path
 
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 from data_prep.features import FeatureCache
 from data_prep.images import imagenet_transform, load_image
@@ -198,6 +199,32 @@ def collate_images(samples) -> dict:
     }
 
 
+class EpochShuffle(RandomSampler):
+    """A random order of the samples drawn from (seed, epoch) alone, not from the global RNG.
+
+    Lightning calls :meth:`set_epoch` before every training epoch but the first it runs, whose
+    order is drawn when the loader is created: ``epoch`` is that one (the restored epoch when a
+    run resumes). The order of an epoch, and the global random numbers the model draws
+    (dropout), are then the same whether the loader was created at the first epoch and kept
+    (persistent workers) or created again on resuming: what ``--ckpt_path last`` needs to end
+    with an uninterrupted run's weights.
+    """
+
+    def __init__(self, data_source: Dataset, seed: int, epoch: int):
+        super().__init__(data_source, generator=torch.Generator())
+        self.seed = seed
+        self.set_epoch(epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.generator.manual_seed(self.seed + epoch)
+
+
+def _global_seed() -> int:
+    # The seed of seed_everything (LightningCLI's seed_everything), as Lightning's own
+    # distributed sampler reads it; 0 when none was set.
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+
 class CaptionDataModule(L.LightningDataModule):
     """Karpathy-split captions with images (``image_root``) or cached features.
 
@@ -344,15 +371,21 @@ class CaptionDataModule(L.LightningDataModule):
         pin = self.hparams.pin_memory
         if pin is None:
             pin = torch.cuda.is_available()
+        dataset, seed = self.datasets[split], _global_seed()
+        # The epoch Lightning's fit loop hands to set_epoch: on resuming, the restored one.
+        trainer = self.trainer
+        epoch = trainer.fit_loop.epoch_progress.current.processed if trainer is not None else 0
         return DataLoader(
-            self.datasets[split],
+            dataset,
             batch_size=self.hparams.batch_size if train else self.hparams.eval_batch_size,
-            shuffle=train,
+            sampler=EpochShuffle(dataset, seed, epoch) if train else None,
             drop_last=False,
             num_workers=self.hparams.num_workers,
             persistent_workers=self.hparams.num_workers > 0,
             pin_memory=pin,
             collate_fn=collate_pairs if train else collate_images,
+            # The workers' seeds come from here rather than from the global RNG.
+            generator=torch.Generator().manual_seed(seed),
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -130,14 +130,19 @@ def _run(*argv: str) -> tuple[int, str, str]:
     return run.returncode, run.stdout, run.stderr
 
 
+# With loader workers, which persist from epoch to epoch: an uninterrupted run creates its
+# loaders once, a resumed one again, so the shuffle and the model's random numbers must not
+# depend on when a loader was created.
+@pytest.mark.parametrize("workers", ["0", "2"])
 def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
-    synthetic_data, tiny_cache, tmp_path
+    synthetic_data, tiny_cache, tmp_path, workers
 ):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert lightning_main(["fit", *_cli_args(synthetic_data, tiny_cache, straight),
+    assert lightning_main(["fit", *_cli_args(synthetic_data, tiny_cache, straight,
+                                             "--data.num_workers", workers),
                            "--trainer.max_epochs", "3"]) == 0
     # "Killed" after epoch 2's checkpoint: the same config stopped there, then resumed.
-    args = _cli_args(synthetic_data, tiny_cache, resumed)
+    args = _cli_args(synthetic_data, tiny_cache, resumed, "--data.num_workers", workers)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "2"]) == 0
     run = resumed / "runs" / "demo_softmax" / "version_0"
     assert load_safely(run / "checkpoints" / "last.ckpt")["global_step"] == 4
