@@ -15,14 +15,13 @@ Batches are dicts:
 
 from __future__ import annotations
 
-import os
 from functools import cached_property
 from pathlib import Path
 
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, RandomSampler
+from torch.utils.data import DataLoader, Dataset
 
 from data_prep.features import FeatureCache
 from data_prep.images import imagenet_transform, load_image
@@ -199,32 +198,6 @@ def collate_images(samples) -> dict:
     }
 
 
-class EpochShuffle(RandomSampler):
-    """A random order of the samples drawn from (seed, epoch) alone, not from the global RNG.
-
-    Lightning calls :meth:`set_epoch` before every training epoch but the first it runs, whose
-    order is drawn when the loader is created: ``epoch`` is that one (the restored epoch when a
-    run resumes). The order of an epoch, and the global random numbers the model draws
-    (dropout), are then the same whether the loader was created at the first epoch and kept
-    (persistent workers) or created again on resuming: what ``--ckpt_path last`` needs to end
-    with an uninterrupted run's weights.
-    """
-
-    def __init__(self, data_source: Dataset, seed: int, epoch: int):
-        super().__init__(data_source, generator=torch.Generator())
-        self.seed = seed
-        self.set_epoch(epoch)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.generator.manual_seed(self.seed + epoch)
-
-
-def _global_seed() -> int:
-    # The seed of seed_everything (LightningCLI's seed_everything), as Lightning's own
-    # distributed sampler reads it; 0 when none was set.
-    return int(os.environ.get("PL_GLOBAL_SEED", 0))
-
-
 class CaptionDataModule(L.LightningDataModule):
     """Karpathy-split captions with images (``image_root``) or cached features.
 
@@ -371,21 +344,20 @@ class CaptionDataModule(L.LightningDataModule):
         pin = self.hparams.pin_memory
         if pin is None:
             pin = torch.cuda.is_available()
-        dataset, seed = self.datasets[split], _global_seed()
-        # The epoch Lightning's fit loop hands to set_epoch: on resuming, the restored one.
-        trainer = self.trainer
-        epoch = trainer.fit_loop.epoch_progress.current.processed if trainer is not None else 0
         return DataLoader(
-            dataset,
+            self.datasets[split],
             batch_size=self.hparams.batch_size if train else self.hparams.eval_batch_size,
-            sampler=EpochShuffle(dataset, seed, epoch) if train else None,
+            shuffle=train,
             drop_last=False,
             num_workers=self.hparams.num_workers,
-            persistent_workers=self.hparams.num_workers > 0,
+            # Workers start afresh every epoch, as without workers: each epoch's iterator then
+            # draws its shuffle and worker seeds from the global RNG at the same point in an
+            # uninterrupted run and in a resumed one (whose loaders are new), so that resuming
+            # ends with the same weights. Persistent workers skip those draws after the first
+            # epoch, and a resume made them again. Starting workers costs well under a second.
+            persistent_workers=False,
             pin_memory=pin,
             collate_fn=collate_pairs if train else collate_images,
-            # The workers' seeds come from here rather than from the global RNG.
-            generator=torch.Generator().manual_seed(seed),
         )
 
     def train_dataloader(self) -> DataLoader:

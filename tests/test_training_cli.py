@@ -130,9 +130,8 @@ def _run(*argv: str) -> tuple[int, str, str]:
     return run.returncode, run.stdout, run.stderr
 
 
-# With loader workers, which persist from epoch to epoch: an uninterrupted run creates its
-# loaders once, a resumed one again, so the shuffle and the model's random numbers must not
-# depend on when a loader was created.
+# With loader workers too: were they kept from epoch to epoch, an uninterrupted run would
+# start them once and a resumed run again, drawing its shuffle and dropout masks elsewhere.
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
     synthetic_data, tiny_cache, tmp_path, workers
