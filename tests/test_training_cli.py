@@ -267,6 +267,19 @@ def test_user_errors_are_one_line_and_exit_2(synthetic_data, tiny_cache, tmp_pat
     assert len(errors) == 1 and message in errors[0], err
 
 
+def test_unloadable_encoder_weights_are_one_line_and_exit_2(synthetic_data, tiny_cache,
+                                                           tmp_path):
+    # The same error as named ImageNet weights that are neither cached nor downloadable.
+    weights = tmp_path / "encoder.pt"
+    weights.write_bytes(b"not a state_dict")
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    code, _, err = _run("fit", *args, "--trainer.max_epochs", "1",
+                        "--model.encoder_weights", str(weights))
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    errors = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
+    assert len(errors) == 1 and "encoder weights file" in errors[0] and str(weights) in errors[0]
+
+
 def test_captioner_debug_shows_the_traceback(synthetic_data, tiny_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("CAPTIONER_DEBUG", "1")
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--data.karpathy_json", "missing.json")

@@ -34,6 +34,7 @@ def main(argv: list[str]) -> int:
 
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+    from captioner.model.encoder import EncoderWeightsError
     from captioner.training_cli import UserError, build_cli, end_distributed
 
     # LightningCLI warns when it is handed args while sys.argv also holds some; from the console
@@ -41,7 +42,8 @@ def main(argv: list[str]) -> int:
     args = None if list(argv) == sys.argv[1:] else list(argv)
     try:
         cli = build_cli(args)
-    except (UserError, OSError, ValueError, ArgumentError, MisconfigurationException) as exc:
+    except (UserError, OSError, ValueError, ArgumentError, MisconfigurationException,
+            EncoderWeightsError) as exc:
         if os.environ.get("CAPTIONER_DEBUG"):
             raise
         print(f"captioner {argv[0]}: {exc}", file=sys.stderr)
