@@ -1,7 +1,9 @@
-"""``captioner bench model`` runs end to end on tiny sizes and reports a failing mapping's error."""
+"""``captioner bench`` lists its benchmarks; ``bench model`` runs end to end on tiny sizes and
+reports a failing mapping's error."""
 
 from __future__ import annotations
 
+import importlib
 import json
 
 from captioner.benchmarks import model as bench
@@ -30,3 +32,14 @@ def test_bench_model_reports_a_failing_mapping_and_measures_the_rest(capsys):
     printed = capsys.readouterr().out
     assert "nope        error: ValueError: unknown attention mapping 'nope'" in printed
     assert "softmax" in printed.splitlines()[3]
+
+
+def test_bench_help_names_every_benchmark(capsys):
+    from captioner.commands import bench as command
+
+    assert command.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name, target in command._TARGETS.items():
+        assert f"  {name} " in out and importlib.import_module(target).HELP in out
+    assert command.main(["nope"]) == 2
+    assert capsys.readouterr().err.startswith("usage: captioner bench")

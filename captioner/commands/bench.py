@@ -16,10 +16,13 @@ _TARGETS = {
 
 
 def main(argv: list[str]) -> int:
+    usage = f"usage: captioner bench {{{','.join(_TARGETS)}}} [--help]"
+    if argv and argv[0] in ("-h", "--help"):
+        lines = [f"  {name:<10} {importlib.import_module(target).HELP}"
+                 for name, target in _TARGETS.items()]
+        print("\n".join([usage, "", *lines, "", "captioner bench NAME --help: its options"]))
+        return 0
     if not argv or argv[0] not in _TARGETS:
-        print(
-            f"usage: captioner bench {{{','.join(_TARGETS)}}} [--help]",
-            file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout,
-        )
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+        print(usage, file=sys.stderr)
+        return 2
     return int(importlib.import_module(_TARGETS[argv[0]]).main(argv[1:]) or 0)
