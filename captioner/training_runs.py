@@ -9,10 +9,12 @@ lists).
 :class:`LastCheckpoint` writes ``last.ckpt`` at the end of every training epoch, after the
 epoch's validation (so it holds the updated best-score tracking), whatever the score did, and
 every ``every_n_train_steps`` optimizer steps when that is > 0. It also stores the random
-number generators' states (torch, CUDA, numpy, Python) and restores them on resume, so that a
-run resumed from an end-of-epoch checkpoint draws the same shuffles and dropout masks as an
-uninterrupted run and ends with the same weights. A resume from a mid-epoch checkpoint
-continues at its step, but the rest of that epoch draws a new shuffle.
+number generators' states (torch, CUDA, numpy, Python) of every process and restores each
+process's own on resume, so that a run resumed from an end-of-epoch checkpoint draws the same
+shuffles and dropout masks as an uninterrupted run and ends with the same weights (under DDP the
+processes' states differ: their batches differ in shape, so their dropout draws differ too).
+A resume from a mid-epoch checkpoint continues at its step, but the rest of that epoch draws
+a new shuffle.
 """
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ class LastCheckpoint(Checkpoint):
             raise ValueError(f"every_n_train_steps must be >= 0, got {every_n_train_steps}")
         self.every_n_train_steps = every_n_train_steps
         self.path: Path | None = None
+        self._rank = 0
+        self._states_by_rank: list[dict[str, Any]] = []
+
+    def setup(self, trainer: L.Trainer, pl_module, stage: str) -> None:
+        # Before a checkpoint is restored, so load_state_dict knows whose states to take.
+        self._rank = trainer.global_rank
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         n = self.every_n_train_steps
@@ -68,19 +76,33 @@ class LastCheckpoint(Checkpoint):
         best = _best_callback(trainer)
         folder = Path(best.dirpath) if best is not None and best.dirpath else _log_dir(trainer)
         self.path = folder / LAST_NAME
+        self._states_by_rank = _gather(_rng_states(), trainer.world_size)
         trainer.save_checkpoint(self.path, weights_only=False)  # full state
         if trainer.is_global_zero:
             epochs = trainer.current_epoch + int(epoch_done)
             write_progress(folder, trainer, self.path, epochs_done=epochs)
 
     def state_dict(self) -> dict[str, Any]:
-        # Called while the checkpoint is written, so these are the states at the save.
-        return {"rng": _rng_states()}
+        # Called while the checkpoint is written, so these are the states at the save; "rng"
+        # is this process's, for checkpoints of a run with another number of processes.
+        return {"rng": _rng_states(), "rng_by_rank": self._states_by_rank}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # Called when fit restores a checkpoint, before any data is drawn.
-        if "rng" in state_dict:
+        by_rank = state_dict.get("rng_by_rank") or []
+        if self._rank < len(by_rank):
+            _set_rng_states(by_rank[self._rank])
+        elif "rng" in state_dict:
             _set_rng_states(state_dict["rng"])
+
+
+def _gather(state: dict[str, Any], world_size: int) -> list[dict[str, Any]]:
+    """Every process's ``state`` in rank order (a collective under DDP: all ranks call it)."""
+    if world_size == 1 or not torch.distributed.is_initialized():
+        return [state]
+    states: list[Any] = [None] * world_size
+    torch.distributed.all_gather_object(states, state)
+    return states
 
 
 def _best_callback(trainer: L.Trainer) -> ModelCheckpoint | None:

@@ -363,6 +363,34 @@ def test_two_process_ddp_on_cpu(synthetic_data, tiny_cache, tmp_path):
     assert any(row.get("val/CIDEr") for row in metrics)
 
 
+def _ddp_fit(args: list[str], cwd: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PL_DISABLE_FORK": "1"}
+    run = subprocess.run([sys.executable, "-m", "captioner.cli", "fit", *args], cwd=cwd, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_ddp_resume_ends_with_the_weights_of_an_uninterrupted_run(synthetic_data, tiny_cache,
+                                                                  tmp_path):
+    # The two processes' batches differ in length, so their dropout draws and RNG states do:
+    # each process must get its own states back.
+    ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    straight.mkdir()
+    resumed.mkdir()
+    _ddp_fit([*_cli_args(synthetic_data, tiny_cache, straight, *ddp),
+              "--trainer.max_epochs", "3"], straight)
+    args = _cli_args(synthetic_data, tiny_cache, resumed, *ddp)
+    _ddp_fit([*args, "--trainer.max_epochs", "2"], resumed)
+    _ddp_fit([*args, "--trainer.max_epochs", "3", "--ckpt_path", "last"], resumed)
+    last = Path("runs", "demo_softmax", "version_0", "checkpoints", "last.ckpt")
+    a, b = load_safely(straight / last), load_safely(resumed / last)
+    assert a["global_step"] == b["global_step"] == 6
+    assert len(b["callbacks"]["LastCheckpoint"]["rng_by_rank"]) == 2
+    for name, tensor in a["state_dict"].items():
+        assert torch.equal(tensor, b["state_dict"][name]), name
+
+
 def test_fit_validate_and_test_each_have_their_own_help_line(capsys):
     from captioner.cli import main as cli_main
 
