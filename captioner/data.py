@@ -354,7 +354,7 @@ class CaptionDataModule(L.LightningDataModule):
             # draws its shuffle and worker seeds from the global RNG at the same point in an
             # uninterrupted run and in a resumed one (whose loaders are new), so that resuming
             # ends with the same weights. Persistent workers skip those draws after the first
-            # epoch, and a resume made them again. Starting workers costs well under a second.
+            # epoch, and a resume made them again. The cost: the workers start once per epoch.
             persistent_workers=False,
             pin_memory=pin,
             collate_fn=collate_pairs if train else collate_images,

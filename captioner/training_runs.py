@@ -78,6 +78,8 @@ class LastCheckpoint(Checkpoint):
         self.path = folder / LAST_NAME
         self._states_by_rank = _gather(_rng_states(), trainer.world_size)
         trainer.save_checkpoint(self.path, weights_only=False)  # full state
+        # Other checkpoints (the best ones) store no stale states: only "rng", current.
+        self._states_by_rank = []
         if trainer.is_global_zero:
             epochs = trainer.current_epoch + int(epoch_done)
             write_progress(folder, trainer, self.path, epochs_done=epochs)
