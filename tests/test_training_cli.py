@@ -338,20 +338,26 @@ def test_cache_of_another_encoder_is_refused(synthetic_data, tiny_cache, tmp_pat
     assert re.search("layer='layer3'.*layer='layer4'", capsys.readouterr().err)
 
 
-def test_two_process_ddp_on_cpu(synthetic_data, tiny_cache, tmp_path):
-    args = _cli_args(
-        synthetic_data, tiny_cache, tmp_path,
-        "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu",
-        "--trainer.max_epochs", "1",
-    )
+# Lightning's DDP on two CPU processes (gloo).
+DDP_ON_TWO_CPUS = ("--trainer.strategy", "ddp", "--trainer.devices", "2",
+                   "--trainer.accelerator", "cpu")
+
+
+def _ddp_fit(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``captioner fit ARGS`` in a subprocess in ``cwd``, which must exit with status 0."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PL_DISABLE_FORK": "1"}
-    run = subprocess.run(
-        [sys.executable, "-m", "captioner.cli", "fit", *args],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
-    )
+    run = subprocess.run([sys.executable, "-m", "captioner.cli", "fit", *args], cwd=cwd, env=env,
+                         capture_output=True, text=True, timeout=240)
     # Exit status 0 also means the process group was destroyed: gloo threads left alive at
     # interpreter exit abort a rank (exit -6) after the work is done.
     assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+def test_two_process_ddp_on_cpu(synthetic_data, tiny_cache, tmp_path):
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, *DDP_ON_TWO_CPUS,
+                     "--trainer.max_epochs", "1")
+    run = _ddp_fit(args, tmp_path)
     assert "terminate called" not in run.stderr
     assert run.stdout.count("run folder:") == 1  # the summary comes from rank 0 only
     assert "distributed_backend=gloo" in run.stderr + run.stdout
@@ -363,24 +369,16 @@ def test_two_process_ddp_on_cpu(synthetic_data, tiny_cache, tmp_path):
     assert any(row.get("val/CIDEr") for row in metrics)
 
 
-def _ddp_fit(args: list[str], cwd: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PL_DISABLE_FORK": "1"}
-    run = subprocess.run([sys.executable, "-m", "captioner.cli", "fit", *args], cwd=cwd, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-
-
 def test_ddp_resume_ends_with_the_weights_of_an_uninterrupted_run(synthetic_data, tiny_cache,
                                                                   tmp_path):
     # The two processes' batches differ in length, so their dropout draws and RNG states do:
     # each process must get its own states back.
-    ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     straight.mkdir()
     resumed.mkdir()
-    _ddp_fit([*_cli_args(synthetic_data, tiny_cache, straight, *ddp),
+    _ddp_fit([*_cli_args(synthetic_data, tiny_cache, straight, *DDP_ON_TWO_CPUS),
               "--trainer.max_epochs", "3"], straight)
-    args = _cli_args(synthetic_data, tiny_cache, resumed, *ddp)
+    args = _cli_args(synthetic_data, tiny_cache, resumed, *DDP_ON_TWO_CPUS)
     _ddp_fit([*args, "--trainer.max_epochs", "2"], resumed)
     _ddp_fit([*args, "--trainer.max_epochs", "3", "--ckpt_path", "last"], resumed)
     last = Path("runs", "demo_softmax", "version_0", "checkpoints", "last.ckpt")
