@@ -84,6 +84,7 @@ CKPT_PATH_HELP = {
 _NAMED_CHECKPOINTS = ("last", "best")
 
 
+# torch.set_float32_matmul_precision's settings; the first (exact float32) is the default.
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 
@@ -120,7 +121,7 @@ class CaptionerCLI(LightningCLI):
             help="runs/NAME/version_N folder name (default: the first config file's stem)",
         )
         parser.add_argument(
-            "--float32_matmul_precision", choices=MATMUL_PRECISIONS, default="highest",
+            "--float32_matmul_precision", choices=MATMUL_PRECISIONS, default=MATMUL_PRECISIONS[0],
             help="torch.set_float32_matmul_precision: 'high' lets float32 matrix products use "
             "TF32 tensor cores on NVIDIA GPUs (Ampere and later), faster and less exact",
         )
@@ -187,7 +188,9 @@ class CaptionerCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
-        torch.set_float32_matmul_precision(config.get("float32_matmul_precision") or "highest")
+        torch.set_float32_matmul_precision(
+            config.get("float32_matmul_precision") or MATMUL_PRECISIONS[0]
+        )
         logger = config.trainer.get("logger")
         init_args = getattr(logger, "init_args", None)
         if init_args is None or "name" not in init_args:

@@ -31,6 +31,8 @@ CHANNELS = 2048  # the paper configs' encoder: ResNet-101 up to layer4
 
 
 def _parser() -> argparse.ArgumentParser:
+    from captioner.training_cli import MATMUL_PRECISIONS
+
     parser = argparse.ArgumentParser(prog="captioner bench fit", description=HELP)
     parser.add_argument("--mappings", default="softmax,tvmax",
                         help="output attention mappings, each trained with configs/coco_<name>"
@@ -47,8 +49,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="hold the features in memory (data.preload_features)")
     parser.add_argument("--precision", default=None,
                         help="--trainer.precision of the fit, e.g. bf16-mixed")
-    parser.add_argument("--float32-matmul-precision", default="highest",
-                        choices=("highest", "high", "medium"))
+    parser.add_argument("--float32-matmul-precision", default=MATMUL_PRECISIONS[0],
+                        choices=MATMUL_PRECISIONS)
     parser.add_argument("--accelerator", default="auto")
     parser.add_argument("--data", type=Path, default=None,
                         help="folder for the generated data, kept and reused (default: a "
