@@ -62,6 +62,7 @@ def _mappings(device: str) -> tuple[dict[str, Callable], dict[str, list[int]]]:
     """name -> f(scores (B, H, W)) -> weights (B, H, W), and the device solver's counts of
     (grids, grids left to the CPU) per TVmax mapping."""
     from captioner import attention
+    from captioner.benchmarks import counting_device_solver
 
     # The module (the package's name ``tvmax`` is the function).
     tvmax_module = importlib.import_module("captioner.attention.tvmax")
@@ -84,11 +85,9 @@ def _mappings(device: str) -> tuple[dict[str, Callable], dict[str, list[int]]]:
 
     def counted(name: str, lam: float) -> Callable:
         def run(z):
-            stats = tvmax_module.DEVICE_STATS
-            before = (stats["grids"], stats["fallback"])
-            out = attention.tvmax(z, lam)
-            fallbacks[name][0] += stats["grids"] - before[0]
-            fallbacks[name][1] += stats["fallback"] - before[1]
+            out, grids, fallback = counting_device_solver(lambda: attention.tvmax(z, lam))
+            fallbacks[name][0] += grids
+            fallbacks[name][1] += fallback
             return out
         fallbacks[name] = [0, 0]
         return run

@@ -14,7 +14,6 @@ add: at 1.00x they are hidden entirely.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import tempfile
 import time
@@ -187,21 +186,20 @@ def time_loader(datamodule, batches: int) -> float:
 def time_fit(mapping: str, args: argparse.Namespace, karpathy: Path, cache: Path,
              runs: Path) -> dict:
     """Seconds per step of a real fit, and the model and vocabulary it trained."""
+    from captioner.benchmarks import counting_device_solver
     from captioner.training_cli import build_cli
 
-    stats = importlib.import_module("captioner.attention.tvmax").DEVICE_STATS
     cli = build_cli(_fit_arguments(mapping, args, karpathy, cache, runs), run=False)
     loader_ms = time_loader(cli.datamodule, min(args.steps, 200))
     timer = _step_timer(args.warmup_steps)
     cli.trainer.callbacks.append(timer)
-    before = dict(stats)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    _, grids, fallback = counting_device_solver(
+        lambda: cli.trainer.fit(cli.model, datamodule=cli.datamodule))
     return {"fit_ms": 1000.0 * timer.seconds / timer.steps, "steps": timer.steps,
             "loader_ms": loader_ms,
             # Lightning moves the module back to the CPU when fit ends.
             "module": cli.model, "device": cli.trainer.strategy.root_device,
-            "grids": stats["grids"] - before["grids"],
-            "fallback": stats["fallback"] - before["fallback"]}
+            "grids": grids, "fallback": fallback}
 
 
 def time_model_step(module, args: argparse.Namespace, repeats: int = 30) -> float:
