@@ -157,7 +157,7 @@ class CaptionerCLI(LightningCLI):
 
     def _resolve_named(self, subcommand: str, config, which: str) -> Path:
         """``last`` / ``best`` of the newest run of this config; fit resumes into that run."""
-        root, name = self._run_root(config), self.run_name(config)
+        root, name = self._run_root(config), self._run_folder_name(config)
         if subcommand == "fit" and which == "best":
             raise UserError("--ckpt_path best: fit resumes from 'last' or a checkpoint file")
         found = latest_resumable(root, name)
@@ -195,8 +195,7 @@ class CaptionerCLI(LightningCLI):
         init_args = getattr(logger, "init_args", None)
         if init_args is None or "name" not in init_args:
             return
-        if init_args.get("name") in (None, _DEFAULT_LOGGER_NAME):
-            init_args["name"] = self.run_name(config)
+        init_args["name"] = self._run_folder_name(config)
         if "version" not in init_args:
             return
         if self._resume_version is not None:
@@ -213,6 +212,17 @@ class CaptionerCLI(LightningCLI):
         if config.get("run_name"):
             return config["run_name"]
         return Path(self._first_config).stem if self._first_config else "captioner"
+
+    def _run_folder_name(self, config) -> str:
+        """NAME of runs/NAME/version_N, the same for training and for ``--ckpt_path last``:
+        ``--run_name``, else the logger's own name when a config sets one (a run's saved
+        config.yaml does), else the first config file's stem (:meth:`run_name`)."""
+        logger = config.trainer.get("logger")
+        init_args = getattr(logger, "init_args", None)
+        name = init_args.get("name") if init_args is not None else None
+        if config.get("run_name") or name in (None, _DEFAULT_LOGGER_NAME):
+            return self.run_name(config)
+        return name
 
     @staticmethod
     def _run_root(config) -> Path:

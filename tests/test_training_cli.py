@@ -174,6 +174,18 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
     assert code == 2 and "has trained 4 epochs already" in err and "Traceback" not in err
 
 
+def test_a_runs_own_config_with_ckpt_path_last_resumes_that_run(synthetic_data, tiny_cache,
+                                                                tmp_path):
+    # The saved config.yaml names the run through its logger, not through its own file name.
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    run = tmp_path / "runs" / "demo_softmax" / "version_0"
+    assert lightning_main(["fit", "--config", str(run / "config.yaml"),
+                           "--trainer.max_epochs", "2", "--ckpt_path", "last"]) == 0
+    assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]
+    assert load_safely(run / "checkpoints" / "last.ckpt")["global_step"] == 4
+
+
 def test_last_checkpoint_is_written_every_epoch_whatever_the_score(
     synthetic_data, tiny_cache, tmp_path
 ):
