@@ -5,8 +5,8 @@ On top of Lightning's CLI over :class:`CaptioningModule` and :class:`CaptionData
 * runs are named: the CSV logger writes ``runs/NAME/version_N`` with NAME the first config
   file's stem or ``--run_name`` (see :mod:`captioner.training_runs`);
 * ``--ckpt_path last`` (fit) resumes the newest version of NAME that has a ``last.ckpt``, in
-  the same folder; ``--ckpt_path best`` or ``last`` (validate, test) use that version's best or
-  last checkpoint;
+  the same folder, or the run whose own ``config.yaml`` is the config; ``--ckpt_path best``
+  or ``last`` (validate, test) use that version's best or last checkpoint;
 * a checkpoint given to ``--ckpt_path`` is read as untrusted data: tensors only, and its
   hyperparameters are checked as plain data against the model's constructor before they reach
   jsonargparse (which would import any ``class_path`` they named);
@@ -30,11 +30,12 @@ from captioner.checkpointing import load_safely
 from captioner.data import CaptionDataModule
 from captioner.lightning_module import CaptioningModule
 from captioner.training_runs import (
+    LAST_NAME,
     LastCheckpoint,
-    is_version_folder,
     latest_resumable,
     read_progress,
     set_aside_metrics,
+    version_number,
 )
 
 CHECKPOINT_DEFAULTS = {
@@ -76,10 +77,12 @@ for _message in (
     warnings.filterwarnings("ignore", message=_message)
 
 CKPT_PATH_HELP = {
-    "fit": "resume: 'last' (the newest runs/NAME/version_N with a last.ckpt, continued in its "
-           "folder) or a checkpoint file",
-    "validate": "'best' or 'last' of the newest runs/NAME/version_N, or a checkpoint file",
-    "test": "'best' or 'last' of the newest runs/NAME/version_N, or a checkpoint file",
+    "fit": "resume: 'last' (the newest runs/NAME/version_N with a last.ckpt, or the run whose "
+           "config.yaml is --config, continued in its folder) or a checkpoint file",
+    "validate": "'best' or 'last' of the newest runs/NAME/version_N (or of the run whose "
+                "config.yaml is --config), or a checkpoint file",
+    "test": "'best' or 'last' of the newest runs/NAME/version_N (or of the run whose "
+            "config.yaml is --config), or a checkpoint file",
 }
 _NAMED_CHECKPOINTS = ("last", "best")
 
@@ -156,11 +159,12 @@ class CaptionerCLI(LightningCLI):
         self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
 
     def _resolve_named(self, subcommand: str, config, which: str) -> Path:
-        """``last`` / ``best`` of the newest run of this config; fit resumes into that run."""
+        """``last`` / ``best`` of this config's run (the newest, or the one whose config.yaml
+        it is); fit resumes into that run."""
         root, name = self._run_root(config), self._run_folder_name(config)
         if subcommand == "fit" and which == "best":
             raise UserError("--ckpt_path best: fit resumes from 'last' or a checkpoint file")
-        found = latest_resumable(root, name)
+        found = self._config_run(root, name) or latest_resumable(root, name)
         if found is None:
             raise UserError(
                 f"--ckpt_path {which}: no run of {name!r} has checkpoints under "
@@ -184,6 +188,20 @@ class CaptionerCLI(LightningCLI):
         if not best or not Path(best).is_file():
             raise UserError(f"--ckpt_path best: {last.parent} names no existing best checkpoint")
         return Path(best)
+
+    def _config_run(self, root: Path, name: str) -> tuple[int, Path] | None:
+        """``(N, its last.ckpt)`` when the first config is a run's own
+        ``ROOT/NAME/version_N/config.yaml``: that run, not the newest of NAME, is the one meant."""
+        if not self._first_config:
+            return None
+        folder = Path(self._first_config).resolve().parent
+        version = version_number(folder)
+        if version is None or folder.parent != (root / name).resolve():
+            return None
+        last = folder / "checkpoints" / LAST_NAME
+        if not last.is_file():
+            raise UserError(f"--ckpt_path last: {folder} has no checkpoints/{LAST_NAME} yet")
+        return version, last
 
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
@@ -256,7 +274,7 @@ def _log_beside_the_run(init_args, checkpoint: Path, subcommand: str) -> None:
     """Log validate / test of a checkpoint of ``ROOT/NAME/version_N/checkpoints/`` into
     ``ROOT/NAME/version_N/<subcommand>/`` instead of a new run version."""
     folder = checkpoint.resolve().parent
-    if folder.name == "checkpoints" and is_version_folder(folder.parent):
+    if folder.name == "checkpoints" and version_number(folder.parent) is not None:
         init_args["save_dir"] = str(folder.parents[2])
         init_args["name"] = folder.parents[1].name
         init_args["version"] = f"{folder.parent.name}/{subcommand}"

@@ -163,9 +163,10 @@ class RunInfo:
     progress: dict | None
 
 
-def is_version_folder(folder: Path) -> bool:
-    """Whether ``folder`` is named like a run version, ``version_N``."""
-    return _VERSION_DIR.match(folder.name) is not None
+def version_number(folder: Path) -> int | None:
+    """N when ``folder`` is named like a run version, ``version_N``; else None."""
+    match = _VERSION_DIR.match(folder.name)
+    return int(match.group(1)) if match else None
 
 
 def version_folders(root: Path, name: str) -> list[tuple[int, Path]]:
@@ -175,9 +176,9 @@ def version_folders(root: Path, name: str) -> list[tuple[int, Path]]:
         return []
     found = []
     for child in folder.iterdir():
-        match = _VERSION_DIR.match(child.name)
-        if match and child.is_dir():
-            found.append((int(match.group(1)), child))
+        version = version_number(child)
+        if version is not None and child.is_dir():
+            found.append((version, child))
     return sorted(found)
 
 

@@ -177,13 +177,17 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
 def test_a_runs_own_config_with_ckpt_path_last_resumes_that_run(synthetic_data, tiny_cache,
                                                                 tmp_path):
     # The saved config.yaml names the run through its logger, not through its own file name.
+    # That run, even where a newer version of the same name exists.
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
-    run = tmp_path / "runs" / "demo_softmax" / "version_0"
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    run, newer = (tmp_path / "runs" / "demo_softmax" / f"version_{n}" for n in (0, 1))
     assert lightning_main(["fit", "--config", str(run / "config.yaml"),
                            "--trainer.max_epochs", "2", "--ckpt_path", "last"]) == 0
-    assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]
+    assert sorted(p.name for p in run.parent.iterdir()) == ["version_0", "version_1"]
     assert load_safely(run / "checkpoints" / "last.ckpt")["global_step"] == 4
+    assert load_safely(newer / "checkpoints" / "last.ckpt")["global_step"] == 2
+    assert (newer / "metrics.csv").is_file() and not (newer / "metrics.part1.csv").exists()
 
 
 def test_last_checkpoint_is_written_every_epoch_whatever_the_score(
