@@ -29,7 +29,7 @@ from captioner.checkpointing import constructor_arguments
 from captioner.cider import cider_d
 from captioner.decoding import Hypothesis, beam_search
 from captioner.decoding_options import DecodingOptions
-from captioner.losses import caption_loss
+from captioner.losses import caption_loss, check_output_mapping
 from captioner.model import CaptionModel
 from captioner.model.decoder import AttentionDecoder
 from captioner.model.encoder import build_encoder
@@ -102,6 +102,7 @@ class CaptioningModule(L.LightningModule):
         decoding: DecodingOptions = DecodingOptions(),  # noqa: B008 (frozen, never mutated)
     ) -> None:
         super().__init__()
+        check_output_mapping(output_mapping)  # before anything is built or read
         self.save_hyperparameters()
         # The step's checks of attention scores and targets, read back once it has ended.
         self._step_checks = DeferredChecks()

@@ -269,6 +269,10 @@ def test_ckpt_path_help_says_what_captioner_does(capsys):
         (["--model.output_attention", "nosuchmax"], "nosuchmax"),
         (["--model.output_attention", "tvmax", "--model.output_attention_kwargs",
           "{lam: -1}"], "lam"),
+        (["--model.output_attention", "tvmax", "--model.output_attention_kwargs",
+          "{lam: abc}"], "lam must be a float"),
+        (["--model.output_attention", "tvmax", "--model.output_attention_kwargs",
+          "{lamm: 0.1}"], "unexpected keyword(s) lamm"),
         (["--model.hiden_dim", "3"], "hiden_dim"),
         (["--config", "nope.yaml"], "nope.yaml"),
     ],
@@ -281,6 +285,18 @@ def test_user_errors_are_one_line_and_exit_2(synthetic_data, tiny_cache, tmp_pat
     assert "Traceback" not in err
     errors = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
     assert len(errors) == 1 and message in errors[0], err
+
+
+def test_unknown_output_mapping_is_refused_before_training_starts(synthetic_data, tiny_cache,
+                                                                 tmp_path):
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    code, out, err = _run("fit", *args, "--trainer.max_epochs", "1",
+                          "--model.output_mapping", "foo")
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    errors = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
+    assert len(errors) == 1 and "unknown output_mapping 'foo'" in errors[0], err
+    assert "Total params" not in out + err  # no model summary: training never began
+    assert not (tmp_path / "runs").exists()
 
 
 def test_unloadable_encoder_weights_are_one_line_and_exit_2(synthetic_data, tiny_cache,

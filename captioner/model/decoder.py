@@ -139,14 +139,14 @@ class AttentionDecoder(nn.Module):
             feature_dim,
             hidden_dim,
             attention_dim,
-            attention.build(input_attention, **(input_attention_kwargs or {})),
+            _build_attention("input", input_attention, input_attention_kwargs),
         )
         self.lstm = nn.LSTMCell(feature_dim + embed_dim, hidden_dim)
         self.output_attention = AdditiveAttention(
             feature_dim,
             hidden_dim,
             attention_dim,
-            attention.build(output_attention, **(output_attention_kwargs or {})),
+            _build_attention("output", output_attention, output_attention_kwargs),
         )
         self.context_projection = nn.Linear(feature_dim, feature_dim)
         self.dropout = nn.Dropout(dropout)
@@ -229,3 +229,13 @@ class AttentionDecoder(nn.Module):
             input_weights.append(weights)
         scores, output_weights = self._readout(encoded, torch.stack(hiddens, dim=1))
         return DecoderOutput(scores, output_weights, torch.stack(input_weights, dim=1))
+
+
+def _build_attention(which: str, name: str, kwargs: dict | None) -> nn.Module:
+    """The attention mapping of the decoder's ``which`` ("input" or "output") attention, from
+    settings a user gave: any refusal is a ValueError that names the setting."""
+    try:
+        return attention.build(name, **(kwargs or {}))
+    except (TypeError, ValueError) as exc:
+        given = f" with {which}_attention_kwargs {kwargs}" if kwargs else ""
+        raise ValueError(f"{which}_attention {name!r}{given}: {exc}") from exc
