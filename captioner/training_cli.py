@@ -32,9 +32,11 @@ from captioner.lightning_module import CaptioningModule
 from captioner.training_runs import (
     LAST_NAME,
     LastCheckpoint,
+    FitStartGuard,
+    SaveConfigOnceRestored,
+    hold_metrics_for_resume,
     latest_resumable,
     read_progress,
-    set_aside_metrics,
     version_number,
 )
 
@@ -69,7 +71,7 @@ for _message in (
     r"Found \d+ module\(s\) in eval mode",
     # The demo hands its own arguments to the CLI on purpose.
     r"LightningCLI's args parameter is intended to run from within Python",
-    # A resume sets the earlier metrics.csv aside first (set_aside_metrics): nothing is lost.
+    # A resume holds the earlier metrics.csv back first (hold_metrics_for_resume): nothing is lost.
     r"Experiment logs directory .* exists and is not empty",
     # Lightning's own use of a torch API, nothing a user can act on.
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
@@ -105,6 +107,7 @@ class CaptionerCLI(LightningCLI):
         self._first_config = _first_config(sys.argv[1:] if given is None else list(given))
         self._resume_version: int | None = None  # the run version that --ckpt_path last picks
         self._checkpoint_step = 0  # global step of the --ckpt_path checkpoint
+        self._resumed_run: Path | None = None  # the run folder fit resumes into
         super().__init__(*args, **kwargs)
 
     # LightningCLI hook (Lightning 2.6): the parser of one sub-command.
@@ -224,7 +227,13 @@ class CaptionerCLI(LightningCLI):
         elif ckpt_path and isinstance(init_args["version"], int):
             # Resuming into an existing run folder (also from a resumed run's config.yaml).
             run = Path(init_args["save_dir"]) / init_args["name"]
-            set_aside_metrics(run / f"version_{init_args['version']}", self._checkpoint_step)
+            self._resumed_run = run / f"version_{init_args['version']}"
+
+    def before_fit(self) -> None:
+        resumed = self._resumed_run is not None
+        if resumed and self.trainer.is_global_zero:
+            hold_metrics_for_resume(self._resumed_run)
+        self.trainer.callbacks.append(FitStartGuard(self._checkpoint_step if resumed else None))
 
     def run_name(self, config) -> str:
         if config.get("run_name"):
@@ -310,6 +319,7 @@ def build_cli(args: list[str] | None, *, run: bool = True) -> CaptionerCLI:
         run=run,
         trainer_defaults=TRAINER_DEFAULTS,
         seed_everything_default=0,
+        save_config_callback=SaveConfigOnceRestored,
         save_config_kwargs={"overwrite": True},
         # Errors in arguments and configs are raised (one line from the command), not printed
         # after the whole usage.

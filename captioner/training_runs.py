@@ -30,7 +30,8 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
+from lightning.pytorch.cli import SaveConfigCallback
 
 from data_prep.files import atomic_write
 
@@ -233,3 +234,64 @@ def set_aside_metrics(folder: Path, resumed_step: int) -> Path | None:
         writer.writerows(rows)
     metrics.unlink()
     return kept
+
+
+_HELD_METRICS = "metrics.before-resume.csv"
+
+
+def hold_metrics_for_resume(folder: Path) -> None:
+    """Before a resume into ``folder``: move ``metrics.csv`` out of the way of Lightning's CSV
+    logger, which deletes it when the trainer sets up (before the checkpoint is checked);
+    :class:`FitStartGuard` then sets its rows aside, or puts it back if the resume is refused.
+    A file held by an earlier resume that never started is kept."""
+    metrics, held = folder / "metrics.csv", folder / _HELD_METRICS
+    if metrics.is_file() and not held.exists():
+        metrics.rename(held)
+
+
+class FitStartGuard(Callback):
+    """Keeps a run folder as it was when ``fit`` stops before training starts (a refused
+    checkpoint, unreadable data): what a resume held back (:func:`hold_metrics_for_resume`)
+    goes back to ``metrics.csv``, and a new run's version folder left empty is removed. Once
+    the checkpoint is restored and checked (``on_fit_start``), a resume's earlier rows are
+    kept by :func:`set_aside_metrics`.
+
+    Args:
+        resumed_step: the global step of the checkpoint a resume continues from; None for a
+            new run.
+    """
+
+    def __init__(self, resumed_step: int | None) -> None:
+        self.resumed_step = resumed_step
+        self.started = False
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module) -> None:
+        self.started = True
+        folder = Path(trainer.logger.log_dir)
+        held = folder / _HELD_METRICS
+        if trainer.is_global_zero and self.resumed_step is not None and held.is_file():
+            held.replace(folder / "metrics.csv")
+            set_aside_metrics(folder, self.resumed_step)
+
+    def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
+        if self.started or not trainer.is_global_zero or trainer.logger is None:
+            return
+        folder = Path(trainer.logger.log_dir)
+        held = folder / _HELD_METRICS
+        if held.is_file():
+            held.replace(folder / "metrics.csv")
+        elif self.resumed_step is None and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+
+
+class SaveConfigOnceRestored(SaveConfigCallback):
+    """LightningCLI's ``config.yaml`` of a fit, written once the checkpoint to resume (if
+    any) has been restored and checked (``on_fit_start``, not ``setup``): a refused resume
+    leaves the run's own ``config.yaml`` as it was. validate and test write at ``setup``."""
+
+    def setup(self, trainer: L.Trainer, pl_module, stage: str) -> None:
+        if stage != "fit":
+            super().setup(trainer, pl_module, stage)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module) -> None:
+        super().setup(trainer, pl_module, "fit")

@@ -285,6 +285,22 @@ def test_user_errors_are_one_line_and_exit_2(synthetic_data, tiny_cache, tmp_pat
     assert "Traceback" not in err
     errors = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
     assert len(errors) == 1 and message in errors[0], err
+    assert not list(tmp_path.glob("runs/*/version_*"))  # no empty run folder left behind
+
+
+def test_a_refused_resume_leaves_the_run_as_it_was(synthetic_data, tiny_cache, tmp_path):
+    # The checkpoint is read before anything of the run is rewritten: a resume refused for
+    # another vocabulary keeps the run's config.yaml and metrics.csv.
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    run = tmp_path / "runs" / "demo_softmax" / "version_0"
+    before = {name: (run / name).read_bytes() for name in ("config.yaml", "metrics.csv")}
+    code, _, err = _run("fit", "--config", str(run / "config.yaml"), "--ckpt_path", "last",
+                        "--trainer.max_epochs", "2", "--data.min_count", "50")
+    assert code == 2 and "vocabulary differs" in err, err[-2000:]
+    assert {name: (run / name).read_bytes() for name in before} == before
+    assert not list(run.glob("metrics.part*.csv"))
+    assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]
 
 
 def test_unknown_output_mapping_is_refused_before_training_starts(synthetic_data, tiny_cache,
@@ -368,6 +384,8 @@ def test_cache_of_another_encoder_is_refused(synthetic_data, tiny_cache, tmp_pat
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--model.encoder_layer", "layer4")
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 2
     assert re.search("layer='layer3'.*layer='layer4'", capsys.readouterr().err)
+    # Refused as the data is set up: no empty run folder is left for `captioner runs` to list.
+    assert not list(tmp_path.glob("runs/*/version_*"))
 
 
 # Lightning's DDP on two CPU processes (gloo).

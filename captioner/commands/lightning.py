@@ -7,7 +7,8 @@
 
 Runs are written to runs/NAME/version_N/ (NAME: the config file's stem, or --run_name), with
 the checkpoints in its checkpoints/ folder (see captioner.training_runs). "--ckpt_path last"
-resumes the newest version of NAME that has a last.ckpt, in the same folder. The vocabulary
+resumes the newest version of NAME that has a last.ckpt (or, with a run's own config.yaml as
+--config, that run), in the same folder. The vocabulary
 size and the image size are linked from the data to the model. The best checkpoint is chosen
 on val/CIDEr (the checkpoint.* options), last.ckpt is written every epoch (and every
 --last.every_n_train_steps steps when set). Several GPUs or nodes: --trainer.strategy ddp
