@@ -3,7 +3,9 @@
 
 :func:`extract_features` is built for COCO scale (123k images, hours of encoding):
 
-1. the destination is checked before any work (a folder, an unwritable place: one error);
+1. the destination is checked before any work (a folder, an unwritable place: one error); a
+   finished cache already there is kept: when these settings made it from these images there
+   is nothing to do, otherwise (another encoder, other images, not a cache) it is refused;
 2. every image of the chosen splits is pre-checked (``data_prep.images.check_image``: a
    regular file, a readable image of at most ``MAX_IMAGE_PIXELS`` pixels whose data decode); with
    ``on_error="fail"`` all unusable files are reported at once before anything is encoded,
@@ -37,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from data_prep import images as image_files
 from data_prep.features import (
+    FeatureCache,
     FeatureCacheWriter,
     partial_cache_path,
     partial_resume_key,
@@ -127,6 +130,20 @@ def extract_features(
     # reported at once; a random encoder needs readable images and comes after it.
     encoder = None if weights is None else build_encoder(arch, weights, layer=layer)
 
+    settings = {
+        "arch": arch, "layer": layer, "weights": weights, "image_size": image_size,
+        "batch_size": batch_size, "device": torch.device(device).type, "max_pixels": max_pixels,
+    }
+    if weights is None:
+        settings.update(seed=seed, calibration_images=calibration_images)
+    key = {"settings": settings, "images": _ids_fingerprint([e.image_id for e in entries])}
+    finished = _finished_cache(out, key)
+    if finished is not None:
+        say(f"{out} is complete already ({len(finished)} images, made with these settings); "
+            "nothing to do")
+        return finished.encoder
+    _refuse_other_partial(out, key)
+
     reasons = precheck_images(
         [entry.path for entry in entries], num_workers=num_workers, progress=progress,
         max_pixels=max_pixels,
@@ -140,16 +157,6 @@ def extract_features(
         )
     if bad:
         say(_bad_images_message(bad, len(entries), "cannot be used and will be skipped"))
-
-    settings = {
-        "arch": arch, "layer": layer, "weights": weights, "image_size": image_size,
-        "batch_size": batch_size, "device": torch.device(device).type, "max_pixels": max_pixels,
-    }
-    if weights is None:
-        settings.update(seed=seed, calibration_images=calibration_images)
-    ids = [entry.image_id for entry in entries]
-    key = {"settings": settings, "images": _ids_fingerprint(ids)}
-    _refuse_other_partial(out, key)
 
     if weights is None:
         weights_sha256, init = _random_encoder_weights(
@@ -270,20 +277,49 @@ def _ids_fingerprint(ids: Sequence[int]) -> dict[str, Any]:
     return {"count": len(ids), "ids_sha256": digest}
 
 
-def _refuse_other_partial(out: Path, key: dict[str, Any]) -> None:
-    """A partial cache made with other settings or for other images holds work that a run with
-    these settings would throw away: refuse, and say what differs."""
-    recorded = partial_resume_key(out)
-    if recorded is None:
-        return
+def _differences(recorded: dict[str, Any], key: dict[str, Any]) -> list[str]:
+    """What differs between a cache's recorded resume key and this run's (settings, images)."""
     differences = []
-    before, now = recorded.get("settings", {}), key["settings"]
+    before, now = recorded.get("settings") or {}, key["settings"]
     for name in sorted(before.keys() | now.keys()):
         if before.get(name) != now.get(name):
             differences.append(f"{name} {before.get(name)!r} there, {now.get(name)!r} now")
     if recorded.get("images") != key["images"]:
         count = (recorded.get("images") or {}).get("count")
         differences.append(f"another list of images ({count} there, {key['images']['count']} now)")
+    return differences
+
+
+def _finished_cache(out: Path, key: dict[str, Any]) -> FeatureCache | None:
+    """The finished cache at ``out`` when these settings made it from these images (nothing
+    to do); None when ``out`` does not exist. Any other file there holds work (hours of it,
+    at COCO scale, and runs trained on it): refused, saying what differs."""
+    if not out.exists():
+        return None
+    try:
+        cache = FeatureCache(out)
+    except ValueError as exc:
+        raise FeatureExtractionError(
+            f"{out} exists and is not a feature cache this command made ({exc}); give another "
+            "--out, or move it away"
+        ) from None
+    differences = _differences(cache.resume_key or {}, key)
+    if differences:
+        raise FeatureExtractionError(
+            f"{out} is a finished cache made with other settings ({'; '.join(differences)}); "
+            "give another --out, or delete it to encode again (runs trained on it then no "
+            "longer match it)"
+        )
+    return cache
+
+
+def _refuse_other_partial(out: Path, key: dict[str, Any]) -> None:
+    """A partial cache made with other settings or for other images holds work that a run with
+    these settings would throw away: refuse, and say what differs."""
+    recorded = partial_resume_key(out)
+    if recorded is None:
+        return
+    differences = _differences(recorded, key)
     if differences:
         raise FeatureExtractionError(
             f"{partial_cache_path(out)} is an unfinished cache made with other settings "

@@ -178,11 +178,14 @@ class CaptioningModule(L.LightningModule):
         }
         # Caches written before the layer was configurable hold layer4 features.
         cached = {"layer": "layer4", **cache_encoder}
+        options = {"arch": "model.encoder_arch", "weights": "model.encoder_weights",
+                   "image_size": "data.image_size", "layer": "model.encoder_layer"}
         for key, value in expected.items():
             if not _same_setting(cached.get(key), value):
                 raise ValueError(
                     f"feature cache {path} was written with encoder {key}="
-                    f"{cached.get(key)!r}, but the model has {key}={value!r}"
+                    f"{cached.get(key)!r}, but the model has {key}={value!r}; to train on "
+                    f"this cache, set {options[key]} to {cached.get(key)}"
                 )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

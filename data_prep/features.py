@@ -363,6 +363,9 @@ class FeatureCache:
                 self.grid: tuple[int, int] = tuple(int(v) for v in file.attrs["grid"])
                 self.channels = int(file.attrs["channels"])
                 self.skipped_ids: list[int] = json.loads(file.attrs.get("skipped_ids", "[]"))
+                # What made the rows, for a resumable cache (None otherwise).
+                key = file.attrs.get("resume_key")
+                self.resume_key: dict[str, Any] | None = None if key is None else json.loads(key)
                 ids = file["image_ids"][:]
         except OSError as exc:
             raise ValueError(f"{self.path}: not a readable HDF5 feature cache ({exc})") from exc

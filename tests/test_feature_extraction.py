@@ -196,11 +196,41 @@ def test_decode_failure_stops_with_one_line_and_a_skip_rerun_resumes(tmp_path, c
 
 
 def _reference_run(tmp_path, capsys, data, images):
-    """An uninterrupted run: its cache path, arguments, cache contents and encoder weights."""
+    """An uninterrupted run: its cache path, arguments, cache contents and encoder weights.
+    The cache and weights are then deleted, so that the same command encodes again."""
     out = tmp_path / "features.h5"
     args = ["--data", data, "--images", images, "--out", out, *ENCODER_ARGS]
     assert _run(capsys, *args)[0] == 0
-    return out, args, _cache_contents(out), fx.encoder_weights_path(out).read_bytes()
+    made = out, args, _cache_contents(out), fx.encoder_weights_path(out).read_bytes()
+    out.unlink()
+    fx.encoder_weights_path(out).unlink()
+    return made
+
+
+def test_a_finished_cache_is_reused_with_its_settings_and_kept_from_others(tmp_path, capsys):
+    data, images, _ = _make_dataset(tmp_path, 12)
+    out = tmp_path / "features.h5"
+    args = ["--data", data, "--images", images, "--out", out, *ENCODER_ARGS]
+    assert _run(capsys, *args)[0] == 0
+    made = out.read_bytes(), fx.encoder_weights_path(out).read_bytes()
+
+    code, stdout, err = _run(capsys, *args)  # the same command again: nothing to do
+    assert code == 0, err
+    assert "is complete already (12 images" in stdout and "nothing to do" in stdout
+    for other in (["--seed", "1"], ["--image-size", "32"], ["--splits", "train"]):
+        code, _, err = _run(capsys, *args, *other)
+        err = _user_error(code, err)
+        assert "is a finished cache made with other settings" in err, other
+        assert "delete it to encode again" in err
+    assert "seed 0 there, 1 now" in _run(capsys, *args, "--seed", "1")[2]
+    assert (out.read_bytes(), fx.encoder_weights_path(out).read_bytes()) == made
+
+    stranger = tmp_path / "notes.h5"
+    stranger.write_text("my notes")
+    code, _, err = _run(capsys, "--data", data, "--images", images, "--out", stranger,
+                        *ENCODER_ARGS)
+    assert "exists and is not a feature cache" in _user_error(code, err)
+    assert stranger.read_text() == "my notes"
 
 
 def test_resume_reuses_the_random_encoder_and_refuses_other_settings(tmp_path, capsys,
@@ -272,8 +302,6 @@ def test_a_damaged_partial_cache_is_started_over_with_a_message(tmp_path, capsys
 def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path, capsys):
     data, images, _ = _make_dataset(tmp_path, 160)
     out, args, reference, reference_weights = _reference_run(tmp_path, capsys, data, images)
-    out.unlink()
-    fx.encoder_weights_path(out).unlink()
 
     command = [sys.executable, "-m", "captioner.cli", "prepare-features", *map(str, args)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -88,8 +88,12 @@ def test_bad_local_files_are_named(tmp_path):
     with pytest.raises(EncoderWeightsError, match="encoder weights file not found: .*missing.pt"):
         build_encoder("resnet18", weights=str(tmp_path / "missing.pt"))
     torch.save(resnet18_state(seed=0), tmp_path / "r18.pt")
-    with pytest.raises(EncoderWeightsError, match="r18.pt do not fit this architecture"):
+    with pytest.raises(EncoderWeightsError, match="r18.pt do not fit the encoder arch resnet34 "
+                       r"\(they are resnet18 weights: set the encoder arch to resnet18\)"):
         build_encoder("resnet34", weights=str(tmp_path / "r18.pt"))
+    torch.save({"conv1.weight": torch.zeros(1)}, tmp_path / "odd.pt")  # no architecture's
+    with pytest.raises(EncoderWeightsError, match=r"odd.pt do not fit the encoder arch resnet18: "):
+        build_encoder("resnet18", weights=str(tmp_path / "odd.pt"))
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(EncoderWeightsError,
                        match="encoder weights file .*junk.pt: not a torch checkpoint"):

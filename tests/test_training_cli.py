@@ -380,7 +380,8 @@ def test_cache_of_another_encoder_is_refused(synthetic_data, tiny_cache, tmp_pat
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--model.encoder_arch", "resnet34",
                      "--model.encoder_weights", "null")
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 2
-    assert re.search("arch='resnet18'.*resnet34", capsys.readouterr().err)
+    assert re.search("arch='resnet18'.*resnet34.*set model.encoder_arch to resnet18",
+                     capsys.readouterr().err)
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--model.encoder_layer", "layer4")
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 2
     assert re.search("layer='layer3'.*layer='layer4'", capsys.readouterr().err)

@@ -14,8 +14,10 @@ an uninterrupted run's.
 The cache records the encoder configuration (arch, layer, weights, image size); training checks
 it against the model's encoder. With --weights none the encoder is randomly initialized and its
 batch-norm statistics are estimated on the first training images; those weights are saved
-beside the cache (NAME.encoder.pt) and recorded as the weights, so that a model trained on the
-cache loads the very encoder that produced it.
+beside the cache (NAME.encoder.pt) and recorded as the weights: train on the cache with
+--model.encoder_weights NAME.encoder.pt, so that the model holds the very encoder that produced
+it. Run again once finished, the command has nothing to do; a finished cache made with other
+settings is refused, never overwritten.
 """
 
 from __future__ import annotations

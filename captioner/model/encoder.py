@@ -110,7 +110,7 @@ def build_encoder(
             state_dict, source = _read_state_dict(Path(weights)), str(weights)
         else:
             state_dict, source = _named_state_dict(arch, str(weights))
-        _load_trunk(resnet, state_dict, source)
+        _load_trunk(resnet, arch, state_dict, source)
     return GridEncoder(resnet, arch, trainable, layer)
 
 
@@ -176,20 +176,29 @@ def _named_state_dict(arch: str, name: str) -> tuple[dict[str, Tensor], str]:
             f"could not be downloaded ({reason}); expected file: {cached} (download {url} on a "
             "machine with network access and place it there; TORCH_HOME moves the cache), or "
             "pass the path of a local state_dict file as the weights, or use a random "
-            "initialization (prepare-features --weights none; encoder_weights: null in a config)"
+            "initialization (prepare-features --weights none saves it beside the cache as "
+            "NAME.encoder.pt, the file to train with as model.encoder_weights)"
         ) from exc
     return state_dict, url
 
 
-def _load_trunk(resnet: nn.Module, state_dict: dict[str, Tensor], source: str) -> None:
+def _trunk_keys(resnet: nn.Module) -> set[str]:
+    return {k for k in resnet.state_dict() if not k.startswith("fc.")}
+
+
+def _load_trunk(resnet: nn.Module, arch: str, state_dict: dict[str, Tensor], source: str) -> None:
     """Load a torchvision ResNet state_dict; the classifier (``fc.*``) is optional."""
     trunk_state = {k: v for k, v in state_dict.items() if not k.startswith("fc.")}
-    expected = {k for k in resnet.state_dict() if not k.startswith("fc.")}
+    expected = _trunk_keys(resnet)
     missing = sorted(expected - trunk_state.keys())
     unexpected = sorted(trunk_state.keys() - expected)
     if missing or unexpected:
+        # Which architecture they are for, where their names tell (the usual mistake).
+        fits = [other for other in ARCHITECTURES if other != arch and _trunk_keys(
+            torchvision.models.get_model(other, weights=None)) == trunk_state.keys()]
+        hint = f" (they are {fits[0]} weights: set the encoder arch to {fits[0]})" if fits else ""
         raise EncoderWeightsError(
-            f"encoder weights from {source} do not fit this architecture: "
+            f"encoder weights from {source} do not fit the encoder arch {arch}{hint}: "
             f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
             f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
         )
