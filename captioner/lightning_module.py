@@ -200,8 +200,8 @@ class CaptioningModule(L.LightningModule):
         if self.vocabulary is not None and stored != self.vocabulary:
             raise ValueError(
                 "the checkpoint's vocabulary differs from the one built from the data "
-                f"({len(stored)} vs {len(self.vocabulary)} words); use the same Karpathy JSON "
-                "and min_count as for training"
+                f"({_vocabulary_difference(stored, self.vocabulary)}); use the same Karpathy "
+                "JSON and min_count as for training"
             )
         self.vocabulary = stored
 
@@ -344,3 +344,12 @@ def corpus_scores(decoded: dict[int, str], references: dict[int, list[str]]) -> 
     bleu, _ = Bleu(4).compute_score(refs, hypotheses, verbose=0)
     cider, _ = cider_d(refs, hypotheses)
     return {"Bleu_4": float(bleu[3]), "CIDEr": float(cider)}
+
+
+def _vocabulary_difference(stored: Vocabulary, built: Vocabulary) -> str:
+    """How two vocabularies differ, in a few words: sizes, or the first word that differs."""
+    if len(stored) != len(built):
+        return f"{len(stored)} vs {len(built)} words"
+    index = next(i for i, (a, b) in enumerate(zip(stored.itos, built.itos, strict=True)) if a != b)
+    return (f"both {len(stored)} words, but word {index} is {stored.itos[index]!r} in the "
+            f"checkpoint and {built.itos[index]!r} from the data")

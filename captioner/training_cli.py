@@ -31,8 +31,8 @@ from captioner.data import CaptionDataModule
 from captioner.lightning_module import CaptioningModule
 from captioner.training_runs import (
     LAST_NAME,
-    LastCheckpoint,
     FitStartGuard,
+    LastCheckpoint,
     SaveConfigOnceRestored,
     hold_metrics_for_resume,
     latest_resumable,

@@ -10,7 +10,7 @@ import torch
 
 from captioner.checkpointing import load_safely, save_atomically
 from captioner.data import CaptionDataModule
-from captioner.lightning_module import corpus_scores, lr_decay_factor
+from captioner.lightning_module import _vocabulary_difference, corpus_scores, lr_decay_factor
 from data_prep.vocab import Vocabulary
 
 
@@ -46,6 +46,14 @@ def test_vocabulary_counts_training_tokens_only(synthetic_data):
     words = set(data.vocabulary.itos[4:])
     assert words == {word for word, count in counts.items() if count >= 3}
     assert data.vocabulary.itos[:4] == ["<pad>", "<start>", "<end>", "<unk>"]
+
+
+def test_a_vocabulary_mismatch_says_how_the_vocabularies_differ():
+    specials = ["<pad>", "<start>", "<end>", "<unk>"]
+    dogs, cats = Vocabulary([*specials, "a", "dog"]), Vocabulary([*specials, "a", "cat"])
+    assert _vocabulary_difference(dogs, cats) == (
+        "both 6 words, but word 5 is 'dog' in the checkpoint and 'cat' from the data")
+    assert _vocabulary_difference(dogs, Vocabulary(specials)) == "6 vs 4 words"
 
 
 def test_training_batches_hold_every_reference(synthetic_data):

@@ -19,13 +19,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from captioner import CONFIGS
+
 HELP = "time a real fit on generated COCO-shaped data against the model's own training step"
 
 COCO_TRAIN_PAIRS = 566_747  # Karpathy train + restval: 113,287 images, their captions
 PAPER_EPOCHS = 50
 CAPTIONS_PER_IMAGE = 5
 WORDS_PER_CAPTION = 15
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 CHANNELS = 2048  # the paper configs' encoder: ResNet-101 up to layer4
 
 

@@ -93,10 +93,17 @@ def main(argv: list[str]) -> int:
 
 
 def _print_next_steps(out: Path, images: Path) -> None:
+    from captioner import CONFIGS
+
     features = out.with_name("features_resnet101.h5")
-    data, root, cache = (shlex.quote(str(path)) for path in (out, images, features))
+    config = CONFIGS / "flickr30k_tvmax.yaml"
+    data, root, cache, config_arg = (shlex.quote(str(path))
+                                     for path in (out, images, features, config))
+    # The run is named after the dataset, not after the config (runs/flickr30k_tvmax holds
+    # Flickr30k's runs, which --ckpt_path last / best would otherwise mix with these).
+    run_name = shlex.quote(f"{out.stem.removeprefix('dataset_')}_tvmax")
     print("next:")
     print(f"  captioner prepare-features --data {data} --images {root} "
           f"--arch resnet101 --weights IMAGENET1K_V2 --out {cache}")
-    print(f"  captioner fit --config configs/flickr30k_tvmax.yaml --data.karpathy_json {data} "
-          f"--data.image_root {root} --data.feature_cache {cache}")
+    print(f"  captioner fit --config {config_arg} --run_name {run_name} "
+          f"--data.karpathy_json {data} --data.image_root {root} --data.feature_cache {cache}")

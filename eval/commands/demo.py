@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from captioner import CONFIGS
 from captioner.commands.options import command_parser
 from captioner.encoder_pretraining import PretrainingSettings
 from data_prep.files import atomic_write
@@ -87,7 +88,6 @@ QUICK = DemoSettings(
     ),
 )
 # The demo's configs, in the source tree (the README installs the project editable).
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 @dataclass(frozen=True)
