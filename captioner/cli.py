@@ -11,10 +11,12 @@ it runs, so ``captioner --help`` stays fast.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from importlib.metadata import entry_points
 
 GROUP = "captioner.commands"
+SIGPIPE_STATUS = 141  # 128 + SIGPIPE, as a shell reports a process that signal ended
 
 
 def _commands() -> dict[str, str]:
@@ -54,9 +56,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module = importlib.import_module(commands[name])
     # LightningCLI commands need to know which sub-command they were called as.
-    if getattr(module, "NEEDS_COMMAND_NAME", False):
-        return int(module.main([name, *rest]) or 0)
-    return int(module.main(rest) or 0)
+    args = [name, *rest] if getattr(module, "NEEDS_COMMAND_NAME", False) else rest
+    try:
+        code = int(module.main(args) or 0)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader of the output has gone (`captioner caption ... | head`): stop quietly, as
+        # command-line tools do, with the status of a process ended by SIGPIPE. Python would
+        # otherwise print a traceback, and again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return SIGPIPE_STATUS
+    return code
 
 
 if __name__ == "__main__":
