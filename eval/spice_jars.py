@@ -38,6 +38,7 @@ MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
 SPICE_JAR_NAME = "spice-1.0.jar"
 PYCOCOEVALCAP_SPICE_DIR = Path(_pycocoevalcap_spice.__file__).parent
 FETCH_HINT = "run 'captioner fetch-spice' (or pass its --cache-dir) to install them"
+SHOWN_PROBLEMS = 3  # missing or damaged files named in the one-line error; the rest counted
 
 
 class SpiceJarsError(RuntimeError):
@@ -231,9 +232,11 @@ def locate_spice(cache_dir: str | os.PathLike[str] | None = None) -> SpiceInstal
         if not target.is_file() or target.stat().st_size != source.stat().st_size:
             problems.append(f"{target}: missing or not a copy of {source}")
     if problems:
+        shown = "; ".join(problems[:SHOWN_PROBLEMS])
+        hidden = len(problems) - SHOWN_PROBLEMS
+        more = f"; and {hidden} more" if hidden > 0 else ""
         raise SpiceJarsError(
-            f"SPICE's jars are not installed in {install.root}; {FETCH_HINT}.\n  "
-            + "\n  ".join(problems)
+            f"SPICE's jars are not installed in {install.root}; {FETCH_HINT} ({shown}{more})"
         )
     return install
 

@@ -124,8 +124,11 @@ def test_spice_without_jars_names_fetch_spice(tmp_path, karpathy, capsys, monkey
         capsys, "--results", results, "--references", karpathy, "--split", "test",
         "--metrics", "Bleu,SPICE",
     )  # fmt: skip
-    assert rc == 1
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and err.startswith("captioner score: ")
     assert "captioner fetch-spice" in err
+    assert re.search(r"\(\S+: missing; \S+: missing; \S+: missing; and \d+ more\)", err)
+    assert "or score without SPICE: --metrics Bleu" in err
 
 
 @pytest.fixture

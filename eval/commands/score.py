@@ -121,7 +121,12 @@ def main(argv: list[str]) -> int:
             scores = compute_metrics(
                 hypotheses, references, metrics, spice_timeout=args.spice_timeout
             )
-    except (SpiceJarsError, JavaToolError, RuntimeError, ValueError) as exc:
+    except SpiceJarsError as exc:
+        others = ",".join(name for name in metrics if name != "SPICE")
+        leave_out = f"; or score without SPICE: --metrics {others}" if others else ""
+        print(f"captioner score: {exc}{leave_out}", file=sys.stderr)
+        return 2
+    except (JavaToolError, RuntimeError, ValueError) as exc:
         print(f"captioner score: {exc}", file=sys.stderr)
         return 1
     for warning in caught:
