@@ -155,7 +155,9 @@ def test_command_on_two_models(command_gallery, tiny_checkpoint):
 
     code, err, out, inputs = command_gallery
     assert code == 1  # the unreadable file is reported by name, the page still written
-    assert "broken.png" in err and "1 images could not be read" in err
+    total = len(inputs) + 1  # the folder's images and broken.png
+    assert "broken.png" in err
+    assert f"1 of {total} images could not be read (each is named above)" in err
     data = _page_data(out / "index.html")
     assert [m["name"] for m in data["models"]] == [tiny_checkpoint.stem, "second"]
     assert [m["mapping"] for m in data["models"]] == ["tvmax", "tvmax"]

@@ -116,6 +116,7 @@ def main(argv: list[str]) -> int:
     print(f"gallery of {len(images)} images x {len(models)} models: {page}")
     unreadable = len(skipped) + len(failed)
     if unreadable:
-        print(f"captioner gallery: {unreadable} images could not be read", file=sys.stderr)
+        print(f"captioner gallery: {unreadable} of {len(paths) + len(skipped)} images could "
+              "not be read (each is named above)", file=sys.stderr)
         return 1
     return 0
