@@ -124,6 +124,8 @@ def extract_features(
     except OutputPathError as exc:
         raise FeatureExtractionError(str(exc)) from None
     max_pixels = image_files.MAX_IMAGE_PIXELS
+    if not Path(image_root).is_dir():  # one line, not a "file not found" per image
+        raise FeatureExtractionError(f"image folder {image_root} does not exist")
     dataset = load_karpathy(karpathy_json, image_root)
     entries = _source_entries(dataset, splits, karpathy_json)
     # Named and local weights load before the (long) pre-check, so that a missing file is

@@ -201,6 +201,9 @@ def _decoded_lines(handle, path: Path):
         raise DatasetImportError(f"{path}: not UTF-8 text ({exc.reason})") from exc
 
 
+SHOWN_HEADER_CHARS = 80  # of a first line that is no header, quoted in the error
+
+
 def _read_delimited(path: Path, delimiter: str, log: ProblemLog) -> list[CaptionRecord]:
     shown = "image,caption" if delimiter == "," else "image<TAB>caption"
     quoting = csv.QUOTE_MINIMAL if delimiter == "," else csv.QUOTE_NONE
@@ -213,9 +216,12 @@ def _read_delimited(path: Path, delimiter: str, log: ProblemLog) -> list[Caption
                 raise DatasetImportError(f"{path}: captions file is empty")
             columns = [name.strip().lower() for name in header]
             if "image" not in columns or "caption" not in columns:
+                first = delimiter.join(header)
+                if len(first) > SHOWN_HEADER_CHARS:  # a JSON file is one line of megabytes
+                    first = f"{first[:SHOWN_HEADER_CHARS]}... ({len(first):,} characters)"
                 raise DatasetImportError(
                     f"{path}: the first line must be the header {shown!r} (columns 'image' and "
-                    f"'caption'), got {delimiter.join(header)!r}"
+                    f"'caption'), got {first!r}"
                 )
             image_column, caption_column = columns.index("image"), columns.index("caption")
             for row in reader:
@@ -624,9 +630,13 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
     splits, left_out = assign_splits(items, spec, options.seed, log, listed=listed)
     for split in SPLITS:
         if not splits[split]:
+            # What was skipped is the likely cause (a wrong --images folder: every image
+            # missing), and no report follows this error: say it here.
+            skipped = "; ".join(f"{len(found)} skipped as {REASONS[reason]}, e.g. "
+                                f"{found[0].detail}" for reason, found in log.by_reason().items())
             raise DatasetImportError(
                 f"split {split!r} would be empty ({len(items)} usable images, --split "
-                f"{options.split}); nothing was written"
+                f"{options.split}{'; ' + skipped if skipped else ''}); nothing was written"
             )
     name = options.name or dataset_name(out)
     with atomic_write(out) as handle:

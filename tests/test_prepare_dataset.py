@@ -475,6 +475,9 @@ def test_malformed_jsonl_reports_field_and_line(tmp_path, capsys):
          "the first line must be the header 'image,caption' (columns 'image' and 'caption'), got "
          "'good0.jpg,a photo'"),
         ("", "captions file is empty"),
+        # A COCO captions JSON read as CSV: one line of megabytes, quoted only in part.
+        ('{"annotations": [' + '{"image_id": 1, "caption": "x"}, ' * 5000 + "]}\n",
+         "got '{\"annotations\": [{\"image_id\": 1"),
     ],
 )
 def test_csv_without_header_is_refused_in_both_modes(tmp_path, capsys, text, message):
@@ -485,6 +488,7 @@ def test_csv_without_header_is_refused_in_both_modes(tmp_path, capsys, text, mes
         code, _, err = run(capsys, "--captions", captions, "--images", photos, "--out", out,
                            "--on-error", mode)
         assert code == 2 and message in err and not out.exists()
+        assert len(err) < 400, err[:1000]
 
 
 def test_empty_split_is_refused_and_an_older_output_is_kept(tmp_path, capsys):
@@ -501,6 +505,17 @@ def test_empty_split_is_refused_and_an_older_output_is_kept(tmp_path, capsys):
     code, _, err = run(capsys, "--captions", captions, "--images", photos, "--out", out,
                        "--split", "2,1,0")
     assert code == 2 and "split 'test' would be empty" in err
+
+
+def test_a_wrong_images_folder_is_named_in_the_empty_split_error(tmp_path, capsys):
+    photos = photo_folder(tmp_path / "photos", GOOD)
+    (photos / "home").mkdir()
+    captions = _jsonl_case(tmp_path, [])  # paths relative to photos/, not to photos/home/
+    code, _, err = run(capsys, "--captions", captions, "--images", photos / "home",
+                       "--out", tmp_path / "o.json")
+    assert code == 2 and len(err.splitlines()) == 1
+    assert f"(0 usable images, --split 0.8,0.1,0.1; {len(GOOD)} skipped as missing image, " \
+           f"e.g. {photos / 'home' / GOOD[0]}: file not found" in err
 
 
 def test_images_without_captions_in_the_folder_are_counted(tmp_path, capsys):
