@@ -14,13 +14,15 @@ that hours of captioning or encoding are not lost to an output path that cannot 
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 
 class OutputPathError(ValueError):
@@ -32,6 +34,26 @@ def file_mode() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
+
+
+def write_json(path: str | Path, document: Any, *, indent: int = 1) -> None:
+    """Write ``document`` to ``path`` as strict JSON (:func:`atomic_write`), non-finite floats
+    (an undefined metric's NaN) as ``null``: Python's own ``NaN`` is not JSON, and strict
+    readers (JavaScript's JSON.parse, jq before 1.7) refuse the whole file."""
+    text = json.dumps(_finite_or_none(document), indent=indent, ensure_ascii=False,
+                      allow_nan=False)
+    with atomic_write(path) as handle:
+        handle.write(text + "\n")
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_none(item) for item in value]
+    return value
 
 
 @contextmanager

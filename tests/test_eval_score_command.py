@@ -1,7 +1,6 @@
 """`captioner score` input handling (no SPICE here: see test_eval_scoring.py)."""
 
 import json
-import math
 import os
 import re
 
@@ -205,6 +204,7 @@ def test_cider_of_a_single_image_is_nan_with_one_warning_line(tmp_path, capsys):
     )
     row = next(line for line in stdout.splitlines() if line.startswith("r "))
     assert row.split()[1:3] == ["-", "nan"]  # SPICE not requested, CIDEr undefined
-    doc = json.loads(out.read_text())
-    assert math.isnan(doc["CIDEr"]) and math.isnan(doc["per_image"]["1"]["CIDEr"])
+    # Strict JSON: the undefined score is null (NaN is no JSON; strict readers refuse it).
+    doc = json.loads(out.read_text(), parse_constant=lambda name: pytest.fail(name))
+    assert doc["CIDEr"] is None and doc["per_image"]["1"]["CIDEr"] is None
     assert doc["Bleu_1"] == pytest.approx(1.0)

@@ -3,6 +3,8 @@ non-regular input files refused by name; and the commands that use them."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import stat
 
@@ -15,6 +17,7 @@ from data_prep.files import (
     check_input_file,
     check_output_dir,
     check_output_file,
+    write_json,
 )
 
 
@@ -36,6 +39,14 @@ def test_atomic_files_and_checkpoints_get_the_umask_mode(tmp_path, umask):
     for path in (tmp_path / "a.json", tmp_path / "model.ckpt"):
         assert _mode(path) == 0o666 & ~umask  # 0644 under the usual umask, not mkstemp's 0600
     assert load_safely(tmp_path / "model.ckpt") == {"x": 1}
+
+
+def test_json_files_are_strict_with_null_for_undefined_values(tmp_path):
+    path = tmp_path / "metrics.json"
+    write_json(path, {"CIDEr": math.nan, "per_image": {"1": [1.5, -math.inf]}, "n": 2})
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"CIDEr": None, "per_image": {"1": [1.5, None]}, "n": 2}
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):

@@ -40,7 +40,7 @@ from pathlib import Path
 from captioner import CONFIGS
 from captioner.commands.options import command_parser
 from captioner.encoder_pretraining import PretrainingSettings
-from data_prep.files import atomic_write
+from data_prep.files import write_json
 from data_prep.synthetic import SyntheticDataset
 
 HELP = "train softmax / sparsemax / TVmax captioners on synthetic shapes and compare them"
@@ -442,5 +442,4 @@ def write_results(out: Path, summary: dict) -> None:
         "mean": {m: {k: v[0] for k, v in spread[m].items()} for m in mappings},
         "sd": {m: {k: v[1] for k, v in spread[m].items()} for m in mappings},
     }
-    with atomic_write(out / "results.json") as handle:
-        json.dump(document, handle, indent=2)
+    write_json(out / "results.json", document, indent=2)

@@ -44,7 +44,7 @@ def format_report(report) -> str:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from captioner.inference import open_captioner
-    from data_prep.files import atomic_write, check_output_dir
+    from data_prep.files import atomic_write, check_output_dir, write_json
     from eval.evaluation import evaluate_captioner
     from eval.java_tools import JavaToolError
     from eval.scoring import parse_metrics
@@ -76,8 +76,7 @@ def main(argv: list[str]) -> int:
     with atomic_write(results) as handle:
         json.dump(report.results, handle, indent=1)
     metrics_file = out / f"metrics_{args.split}.json"
-    with atomic_write(metrics_file) as handle:
-        json.dump(report.to_dict(), handle, indent=2)
+    write_json(metrics_file, report.to_dict(), indent=2)
     print(format_report(report))
     print(f"\nwrote {results} and {metrics_file}")
     return 0

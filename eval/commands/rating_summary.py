@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    from data_prep.files import atomic_write, check_output_file, require_file
+    from data_prep.files import check_output_file, require_file, write_json
     from eval.rating_summary import RatingsError, format_table, summarize
 
     try:
@@ -45,8 +44,7 @@ def main(argv: list[str]) -> int:
     print(format_table(summary))
     if args.out is not None:
         try:
-            with atomic_write(args.out) as handle:
-                json.dump(summary, handle, indent=1, ensure_ascii=False)
+            write_json(args.out, summary)
         except OSError as exc:
             print(f"captioner rating-summary: cannot write {args.out}: {exc}", file=sys.stderr)
             return 2

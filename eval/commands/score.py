@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import warnings
 from pathlib import Path
@@ -76,7 +75,7 @@ def metrics_document(scores, *, results: str, references: str, split: str | None
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from data_prep.files import OutputPathError, atomic_write, check_output_file
+    from data_prep.files import OutputPathError, check_output_file, write_json
     from eval.caption_files import (
         CaptionFileError,
         empty_caption_ids,
@@ -141,8 +140,7 @@ def main(argv: list[str]) -> int:
             scores, results=args.results, references=args.references, split=args.split
         )
         try:
-            with atomic_write(args.out) as handle:
-                handle.write(json.dumps(document, indent=2, allow_nan=True) + "\n")
+            write_json(args.out, document, indent=2)
         except OSError as exc:
             print(f"captioner score: could not write {args.out}: {exc}", file=sys.stderr)
             return 1
