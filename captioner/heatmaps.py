@@ -306,6 +306,32 @@ def unique_stems(paths: Sequence[Path]) -> list[str]:
     ]
 
 
+def checkpoint_names(paths: Sequence[Path]) -> list[str]:
+    """Names of checkpoints for folders, pages and tables, unique and deterministic: a run's
+    checkpoint (``ROOT/NAME/version_N/checkpoints/F.ckpt``, as ``fit`` writes) is ``NAME``, then
+    ``NAME_vN``, then ``NAME_vN_F`` where that is shared; any other file is named as
+    :func:`unique_stems` names it (``last`` of three runs was ``checkpoints_last-<hash>``)."""
+    from captioner.training_runs import version_number
+
+    paths = [Path(p) for p in paths]
+    levels = []
+    for path, stem in zip(paths, unique_stems(paths), strict=True):
+        folder = path.parent
+        version = version_number(folder.parent) if folder.name == "checkpoints" else None
+        if version is None:
+            levels.append([stem] * 3)
+        else:
+            run = folder.parent.parent.name
+            levels.append([sanitize(name) for name in
+                           (run, f"{run}_v{version}", f"{run}_v{version}_{path.stem}")])
+    names = [level[0] for level in levels]
+    for depth in (1, 2):
+        names = [level[depth] if names.count(name) > 1 else name
+                 for name, level in zip(names, levels, strict=True)]
+    return [f"{name}-{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+            if names.count(name) > 1 else name for name, path in zip(names, paths, strict=True)]
+
+
 def word_figure_name(index: int, word: str) -> str:
     """``NN_word.png``: the word's position in the caption, then the sanitized word."""
     return f"{index:02d}_{sanitize(word, 40)}.png"

@@ -13,6 +13,7 @@ from captioner.heatmaps import (
     OVERLAY_OPACITY,
     AttentionRecord,
     attention_overlay,
+    checkpoint_names,
     compose,
     display_size,
     render_words,
@@ -204,3 +205,18 @@ def test_file_names_are_sanitized_and_deterministic(tmp_path):
     assert stems == unique_stems(paths)
     assert stems[1:3] == ["b_1", "c_d"]
     assert stems[0].startswith("a_1-") and stems[3].startswith("a_1-") and stems[0] != stems[3]
+
+
+def test_checkpoints_of_runs_are_named_after_their_runs(tmp_path):
+    def run(name, version, file="last.ckpt"):
+        return tmp_path / "runs" / name / f"version_{version}" / "checkpoints" / file
+
+    assert checkpoint_names([run("coco_softmax", 0), run("coco_tvmax", 3),
+                             tmp_path / "demo" / "tvmax.ckpt"]) == [
+        "coco_softmax", "coco_tvmax", "tvmax"]
+    assert checkpoint_names([run("a", 0), run("a", 1)]) == ["a_v0", "a_v1"]
+    best = "best-epoch03-cider0.8000.ckpt"
+    assert checkpoint_names([run("a", 0), run("a", 0, best)]) == [
+        "a_v0_last", "a_v0_best-epoch03-cider0.8000"]
+    twice = checkpoint_names([run("a", 0), run("a", 0)])
+    assert twice[0].startswith("a_v0_last-") and twice[0] == twice[1]  # the same file

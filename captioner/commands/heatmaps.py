@@ -63,14 +63,20 @@ def main(argv: list[str]) -> int:
 
     from tqdm import tqdm
 
-    from captioner.heatmaps import AttentionRecord, shared_vmax, unique_stems, write_heatmaps
+    from captioner.heatmaps import (
+        AttentionRecord,
+        checkpoint_names,
+        shared_vmax,
+        unique_stems,
+        write_heatmaps,
+    )
     from data_prep.files import atomic_write
     from data_prep.images import load_image
 
     progress = not args.no_progress and len(paths) > 1
     captions = {}
     failed: dict[Path, str] = {}
-    models = unique_stems(args.ckpt)
+    models = checkpoint_names(args.ckpt)
     for model, captioner, decoding in zip(models, captioners, options, strict=True):
         for result, caption in captioner.caption_files(
             paths, decoding, batch_size=args.batch_size, progress=progress

@@ -77,7 +77,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     check_sample_arguments(parser, args, "IMAGE_OR_DIR", bool(args.inputs))
 
-    from captioner.heatmaps import unique_stems
+    from captioner.heatmaps import checkpoint_names
     from captioner.inference import open_captioner
     from data_prep.files import check_output_dir
     from eval.gallery import GalleryModel, build_gallery, caption_gallery
@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
         print(f"captioner gallery: skipped {error}", file=sys.stderr)
 
     models = [GalleryModel(name, str(path), captioner.output_attention_name)
-              for name, path, captioner in zip(unique_stems(args.ckpt), args.ckpt, captioners,
+              for name, path, captioner in zip(checkpoint_names(args.ckpt), args.ckpt, captioners,
                                                strict=True)]
     images, failed = caption_gallery(
         captioners, options, paths, names=names, batch_size=args.batch_size,

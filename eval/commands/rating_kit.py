@@ -65,7 +65,7 @@ def main(argv: list[str]) -> int:
     if key_path.resolve().is_relative_to(args.out.resolve()):
         parser.error(f"the key {key_path} must not be inside the kit folder {args.out}")
 
-    from captioner.heatmaps import unique_stems
+    from captioner.heatmaps import checkpoint_names
     from captioner.inference import open_captioner
     from data_prep.files import check_output_dir, check_output_file
     from eval.rating_kit import (
@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
               f"{len(candidates)} images are readable", file=sys.stderr)
         return 2
 
-    names = unique_stems(args.ckpt)
+    names = checkpoint_names(args.ckpt)
     models = [KitModel(name, str(path), c.output_attention_name)
               for name, path, c in zip(names, args.ckpt, captioners, strict=True)]
     # The sampled images are decoded already: every model captions them from memory.
