@@ -32,6 +32,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import time
 import zlib
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -62,6 +63,10 @@ def skipped_images_path(path: str | Path) -> Path:
     return path.with_name(f"{path.stem}.skipped.json")
 
 
+# How long a partial file locked by another process is waited for before it is called busy.
+IN_USE_WAIT_SECONDS = 5.0
+
+
 class PartialCacheInUseError(OSError):
     """The partial file of a cache is open for writing in another process."""
 
@@ -73,13 +78,12 @@ def partial_resume_key(path: str | Path) -> dict[str, Any] | None:
     Raises:
         PartialCacheInUseError: another process is writing the partial file.
     """
-    import h5py
 
     partial = partial_cache_path(path)
     if not partial.is_file():
         return None
     try:
-        with h5py.File(partial, "r") as file:
+        with _open_partial(partial, "r") as file:
             return json.loads(file.attrs["resume_key"])
     except OSError as exc:
         _raise_if_in_use(exc, partial)
@@ -88,10 +92,30 @@ def partial_resume_key(path: str | Path) -> dict[str, Any] | None:
         return None
 
 
-def _raise_if_in_use(exc: OSError, partial: Path) -> None:
+def _in_use(exc: OSError) -> bool:
     # HDF5 locks a file it writes; opening it again would fail, and creating it anew would
     # truncate it under the other process.
-    if exc.errno == errno.EAGAIN or "unable to lock file" in str(exc):
+    return exc.errno == errno.EAGAIN or "unable to lock file" in str(exc)
+
+
+def _open_partial(path: Path, mode: str):
+    """``h5py.File(path, mode)``, waiting up to IN_USE_WAIT_SECONDS while another process
+    holds the file's lock: image-loader workers forked while it was open keep the lock until
+    they notice that their parent was killed (about a second after a ``kill -9``)."""
+    import h5py
+
+    deadline = time.monotonic() + IN_USE_WAIT_SECONDS
+    while True:
+        try:
+            return h5py.File(path, mode)
+        except OSError as exc:
+            if not _in_use(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)
+
+
+def _raise_if_in_use(exc: OSError, partial: Path) -> None:
+    if _in_use(exc):
         raise PartialCacheInUseError(
             f"{partial} is open in another process (another run writing the same cache?): "
             "wait for it to finish, or stop it"
@@ -201,10 +225,9 @@ class FeatureCacheWriter:
     def _resume(self) -> str | None:
         """Open the partial file and keep its committed rows; returns None, or why it cannot be
         used (it is then closed and will be overwritten)."""
-        import h5py
 
         try:
-            file = h5py.File(self._temporary, "a")
+            file = _open_partial(self._temporary, "a")
         except OSError as exc:
             _raise_if_in_use(exc, self._temporary)
             return f"cannot be read ({one_line(exc)})"

@@ -8,11 +8,13 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 
 import h5py
 import numpy as np
 import pytest
 
+import data_prep.features as features_module
 from data_prep.features import (
     FeatureCache,
     FeatureCacheWriter,
@@ -281,7 +283,27 @@ def test_rows_after_the_last_commit_never_reach_the_cache(tmp_path):
     assert FeatureCache(path).image_ids == [1, 2]
 
 
-def test_a_partial_file_written_by_another_process_is_left_alone(tmp_path):
+def test_a_lock_that_another_process_drops_soon_is_waited_for(tmp_path):
+    # A loader worker forked while the file was open drops its lock when it notices that its
+    # parent was killed: the rerun right after a kill -9 must wait for it, not refuse.
+    path = tmp_path / "features.h5"
+    partial = _interrupted_after_two_rows(path)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time, h5py; f = h5py.File(sys.argv[1], 'a'); "
+         "print('open', flush=True); time.sleep(1.5)", str(partial)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "open\n"
+        start = time.monotonic()
+        assert partial_resume_key(path) is not None
+        assert time.monotonic() - start > 0.5  # it did wait for the lock
+    finally:
+        holder.communicate()
+
+
+def test_a_partial_file_written_by_another_process_is_left_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr(features_module, "IN_USE_WAIT_SECONDS", 0.5)
     path = tmp_path / "features.h5"
     partial = _interrupted_after_two_rows(path)
     holder = subprocess.Popen(
