@@ -224,6 +224,9 @@ class CaptionerCLI(LightningCLI):
         ckpt_path = config.get("ckpt_path")
         if subcommand in ("validate", "test") and ckpt_path:
             _log_beside_the_run(init_args, Path(ckpt_path), subcommand)
+            # They log into version_N/<subcommand>/, so the best-checkpoint callback restored
+            # from the run warns that its folder changed: true, and of no use to them.
+            warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
         elif ckpt_path and isinstance(init_args["version"], int):
             # Resuming into an existing run folder (also from a resumed run's config.yaml).
             run = Path(init_args["save_dir"]) / init_args["name"]
