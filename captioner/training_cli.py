@@ -292,14 +292,20 @@ def _log_beside_the_run(init_args, checkpoint: Path, subcommand: str) -> None:
         init_args["version"] = f"{folder.parent.name}/{subcommand}"
 
 
-def _first_config(args: list[str]) -> str | None:
-    """The value of the first ``--config`` / ``-c`` option of ``args``."""
+def config_files(args: list[str]) -> list[str]:
+    """The values of the ``--config`` / ``-c`` options of ``args``, in order."""
+    found = []
     for index, arg in enumerate(args):
         if arg in ("--config", "-c") and index + 1 < len(args):
-            return args[index + 1]
-        if arg.startswith("--config="):
-            return arg.split("=", 1)[1]
-    return None
+            found.append(args[index + 1])
+        elif arg.startswith("--config="):
+            found.append(arg.split("=", 1)[1])
+    return found
+
+
+def _first_config(args: list[str]) -> str | None:
+    """The value of the first ``--config`` / ``-c`` option of ``args``."""
+    return next(iter(config_files(args)), None)
 
 
 def end_distributed() -> None:

@@ -305,6 +305,17 @@ def test_a_refused_resume_leaves_the_run_as_it_was(synthetic_data, tiny_cache, t
     assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]
 
 
+def test_a_misspelt_key_of_a_config_file_names_the_config_files(synthetic_data, tiny_cache,
+                                                                tmp_path):
+    typo = tmp_path / "mine.yaml"
+    typo.write_text("data:\n  min_cout: 2\n")
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    code, _, err = _run("fit", *args, "--config", str(typo))
+    assert code == 2 and "Traceback" not in err
+    assert "does not accept option 'data.min_cout' (a key in --config " in err
+    assert f"demo_softmax.yaml, {typo})" in err
+
+
 def test_unknown_output_mapping_is_refused_before_training_starts(synthetic_data, tiny_cache,
                                                                  tmp_path):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)

@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     from captioner.model.encoder import EncoderWeightsError
-    from captioner.training_cli import UserError, build_cli, end_distributed
+    from captioner.training_cli import UserError, build_cli, config_files, end_distributed
 
     # LightningCLI warns when it is handed args while sys.argv also holds some; from the console
     # script they are the same words, so let it read sys.argv itself.
@@ -47,7 +47,11 @@ def main(argv: list[str]) -> int:
             EncoderWeightsError) as exc:
         if os.environ.get("CAPTIONER_DEBUG"):
             raise
-        print(f"captioner {argv[0]}: {exc}", file=sys.stderr)
+        message = str(exc)
+        if "does not accept option" in message and config_files(argv):
+            # A key of a config file (a misspelt one on the command line is "unrecognized").
+            message += f" (a key in --config {', '.join(config_files(argv))})"
+        print(f"captioner {argv[0]}: {message}", file=sys.stderr)
         return 2
     if argv[0] == "fit":
         summary = cli.run_summary()  # every rank: trainer.log_dir is a collective under DDP
