@@ -233,10 +233,12 @@ class CaptionerCLI(LightningCLI):
             self._resumed_run = run / f"version_{init_args['version']}"
 
     def before_fit(self) -> None:
-        resumed = self._resumed_run is not None
-        if resumed and self.trainer.is_global_zero:
-            hold_metrics_for_resume(self._resumed_run)
-        self.trainer.callbacks.append(FitStartGuard(self._checkpoint_step if resumed else None))
+        resumed = None
+        if self._resumed_run is not None:
+            resumed = (self._resumed_run, self._checkpoint_step)
+            if self.trainer.is_global_zero:
+                hold_metrics_for_resume(self._resumed_run)
+        self.trainer.callbacks.append(FitStartGuard(resumed))
 
     def run_name(self, config) -> str:
         if config.get("run_name"):

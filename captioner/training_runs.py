@@ -257,30 +257,36 @@ class FitStartGuard(Callback):
     kept by :func:`set_aside_metrics`.
 
     Args:
-        resumed_step: the global step of the checkpoint a resume continues from; None for a
-            new run.
+        resumed: a resume's run folder and the global step of the checkpoint it continues
+            from; None for a new run.
     """
 
-    def __init__(self, resumed_step: int | None) -> None:
-        self.resumed_step = resumed_step
+    def __init__(self, resumed: tuple[Path, int] | None) -> None:
+        self.resumed = resumed
         self.started = False
 
     def on_fit_start(self, trainer: L.Trainer, pl_module) -> None:
         self.started = True
-        folder = Path(trainer.logger.log_dir)
-        held = folder / _HELD_METRICS
-        if trainer.is_global_zero and self.resumed_step is not None and held.is_file():
-            held.replace(folder / "metrics.csv")
-            set_aside_metrics(folder, self.resumed_step)
-
-    def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
-        if self.started or not trainer.is_global_zero or trainer.logger is None:
+        if self.resumed is None or not trainer.is_global_zero:
             return
-        folder = Path(trainer.logger.log_dir)
+        folder, step = self.resumed
         held = folder / _HELD_METRICS
         if held.is_file():
             held.replace(folder / "metrics.csv")
-        elif self.resumed_step is None and folder.is_dir() and not any(folder.iterdir()):
+            set_aside_metrics(folder, step)
+
+    def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
+        if self.started or not trainer.is_global_zero:
+            return
+        if self.resumed is not None:
+            folder = self.resumed[0]
+            held = folder / _HELD_METRICS
+            if held.is_file():
+                held.replace(folder / "metrics.csv")
+            return
+        log_dir = getattr(trainer.logger, "log_dir", None)  # no logger: no folder was made
+        folder = Path(log_dir) if log_dir else None
+        if folder is not None and folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
 
 

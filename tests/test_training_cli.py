@@ -305,6 +305,14 @@ def test_a_refused_resume_leaves_the_run_as_it_was(synthetic_data, tiny_cache, t
     assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]
 
 
+def test_fit_runs_without_a_logger(synthetic_data, tiny_cache, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # Lightning's default_root_dir: the working directory
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1",
+                           "--trainer.logger", "false"]) == 0
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+
+
 def test_a_misspelt_key_of_a_config_file_names_the_config_files(synthetic_data, tiny_cache,
                                                                 tmp_path):
     typo = tmp_path / "mine.yaml"
