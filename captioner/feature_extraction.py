@@ -128,9 +128,6 @@ def extract_features(
         raise FeatureExtractionError(f"image folder {image_root} does not exist")
     dataset = load_karpathy(karpathy_json, image_root)
     entries = _source_entries(dataset, splits, karpathy_json)
-    # Named and local weights load before the (long) pre-check, so that a missing file is
-    # reported at once; a random encoder needs readable images and comes after it.
-    encoder = None if weights is None else build_encoder(arch, weights, layer=layer)
 
     settings = {
         "arch": arch, "layer": layer, "weights": weights, "image_size": image_size,
@@ -145,6 +142,10 @@ def extract_features(
             "nothing to do")
         return finished.encoder
     _refuse_other_partial(out, key)
+    # Named and local weights load before the (long) pre-check, so that a missing file is
+    # reported at once (but not when the cache is done: rerunning offline has nothing to
+    # load); a random encoder needs readable images and comes after it.
+    encoder = None if weights is None else build_encoder(arch, weights, layer=layer)
 
     reasons = precheck_images(
         [entry.path for entry in entries], num_workers=num_workers, progress=progress,

@@ -285,9 +285,8 @@ class FitStartGuard(Callback):
                 held.replace(folder / "metrics.csv")
             return
         log_dir = getattr(trainer.logger, "log_dir", None)  # no logger: no folder was made
-        folder = Path(log_dir) if log_dir else None
-        if folder is not None and folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
+        if log_dir and Path(log_dir).is_dir() and not any(Path(log_dir).iterdir()):
+            Path(log_dir).rmdir()
 
 
 class SaveConfigOnceRestored(SaveConfigCallback):

@@ -78,7 +78,6 @@ def partial_resume_key(path: str | Path) -> dict[str, Any] | None:
     Raises:
         PartialCacheInUseError: another process is writing the partial file.
     """
-
     partial = partial_cache_path(path)
     if not partial.is_file():
         return None
@@ -225,7 +224,6 @@ class FeatureCacheWriter:
     def _resume(self) -> str | None:
         """Open the partial file and keep its committed rows; returns None, or why it cannot be
         used (it is then closed and will be overwritten)."""
-
         try:
             file = _open_partial(self._temporary, "a")
         except OSError as exc:

@@ -19,6 +19,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+import torchvision
 from PIL import Image
 from robust_inputs import png_header
 
@@ -297,6 +298,27 @@ def test_a_damaged_partial_cache_is_started_over_with_a_message(tmp_path, capsys
     assert f"starting over: {partial} {expected}" in stdout
     assert "encoded 24 images in this run" in stdout
     assert FeatureCache(out).image_ids == ids
+
+
+def test_a_finished_cache_is_reused_without_loading_its_weights(tmp_path, capsys,
+                                                                monkeypatch):
+    # Offline, named weights cannot load: a finished cache must not need them again.
+    import captioner.model.encoder as encoder_module
+
+    data, images, _ = _make_dataset(tmp_path, 8)
+    weights = tmp_path / "r18.pt"
+    torch.save(torchvision.models.resnet18().state_dict(), weights)
+    args = ["--data", data, "--images", images, "--out", tmp_path / "features.h5",
+            *ENCODER_ARGS, "--weights", weights]
+    assert _run(capsys, *args)[0] == 0
+
+    def unloadable(*a, **k):
+        raise AssertionError("the encoder was loaded for a finished cache")
+
+    monkeypatch.setattr(encoder_module, "build_encoder", unloadable)
+    code, stdout, err = _run(capsys, *args)
+    assert code == 0, err
+    assert "nothing to do" in stdout
 
 
 def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path, capsys):

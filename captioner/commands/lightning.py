@@ -47,10 +47,10 @@ def main(argv: list[str]) -> int:
             EncoderWeightsError) as exc:
         if os.environ.get("CAPTIONER_DEBUG"):
             raise
-        message = str(exc)
-        if "does not accept option" in message and config_files(argv):
+        message, configs = str(exc), config_files(argv)
+        if "does not accept option" in message and configs:
             # A key of a config file (a misspelt one on the command line is "unrecognized").
-            message += f" (a key in --config {', '.join(config_files(argv))})"
+            message += f" (a key in --config {', '.join(configs)})"
         print(f"captioner {argv[0]}: {message}", file=sys.stderr)
         return 2
     if argv[0] == "fit":

@@ -87,7 +87,6 @@ QUICK = DemoSettings(
         "--model.embed_dim=16", "--model.attention_dim=16",
     ),
 )
-# The demo's configs, in the source tree (the README installs the project editable).
 
 
 @dataclass(frozen=True)
