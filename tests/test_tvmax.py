@@ -158,6 +158,54 @@ def test_backward_matches_group_average_of_sparsemax_jacobian(lam):
     assert tested >= 6
 
 
+@pytest.mark.parametrize("smooth", [False, True])
+def test_screening_keeps_weights_and_gradients_exact(smooth):
+    """Cells screened out (zero weight for sure) leave weights, the z-gradient and the
+    lam-gradient (through their edges to kept cells, Eq. 8) as sparsemax of prox_tv's prox."""
+    from captioner.attention._tv2d_prox import MAX_MERGE_ROUNDS
+    from captioner.attention._tvmax_kernels import tvmax_rows_serial
+
+    rng = np.random.default_rng(21 + smooth)
+    height = width = 14
+    screened = tested = 0
+    for lam in [0.05, 0.1, 0.3]:
+        for _ in range(4):
+            z = rng.normal(size=(height, width))
+            if smooth:  # neighbouring scores alike, as in trained models: larger fused groups
+                z = (z + np.roll(z, 1, 0) + np.roll(z, 1, 1) + np.roll(z, (1, 1), (0, 1))) / 2
+            weights = np.empty((1, z.size))
+            group = np.empty((1, z.size), dtype=np.int32)
+            dlam = np.empty((1, z.size))
+            assert tvmax_rows_serial(z.reshape(1, -1).copy(), lam, weights, group, dlam,
+                                     height, width, 1, MAX_MERGE_ROUNDS) == -1
+            assert np.all(weights[group < 0] == 0)
+            screened += int((group < 0).sum())
+
+            ref = reference_prox(z, lam)
+            ref_p = entmax.sparsemax(torch.from_numpy(ref).flatten(), dim=-1).numpy()
+            np.testing.assert_allclose(weights[0], ref_p, atol=1e-6, rtol=0)
+            h = 1e-5
+            lo, hi = (reference_prox(z, lam + d) for d in (-h, h))
+            if not well_separated(ref) or np.any((ref_p > 0) & (ref_p < APART)):
+                continue
+            if reference_groups(lo)[0].max() != reference_groups(hi)[0].max():
+                continue
+            g = rng.normal(size=z.size)
+            zt = torch.from_numpy(z).requires_grad_()
+            lam_t = torch.tensor(lam, dtype=torch.float64, requires_grad=True)
+            (tvmax(zt, lam_t).flatten() * torch.from_numpy(g)).sum().backward()
+            labels, _ = reference_groups(ref)
+            expected = group_average_matrix(labels) @ sparsemax_jacobian(ref_p).T @ g
+            np.testing.assert_allclose(zt.grad.numpy().ravel(), expected, atol=1e-5, rtol=0)
+            p_lo, p_hi = (entmax.sparsemax(torch.from_numpy(r).flatten(), dim=-1).numpy()
+                          for r in (lo, hi))
+            fd = float(g @ (p_hi - p_lo)) / (2 * h)
+            assert lam_t.grad.item() == pytest.approx(fd, abs=1e-5 + 1e-4 * abs(fd))
+            tested += 1
+    assert screened > 12 * height * width / 2, "most cells of these grids should be screened"
+    assert tested >= 6
+
+
 def test_lam_gradient_matches_finite_differences_of_prox_tv():
     rng = np.random.default_rng(5)
     tested = 0

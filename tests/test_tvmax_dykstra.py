@@ -113,16 +113,14 @@ def _partition(labels) -> set[frozenset[int]]:
 
 
 def _exact_groups(z: torch.Tensor, lam: float) -> list[set[frozenset[int]]]:
-    """The CPU solver's fused groups of each grid (its own kernel, its own labels)."""
-    from captioner.attention._tv2d_prox import MAX_MERGE_ROUNDS
-    from captioner.attention._tvmax_kernels import tvmax_rows_serial
+    """The fused groups of each grid's prox by the exact CPU solver (its own labels)."""
+    from captioner.attention._tv2d_prox import MAX_MERGE_ROUNDS, tv2d_prox_rows_serial
 
     rows = z.reshape(len(z), -1).numpy().copy()
-    p = np.empty_like(rows)
-    group = np.empty(rows.shape, dtype=np.int32)
-    dlam = np.empty(rows.shape)
-    assert tvmax_rows_serial(rows, lam, p, group, dlam, z.shape[-2], z.shape[-1], 1,
-                             MAX_MERGE_ROUNDS) == -1
+    x, sign, dlam = np.empty_like(rows), np.empty_like(rows), np.empty_like(rows)
+    group = np.empty(rows.shape, dtype=np.int64)
+    tv2d_prox_rows_serial(rows, lam, x, group, sign, dlam, z.shape[-2], z.shape[-1], 1,
+                          MAX_MERGE_ROUNDS)
     return [_partition(row) for row in group.tolist()]
 
 

@@ -75,6 +75,7 @@ class Workspace(NamedTuple):
     edge_b: np.ndarray  # (2 n,) int32: second cell
     fixed: np.ndarray  # (n,) int64: signed count of each cell's edges of fixed sign
     gfixed: np.ndarray  # (n,) int64: group sums of fixed
+    outer: np.ndarray  # (n,) int64: minus the count of each cell's edges to screened cells
 
 
 @njit(cache=True)
@@ -89,7 +90,7 @@ def _workspace(n):
         np.empty(n, np.float64), np.empty(n, np.int64), np.empty(n, np.float64),
         np.empty(n, np.float64), np.empty(n, np.int32), np.empty(n, np.int32),
         np.empty(n, np.float64), np.empty(2 * n, np.int32), np.empty(2 * n, np.int32),
-        np.empty(n, np.int64), np.empty(n, np.int64),
+        np.empty(n, np.int64), np.empty(n, np.int64), np.zeros(n, np.int64),
     )
 
 
@@ -214,10 +215,10 @@ def _guess_and_verify(ws, z, lam, m, n_edges, eps, max_rounds, w, label, dlam):
     nbr, cnt, setid, order, exc, cap = ws.nbr, ws.cnt, ws.setid, ws.order, ws.exc, ws.cap
     visited, lab, head, nxt, size, zsum = ws.visited, ws.lab, ws.head, ws.nxt, ws.size, ws.zsum
     bsum, val, nv, members, roots, acc = ws.bsum, ws.val, ws.nv, ws.members, ws.roots, ws.acc
-    edge_a, edge_b, gfixed = ws.edge_a, ws.edge_b, ws.gfixed
+    edge_a, edge_b, gfixed, outer = ws.edge_a, ws.edge_b, ws.gfixed, ws.outer
     for k in range(m):
         i = order[k]
-        _singleton(ws, z, i, z[i])
+        _singleton(ws, z, i, z[i] + lam * outer[i])
         visited[i] = 0
     stamp = 0
     for _ in range(max_rounds):
@@ -255,7 +256,7 @@ def _guess_and_verify(ws, z, lam, m, n_edges, eps, max_rounds, w, label, dlam):
         nroots = 0
         for k in range(m):
             i = order[k]
-            cnt[i] = 0
+            cnt[i] = outer[i]
             setid[i] = lab[i]
             roots[nroots] = i
             nroots += (lab[i] == i) & (size[i] > 1)
@@ -324,14 +325,19 @@ def _guess_and_verify(ws, z, lam, m, n_edges, eps, max_rounds, w, label, dlam):
 
 
 @njit(cache=True)
-def _prox_grid(ws, z, active, lam, H, W, w, label, dlam, merge_rounds):
-    """Exact prox of one H x W grid z (float64, n cells; ``active`` False = absent cell) into
-    w, with each cell's group index in label and d w / d lam in dlam: the fast path
-    (``_guess_and_verify``, up to merge_rounds rounds), else divide and conquer by min-cuts."""
+def _prox_grid(ws, z, active, lam, n, w, label, dlam, merge_rounds):
+    """Exact prox of one grid z (float64, n cells; ``active`` False = absent cell) into w,
+    with each cell's group index in label and d w / d lam in dlam: the fast path
+    (``_guess_and_verify``, up to merge_rounds rounds), else divide and conquer by min-cuts.
+
+    ws.nbr holds the active cells' active neighbours (``_neighbours``); rows of absent cells
+    are not read. ws.outer[i] is minus the count of cell i's edges to absent cells pinned
+    below it (TVmax's screening, ``_tvmax_kernels._screen``): they enter Eq. 8 as lower
+    neighbours, so this is the prox of the active cells at scores z + lam * outer. Zero for
+    the plain prox."""
     nbr, cnt, setid, order, seg, exc = ws.nbr, ws.cnt, ws.setid, ws.order, ws.seg, ws.exc
     cap, visited, edge_a, edge_b, fixed = ws.cap, ws.visited, ws.edge_a, ws.edge_b, ws.fixed
-    n = H * W
-    _neighbours(active, H, W, nbr)
+    outer = ws.outer
     ngroups = 0
     m = 0
     amax = 0.0
@@ -361,7 +367,7 @@ def _prox_grid(ws, z, active, lam, H, W, w, label, dlam, merge_rounds):
                         g += 1.0
                     elif z[j] < z[i]:
                         g -= 1.0
-            dlam[i] = g
+            dlam[i] = g + outer[i]
         return
     # Residuals at or below eps count as saturated (and values closer than eps as tied), so
     # rounding noise never splits a group.
@@ -376,7 +382,7 @@ def _prox_grid(ws, z, active, lam, H, W, w, label, dlam, merge_rounds):
             if nbr[i, d] >= 0:
                 deg += 1
         cnt[i] = deg
-        fixed[i] = 0
+        fixed[i] = outer[i]
     n_edges = 0
     for k in range(m):
         i = order[k]
@@ -384,7 +390,7 @@ def _prox_grid(ws, z, active, lam, H, W, w, label, dlam, merge_rounds):
             j = nbr[i, d]
             if j < 0:
                 continue
-            diff = z[i] - z[j]
+            diff = (z[i] + lam * outer[i]) - (z[j] + lam * outer[j])
             # Branch-free: the outcome is unpredictable from edge to edge.
             is_fixed = abs(diff) > (cnt[i] + cnt[j]) * (lam + eps) + eps
             sg = _sign(diff) * is_fixed
@@ -399,14 +405,14 @@ def _prox_grid(ws, z, active, lam, H, W, w, label, dlam, merge_rounds):
     s = 0.0
     for k in range(m):
         i = order[k]
-        s += z[i]
-        cnt[i] = 0
+        s += z[i] + lam * outer[i]
+        cnt[i] = outer[i]
         visited[i] = 0
         setid[i] = 0
     t = s / m
     for k in range(m):
         i = order[k]
-        exc[i] = z[i] - t
+        exc[i] = z[i] + lam * cnt[i] - t
         for d in range(4):
             cap[i, d] = lam
     nseg = 1
@@ -480,7 +486,8 @@ def _prox_rows_slice(z, lam, x, group, sign, dlam, H, W, merge_rounds, start, st
     for b in range(start, stop):
         for i in range(n):
             active[i] = z[b, i] > -np.inf
-        _prox_grid(ws, z[b], active, lam, H, W, x[b], label, dlam[b], merge_rounds)
+        _neighbours(active, H, W, ws.nbr)
+        _prox_grid(ws, z[b], active, lam, n, x[b], label, dlam[b], merge_rounds)
         for i in range(n):
             group[b, i] = label[i] if active[i] else -1
             sign[b, i] = 1.0

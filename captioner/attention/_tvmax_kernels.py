@@ -1,6 +1,10 @@
 """TVmax on the CPU (numba): the exact prox of ``_tv2d_prox``, then sparsemax, per grid, in
 one pass over the batch; and its backward pass (TVmax paper, Proposition 2, Algorithm 1).
 
+Cells whose weight is surely zero are screened out before the prox (``_screen``), which
+then solves only the rest of the grid: 3-4 of 64 or 196 cells for N(0, 1) scores at lam 0.01
+to 0.1; 10% (lam 0.01) to 41% (lam 0.1) of the 16 x 16 cells for the demo's trained TVmax model.
+
 Grids are rows of flattened H x W cells; ``-inf`` marks an absent (masked) cell. Each kernel has
 a serial driver and a prange-parallel one over slices of the batch (see ``_grouped.by_size``).
 """
@@ -10,44 +14,126 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._tv2d_prox import _prox_grid, _workspace
+from ._tv2d_maxflow import _neighbours
+from ._tv2d_prox import _REL_TOL, _prox_grid, _workspace
 
 # Row-error kinds reported by the TVmax kernels (code = 3 * row + kind; -1 = all rows valid).
 NAN, POS_INF, EMPTY = 0, 1, 2
 
 
 @njit(cache=True)
-def _sparsemax_grid(x, active, n, p, b, insup):
-    """p[b] = sparsemax of x over the active cells (0 elsewhere), exact, in float64.
+def _sparsemax_threshold(x, active, n, insup, cand):
+    """(tau, xmax) with sparsemax(x) = max(x - xmax - tau, 0) over the active cells, exact, in
+    float64; insup marks the support, cand (n,) int32 is scratch.
 
     Michelot's algorithm (Condat 2016, Alg. 2; same fixed point as Martins & Astudillo's sort,
     Eq. 3-4): tau = (sum_S x - 1) / |S| over the current support S, then drop the cells at or
-    below tau, until none drops. The support only shrinks, so it ends within n passes. Values
-    are shifted by their maximum first (which therefore stays in the support with weight > 0)
-    so that huge scores keep an exact 1 / |S| scale; equal x give bitwise equal p.
+    below tau, until none drops. It may start from any superset of the support: here the cells
+    within 1 of the maximum, as the maximum's weight xmax - tau is at most 1. The support only
+    shrinks, so it ends within n passes. Values are shifted by their maximum first (which
+    therefore stays in the support with weight > 0) so that huge scores keep an exact 1 / |S|
+    scale; equal x give bitwise equal weights.
     """
     xmax = -np.inf
     for i in range(n):
-        insup[i] = active[i]
         if active[i] and x[i] > xmax:
             xmax = x[i]
-    tau = 0.0
-    dropped = True
-    # Branch-free passes: which cells stay is unpredictable from cell to cell.
-    while dropped:
+    k = 0
+    for i in range(n):
+        insup[i] = False
+        cand[k] = i
+        k += active[i] & (x[i] - xmax > -1.0)
+    while True:
         total = 0.0
-        k = 0
-        for i in range(n):
-            total += x[i] - xmax if insup[i] else 0.0
-            k += insup[i]
+        for t in range(k):
+            total += x[cand[t]] - xmax
         tau = (total - 1.0) / k
-        dropped = False
-        for i in range(n):
-            drop = insup[i] & (x[i] - xmax <= tau)
-            insup[i] = insup[i] & (not drop)
-            dropped |= drop
+        kept = 0
+        for t in range(k):
+            i = cand[t]
+            cand[kept] = i
+            kept += x[i] - xmax > tau
+        if kept == k:
+            break
+        k = kept
+    for t in range(k):
+        insup[cand[t]] = True
+    return tau, xmax
+
+
+@njit(cache=True)
+def _sparsemax_grid(x, active, n, p, b, insup, cand):
+    """p[b] = sparsemax of x over the active cells (0 elsewhere); see _sparsemax_threshold."""
+    tau, xmax = _sparsemax_threshold(x, active, n, insup, cand)
     for i in range(n):
         p[b, i] = (x[i] - xmax) - tau if insup[i] else 0.0
+
+
+@njit(cache=True)
+def _screen(ws, z, active, lam, H, W, low, high, insup, cand):
+    """Take out of ``active`` the cells whose TVmax weight is surely 0; fill ws.outer.
+
+    A safe screening rule (in the spirit of El Ghaoui et al., 2010, for the lasso) that leaves
+    the result exact. By Proposition 1, TVmax(z) = sparsemax(x) with x = prox(z), and by Eq. 16
+    (edge duals in [-1, 1]) each x_i lies within deg_i * lam of z_i, deg_i counting the cell's
+    present neighbours. Sparsemax's threshold grows with its input, so it is at least tau_lo,
+    the threshold of the lower bounds z_i - deg_i lam, and a cell whose upper bound
+    z_i + deg_i lam is below tau_lo gets weight 0. With those cells pinned at 0, the others
+    solve TVmax on their own subgraph at scores z_i - lam * (edges to pinned cells), since
+    lam |p_i - 0| is linear in p_i >= 0: ws.outer holds minus that count, which the prox
+    (``_tv2d_prox._prox_grid``) reads as lower neighbours in Eq. 8, so values, groups and
+    d/dlam of the support are those of the whole grid. On the subgraph a cell's lower bound
+    is unchanged and its upper bound drops by 2 lam per pinned neighbour (tau_lo is unchanged:
+    the pinned cells lie below it), so pinning spreads until no upper bound falls below tau_lo.
+    The cell with the largest lower bound is never pinned.
+
+    z: (n,) float64 with the absent cells already out of ``active``; low, high: (n,) float64
+    scratch; insup, cand: scratch of _sparsemax_threshold. Leaves in ws.nbr the kept cells'
+    kept neighbours, as ``_tv2d_prox._prox_grid`` reads them.
+    """
+    nbr, outer, kept = ws.nbr, ws.outer, ws.queue
+    n = H * W
+    _neighbours(active, H, W, nbr)
+    amax = 0.0
+    for i in range(n):
+        deg = 0
+        for d in range(4):
+            deg += nbr[i, d] >= 0
+        low[i] = z[i] - deg * lam
+        high[i] = z[i] + deg * lam
+        if active[i]:
+            amax = max(amax, abs(z[i]))
+    tau, xmax = _sparsemax_threshold(low, active, n, insup, cand)
+    # A margin well above the rounding of low, high and tau: near-ties stay in the problem.
+    cut = xmax + tau - _REL_TOL * n * (amax + 4 * lam * n)
+    # Most cells go in the first pass; the few kept are then revisited until none goes.
+    k = 0
+    for i in range(n):
+        outer[i] = 0
+        kept[k] = i
+        stays = active[i] & (high[i] >= cut)
+        k += stays
+        active[i] = stays
+    dropped = True
+    while dropped:
+        dropped = False
+        left = 0
+        for t in range(k):
+            i = kept[t]
+            count = 0
+            for d in range(4):
+                j = nbr[i, d]
+                if j >= 0 and not active[j]:
+                    count += 1
+                    nbr[i, d] = -1
+            outer[i] -= count
+            high[i] -= 2 * lam * count
+            kept[left] = i
+            stays = high[i] >= cut
+            left += stays
+            active[i] = stays
+            dropped |= not stays
+        k = left
 
 
 @njit(cache=True)
@@ -59,6 +145,9 @@ def _tvmax_rows_slice(z, lam, p, group, dlam, H, W, merge_rounds, start, stop):
     insup = np.empty(n, np.bool_)
     zrow = np.empty(n, np.float64)
     xrow = np.empty(n, np.float64)
+    low = np.empty(n, np.float64)
+    high = np.empty(n, np.float64)
+    cand = np.empty(n, np.int32)
     for b in range(start, stop):
         m = 0
         for i in range(n):
@@ -73,8 +162,9 @@ def _tvmax_rows_slice(z, lam, p, group, dlam, H, W, merge_rounds, start, stop):
                 m += 1
         if m == 0:
             return 3 * b + EMPTY
-        _prox_grid(ws, zrow, active, lam, H, W, xrow, group[b], dlam[b], merge_rounds)
-        _sparsemax_grid(xrow, active, n, p, b, insup)
+        _screen(ws, zrow, active, lam, H, W, low, high, insup, cand)
+        _prox_grid(ws, zrow, active, lam, n, xrow, group[b], dlam[b], merge_rounds)
+        _sparsemax_grid(xrow, active, n, p, b, insup, cand)
         for i in range(n):
             if not active[i]:
                 group[b, i] = -1
@@ -88,8 +178,9 @@ def tvmax_rows_serial(z, lam, p, group, dlam, H, W, nchunks, merge_rounds):
     z: float32 or float64 (rows, H*W), read as float64, ``-inf`` = cell absent (no edges, zero
     weight); lam >= 0; nchunks and merge_rounds as in tv2d_prox_rows_serial. Fills p (rows,
     H*W, z's dtype), the weights; group (int32), each cell's fused group within its row (-1
-    where absent); dlam (float64), d prox / d lam (Eq. 8). Returns -1, or 3 * row + kind
-    (NAN, POS_INF, EMPTY) for the first invalid row found, leaving the outputs incomplete.
+    where absent, or screened out with weight 0 by _screen); dlam (float64), d prox / d lam
+    (Eq. 8). Returns -1, or 3 * row + kind (NAN, POS_INF, EMPTY) for the first invalid row
+    found, leaving the outputs incomplete.
     """
     return _tvmax_rows_slice(z, lam, p, group, dlam, H, W, merge_rounds, 0, z.shape[0])
 
