@@ -1,5 +1,6 @@
 """``captioner bench`` lists its benchmarks; ``bench model`` runs end to end on tiny sizes and
-reports a failing mapping's error."""
+reports a failing mapping's error; ``bench attention`` prints its ratios for either kind of
+scores."""
 
 from __future__ import annotations
 
@@ -45,3 +46,31 @@ def test_bench_help_names_every_benchmark(capsys):
         assert f"  {name} " in out and importlib.import_module(target).HELP in out
     assert command.main(["nope"]) == 2
     assert capsys.readouterr().err.startswith("usage: captioner bench")
+
+
+def test_bench_attention_prints_ratios_on_smooth_scores(capsys):
+    from captioner.benchmarks import attention
+
+    assert attention.main(["--repeats", "1", "--threads", "1", "--scores", "smooth"]) == 0
+    printed = capsys.readouterr().out
+    assert "scores smooth N(0, 1)" in printed
+    rows = [line.split() for line in printed.splitlines() if line.startswith("64x14x14 ")]
+    # Columns: shape, mapping (may hold spaces), us/call, /softmax, /sparsemax, /entmax's.
+    ratios = {" ".join(row[1:-4]): row[-2] for row in rows}
+    assert ratios["sparsemax"] == "1.00" and float(ratios["tvmax lam=0.1"]) > 0
+
+
+def test_smooth_scores_have_sd_1_and_alike_neighbours():
+    import torch
+
+    from captioner.benchmarks.attention import _scores
+
+    torch.manual_seed(0)
+    normal, smooth = (_scores(kind, (256, 14, 14), "cpu") for kind in ("normal", "smooth"))
+    assert abs(float(smooth.std()) - 1) < 1e-4
+
+    def neighbour_correlation(z):
+        return float(torch.corrcoef(torch.stack([z[:, :, :-1].flatten(),
+                                                 z[:, :, 1:].flatten()]))[0, 1])
+
+    assert neighbour_correlation(smooth) > 0.5 > 0.05 > abs(neighbour_correlation(normal))

@@ -1,6 +1,10 @@
 """``captioner bench attention``: time forward+backward of the attention mappings side by side.
 
-Scores ~ N(0, 1) of shape (batch, H, W), float32, on the CPU or a GPU (``--device cuda``). Each
+Scores of shape (batch, H, W), float32, on the CPU or a GPU (``--device cuda``): N(0, 1) per
+cell, or with ``--scores smooth`` N(0, 1) noise averaged over each cell's 3 x 3 neighbourhood
+and rescaled to sd 1, so that neighbouring cells are alike as in a trained model's scores
+(larger fused groups, and more cells within reach of the sparsemax support for TVmax's
+screening to keep). Each
 timed call is one forward pass and one backward pass of a random upstream gradient. On a GPU,
 TVmax runs with both forward solvers (``CAPTIONER_TVMAX_SOLVER``): "device", certified Dykstra
 on the GPU (the share of grids its certificate left to the CPU solver is printed), and "host",
@@ -30,6 +34,7 @@ SHAPES = {
     "cuda": ((64, 8, 8), (256, 8, 8), (64, 16, 16), (256, 16, 16)),
 }
 TVMAX_LAMS = (0.01, 0.1)
+SCORES = {"normal": "N(0, 1)", "smooth": "smooth N(0, 1), 3 x 3 mean rescaled to sd 1"}
 ROUND_SECONDS = 0.02  # each round repeats a call until it has run at least this long
 
 
@@ -40,6 +45,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         "--threads", type=int, default=None, help="torch and numba threads (default: as is)"
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed of the scores")
+    parser.add_argument(
+        "--scores",
+        choices=sorted(SCORES),
+        default="normal",
+        help="normal: N(0, 1) per cell; smooth: N(0, 1) averaged over 3 x 3 neighbourhoods, "
+        "rescaled to sd 1 (neighbours alike, as in trained models)",
+    )
     parser.add_argument("--device", choices=sorted(SHAPES), default="cpu")
     parser.add_argument(
         "--clock",
@@ -140,6 +152,18 @@ def _timer(fn: Callable, z, grad, clock: Callable[[], float],
     return one_round
 
 
+def _scores(kind: str, shape: tuple[int, int, int], device: str):
+    """Float32 scores of the given shape and kind (see SCORES), from torch's global generator."""
+    import torch
+
+    z = torch.randn(shape, device=device)
+    if kind == "smooth":
+        z = torch.nn.functional.avg_pool2d(z[:, None], 3, stride=1, padding=1,
+                                           count_include_pad=False)[:, 0]
+        z = (z - z.mean()) / z.std()
+    return z
+
+
 def _table(rows: list[tuple[str, str, float]], baselines: list[str]) -> str:
     header = ["shape", "mapping", "us/call"] + [f"/{b}" for b in baselines]
     lines = []
@@ -168,7 +192,7 @@ def main(argv: list[str]) -> int:
     notes = []
     for batch, height, width in SHAPES[args.device]:
         shape = f"{batch}x{height}x{width}"
-        z = torch.randn(batch, height, width, device=args.device, requires_grad=True)
+        z = _scores(args.scores, (batch, height, width), args.device).requires_grad_()
         grad = torch.randn(batch, height, width, device=args.device)
         for counts in fallbacks.values():
             counts[:] = [0, 0]
@@ -183,13 +207,14 @@ def main(argv: list[str]) -> int:
         print(f"done {shape}", flush=True)
     where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     print(
-        f"forward+backward, float32, {where}, {args.clock} clock, torch {torch.__version__}, "
+        f"forward+backward, float32, scores {SCORES[args.scores]}, {where}, {args.clock} clock, "
+        f"torch {torch.__version__}, "
         f"threads torch={torch.get_num_threads()} numba={numba.get_num_threads()}, "
         f"median of {args.repeats} rounds"
     )
     baselines = [b for b in ("softmax", "sparsemax", "entmax.sparsemax (pkg)") if b in mappings]
     print(_table(rows, baselines))
     if notes:
-        print("TVmax device solver, same scores at every call (N(0, 1)):")
+        print(f"TVmax device solver, same scores at every call ({SCORES[args.scores]}):")
         print("\n".join(notes))
     return 0
