@@ -179,7 +179,7 @@ class TVmaxDeviceFunction(torch.autograd.Function):
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         weights, group, dlam = ctx.saved_tensors
         v = sparsemax_jvp(grad.to(torch.float64), weights > 0, -1)
-        present = group >= 0  # -1: a masked cell
+        present = group >= 0  # -1: a masked cell, or one screened out with weight 0
         index = group.clamp_min(0).long()
         sums = torch.zeros_like(v).scatter_add_(1, index, v)
         sizes = torch.zeros_like(v).scatter_add_(1, index, present.to(v.dtype))
