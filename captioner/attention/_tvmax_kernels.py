@@ -11,6 +11,8 @@ a serial driver and a prange-parallel one over slices of the batch (see ``_group
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit, prange
 
@@ -21,10 +23,26 @@ from ._tv2d_prox import _REL_TOL, _prox_grid, _workspace
 NAN, POS_INF, EMPTY = 0, 1, 2
 
 
+class Scratch(NamedTuple):
+    """Work arrays of the screening and the sparsemax of one grid of n cells."""
+
+    low: np.ndarray  # (n,) float64: lower bound of each cell's prox value
+    high: np.ndarray  # (n,) float64: upper bound of each cell's prox value
+    insup: np.ndarray  # (n,) bool: sparsemax support
+    cand: np.ndarray  # (n,) int32: cells still in the running for the support
+
+
 @njit(cache=True)
-def _sparsemax_threshold(x, active, n, insup, cand):
+def _scratch(n):
+    """A Scratch for grids of n cells."""
+    return Scratch(np.empty(n, np.float64), np.empty(n, np.float64), np.empty(n, np.bool_),
+                   np.empty(n, np.int32))
+
+
+@njit(cache=True)
+def _sparsemax_threshold(sc, x, active, n):
     """(tau, xmax) with sparsemax(x) = max(x - xmax - tau, 0) over the active cells, exact, in
-    float64; insup marks the support, cand (n,) int32 is scratch.
+    float64; sc.insup marks the support.
 
     Michelot's algorithm (Condat 2016, Alg. 2; same fixed point as Martins & Astudillo's sort,
     Eq. 3-4): tau = (sum_S x - 1) / |S| over the current support S, then drop the cells at or
@@ -34,6 +52,7 @@ def _sparsemax_threshold(x, active, n, insup, cand):
     therefore stays in the support with weight > 0) so that huge scores keep an exact 1 / |S|
     scale; equal x give bitwise equal weights.
     """
+    insup, cand = sc.insup, sc.cand
     xmax = -np.inf
     for i in range(n):
         if active[i] and x[i] > xmax:
@@ -62,15 +81,15 @@ def _sparsemax_threshold(x, active, n, insup, cand):
 
 
 @njit(cache=True)
-def _sparsemax_grid(x, active, n, p, b, insup, cand):
+def _sparsemax_grid(sc, x, active, n, p, b):
     """p[b] = sparsemax of x over the active cells (0 elsewhere); see _sparsemax_threshold."""
-    tau, xmax = _sparsemax_threshold(x, active, n, insup, cand)
+    tau, xmax = _sparsemax_threshold(sc, x, active, n)
     for i in range(n):
-        p[b, i] = (x[i] - xmax) - tau if insup[i] else 0.0
+        p[b, i] = (x[i] - xmax) - tau if sc.insup[i] else 0.0
 
 
 @njit(cache=True)
-def _screen(ws, z, active, lam, H, W, low, high, insup, cand):
+def _screen(ws, sc, z, active, lam, H, W):
     """Take out of ``active`` the cells whose TVmax weight is surely 0; fill ws.outer.
 
     A safe screening rule (in the spirit of El Ghaoui et al., 2010, for the lasso) that leaves
@@ -87,11 +106,10 @@ def _screen(ws, z, active, lam, H, W, low, high, insup, cand):
     the pinned cells lie below it), so pinning spreads until no upper bound falls below tau_lo.
     The cell with the largest lower bound is never pinned.
 
-    z: (n,) float64 with the absent cells already out of ``active``; low, high: (n,) float64
-    scratch; insup, cand: scratch of _sparsemax_threshold. Leaves in ws.nbr the kept cells'
-    kept neighbours, as ``_tv2d_prox._prox_grid`` reads them.
+    z: (n,) float64 with the absent cells already out of ``active``. Leaves in ws.nbr the kept
+    cells' kept neighbours, as ``_tv2d_prox._prox_grid`` reads them.
     """
-    nbr, outer, kept = ws.nbr, ws.outer, ws.queue
+    nbr, outer, kept, low, high = ws.nbr, ws.outer, ws.queue, sc.low, sc.high
     n = H * W
     _neighbours(active, H, W, nbr)
     amax = 0.0
@@ -103,7 +121,7 @@ def _screen(ws, z, active, lam, H, W, low, high, insup, cand):
         high[i] = z[i] + deg * lam
         if active[i]:
             amax = max(amax, abs(z[i]))
-    tau, xmax = _sparsemax_threshold(low, active, n, insup, cand)
+    tau, xmax = _sparsemax_threshold(sc, low, active, n)
     # A margin well above the rounding of low, high and tau: near-ties stay in the problem.
     cut = xmax + tau - _REL_TOL * n * (amax + 4 * lam * n)
     # Most cells go in the first pass; the few kept are then revisited until none goes.
@@ -142,12 +160,9 @@ def _tvmax_rows_slice(z, lam, p, group, dlam, H, W, merge_rounds, start, stop):
     n = H * W
     ws = _workspace(n)
     active = np.empty(n, np.bool_)
-    insup = np.empty(n, np.bool_)
     zrow = np.empty(n, np.float64)
     xrow = np.empty(n, np.float64)
-    low = np.empty(n, np.float64)
-    high = np.empty(n, np.float64)
-    cand = np.empty(n, np.int32)
+    sc = _scratch(n)
     for b in range(start, stop):
         m = 0
         for i in range(n):
@@ -162,9 +177,9 @@ def _tvmax_rows_slice(z, lam, p, group, dlam, H, W, merge_rounds, start, stop):
                 m += 1
         if m == 0:
             return 3 * b + EMPTY
-        _screen(ws, zrow, active, lam, H, W, low, high, insup, cand)
+        _screen(ws, sc, zrow, active, lam, H, W)
         _prox_grid(ws, zrow, active, lam, n, xrow, group[b], dlam[b], merge_rounds)
-        _sparsemax_grid(xrow, active, n, p, b, insup, cand)
+        _sparsemax_grid(sc, xrow, active, n, p, b)
         for i in range(n):
             if not active[i]:
                 group[b, i] = -1
