@@ -249,6 +249,15 @@ def hold_metrics_for_resume(folder: Path) -> None:
         metrics.rename(held)
 
 
+def _put_back_held_metrics(folder: Path) -> bool:
+    """Move what :func:`hold_metrics_for_resume` held back to ``metrics.csv``; False if none."""
+    held = folder / _HELD_METRICS
+    if not held.is_file():
+        return False
+    held.replace(folder / "metrics.csv")
+    return True
+
+
 class FitStartGuard(Callback):
     """Keeps a run folder as it was when ``fit`` stops before training starts (a refused
     checkpoint, unreadable data): what a resume held back (:func:`hold_metrics_for_resume`)
@@ -270,19 +279,14 @@ class FitStartGuard(Callback):
         if self.resumed is None or not trainer.is_global_zero:
             return
         folder, step = self.resumed
-        held = folder / _HELD_METRICS
-        if held.is_file():
-            held.replace(folder / "metrics.csv")
+        if _put_back_held_metrics(folder):
             set_aside_metrics(folder, step)
 
     def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
         if self.started or not trainer.is_global_zero:
             return
         if self.resumed is not None:
-            folder = self.resumed[0]
-            held = folder / _HELD_METRICS
-            if held.is_file():
-                held.replace(folder / "metrics.csv")
+            _put_back_held_metrics(self.resumed[0])
             return
         log_dir = getattr(trainer.logger, "log_dir", None)  # no logger: no folder was made
         if log_dir and Path(log_dir).is_dir() and not any(Path(log_dir).iterdir()):
