@@ -29,8 +29,10 @@ class ImageResult:
 
 
 def collect_images(inputs: Sequence[str | Path]) -> list[Path]:
-    """Expand files and folders into image paths: folders recursively, sorted, by suffix
-    (regular files only); files named explicitly are kept as given.
+    """Expand files and folders into image paths: folders recursively, sorted, by suffix;
+    files named explicitly are kept as given. A folder's entries with an image suffix are kept
+    whatever they are but folders (a FIFO, a device, a broken link), so that reading them
+    reports each by name instead of skipping it unseen.
 
     Raises:
         FileNotFoundError: an input does not exist. ValueError: a folder holds no images.
@@ -39,7 +41,8 @@ def collect_images(inputs: Sequence[str | Path]) -> list[Path]:
     for item in map(Path, inputs):
         if item.is_dir():
             found = sorted(
-                p for p in item.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
+                p for p in item.rglob("*")
+                if p.suffix.lower() in IMAGE_SUFFIXES and not p.is_dir()
             )
             if not found:
                 raise ValueError(

@@ -1,4 +1,5 @@
-"""The ``captioner`` console script: its command list, unknown commands, a closed pipe."""
+"""The ``captioner`` console script: its command list, unknown commands, a closed pipe, and
+how every command reports a user error."""
 
 from __future__ import annotations
 
@@ -6,7 +7,15 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from captioner.cli import SIGPIPE_STATUS, main
+from captioner.commands.options import report_error
+
+
+def _captioner(*argv: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "captioner.cli", *argv], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **env})
 
 
 def test_help_lists_the_commands_and_unknown_ones_are_refused(capsys):
@@ -30,3 +39,45 @@ def test_a_reader_that_has_gone_ends_the_command_quietly(tmp_path):
         os.close(write)
     assert run.returncode == SIGPIPE_STATUS, run.stderr
     assert run.stderr == ""
+
+
+def test_a_user_error_is_one_line_and_captioner_debug_shows_its_traceback(monkeypatch, capsys):
+    split = KeyError("unknown split 'testing'; expected one of train, val, test")
+    assert report_error("captioner evaluate", split) == 2
+    assert capsys.readouterr().err == (
+        "captioner evaluate: unknown split 'testing'; expected one of train, val, test\n")
+    yaml = ValueError("Problems parsing config: while parsing\n  in line 2\ndid not find ']'")
+    assert report_error("captioner fit", yaml, "--config a.yaml", status=1) == 1
+    assert capsys.readouterr().err == (
+        "captioner fit: --config a.yaml: Problems parsing config: while parsing in line 2 did "
+        "not find ']'\n")
+    monkeypatch.setenv("CAPTIONER_DEBUG", "1")
+    with pytest.raises(KeyError) as raised:
+        try:
+            raise split
+        except KeyError as exc:
+            report_error("captioner evaluate", exc)
+    assert raised.value is split and capsys.readouterr().err == ""
+
+
+def test_every_command_honours_captioner_debug(tmp_path):
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"not a checkpoint")
+    image = tmp_path / "a.png"
+    image.write_bytes(b"")
+    for command in (["caption", str(image)], ["heatmaps", str(image), "--out", str(tmp_path)]):
+        quiet = _captioner(*command, "--ckpt", str(garbage))
+        assert quiet.returncode == 2 and "Traceback" not in quiet.stderr
+        assert quiet.stderr.count("\n") == 1 and str(garbage) in quiet.stderr
+        loud = _captioner(*command, "--ckpt", str(garbage), CAPTIONER_DEBUG="1")
+        assert loud.returncode != 0 and "Traceback" in loud.stderr
+
+
+def test_a_config_file_that_is_not_yaml_is_named_on_one_line(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model:\n  hidden_dim: [1\n")
+    run = _captioner("fit", "--config", str(broken))
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    [line] = [line for line in run.stderr.splitlines() if line.startswith("captioner fit:")]
+    assert line.startswith(f"captioner fit: --config {broken}: Problems parsing config")
+    assert run.stderr.strip() == line

@@ -84,6 +84,15 @@ def test_negative_seed_is_refused(tmp_path, capsys):
     assert "seeds must be >= 0" in capsys.readouterr().err
 
 
+def test_an_out_that_cannot_be_a_folder_is_one_line_before_any_work(tmp_path, capsys):
+    taken = tmp_path / "results.jsonl"
+    taken.write_text("kept\n")
+    assert main(["--quick", "--out", str(taken)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"captioner demo: {taken}: exists and is not a folder\n"
+    assert taken.read_text() == "kept\n" and sorted(tmp_path.iterdir()) == [taken]
+
+
 @pytest.mark.slow
 def test_quick_demo_over_seeds_with_lambda_chosen_on_validation(tmp_path, capsys):
     out = tmp_path / "demo"

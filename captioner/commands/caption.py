@@ -13,9 +13,11 @@ Output formats (one record per readable image, in input order):
   image instead gets its 1-based position in the input list (the order printed by --format
   text) and a note says so.
 
-Decoding defaults to the checkpoint's own options (model.decoding of its config). Unreadable
-images (missing, corrupt, FIFOs, ...) are reported by name on stderr and skipped; the exit
-status is then 1, after all other images were captioned and written. --out is checked before
+Decoding defaults to the checkpoint's own options (model.decoding of its config). An input
+that does not exist stops the command before any image is captioned (exit status 2).
+Unreadable images (corrupt files, FIFOs, devices, ...), named or found in a folder, are
+reported by name on stderr and skipped; the exit status is then 1, after all other images
+were captioned and written. --out is checked before
 any image is captioned and written atomically; on Ctrl-C the records done so far are written.
 """
 
@@ -26,7 +28,12 @@ import json
 import sys
 from pathlib import Path
 
-from captioner.commands.options import add_decoding_arguments, command_parser, decoding_options
+from captioner.commands.options import (
+    add_decoding_arguments,
+    command_parser,
+    decoding_options,
+    report_error,
+)
 
 HELP = "caption images or folders of images (text, jsonl with per-word attention, COCO results)"
 
@@ -66,8 +73,7 @@ def main(argv: list[str]) -> int:
         captioner = open_captioner(args.ckpt, args.device)
         options = decoding_options(args, captioner.decoding)
     except (OSError, ValueError) as exc:
-        print(f"captioner caption: {exc}", file=sys.stderr)
-        return 2
+        return report_error("captioner caption", exc)
     ids, from_names = coco_image_ids(paths) if args.format == "coco" else ([], True)
     if not from_names:
         print("captioner caption: not every file name is a distinct numeric id; COCO image ids "
@@ -108,8 +114,7 @@ def main(argv: list[str]) -> int:
             with atomic_write(args.out) as handle:
                 write_records(handle)
         except OSError as exc:
-            print(f"captioner caption: cannot write {args.out}: {exc}", file=sys.stderr)
-            return 2
+            return report_error("captioner caption", exc, f"cannot write {args.out}")
     if interrupted:
         print("captioner caption: interrupted; the captions done so far were written",
               file=sys.stderr)

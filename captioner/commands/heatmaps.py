@@ -30,6 +30,7 @@ from captioner.commands.options import (
     add_figure_arguments,
     command_parser,
     decoding_options,
+    report_error,
 )
 
 HELP = "per-word attention heatmaps, caption strips and raw weights for images"
@@ -58,8 +59,7 @@ def main(argv: list[str]) -> int:
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         options = [decoding_options(args, captioner.decoding) for captioner in captioners]
     except (OSError, ValueError) as exc:
-        print(f"captioner heatmaps: {exc}", file=sys.stderr)
-        return 2
+        return report_error("captioner heatmaps", exc)
 
     from tqdm import tqdm
 

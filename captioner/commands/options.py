@@ -1,11 +1,14 @@
-"""What the commands share: their parser, the options of the commands that caption with a
-checkpoint (caption, heatmaps, rating-kit, evaluate): decoding, batch size, device, progress,
-and the figure options of those that draw attention (heatmaps, gallery, rating-kit)."""
+"""What the commands share: their parser, their report of a user error, the options of the
+commands that caption with a checkpoint (caption, heatmaps, rating-kit, evaluate): decoding,
+batch size, device, progress, and the figure options of those that draw attention (heatmaps,
+gallery, rating-kit)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -29,6 +32,23 @@ def command_parser(prog: str, doc: str) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(
         prog=prog, description=plain, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+
+
+def report_error(prog: str, exc: BaseException, context: str = "", status: int = 2) -> int:
+    """Report ``exc`` as one line on stderr, ``prog: [context: ]message``, and return
+    ``status``: 2 for a user error (missing or corrupt file, malformed data, bad setting), 1 for
+    a failure of the work itself. With the environment variable CAPTIONER_DEBUG set, re-raise
+    ``exc`` instead, for its traceback.
+
+    Call it from the ``except`` block that caught ``exc``. The message is folded onto one line
+    (a YAML parser's spans several); a KeyError shows its text, not its repr.
+    """
+    if os.environ.get("CAPTIONER_DEBUG"):
+        raise exc
+    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+    message = " ".join(str(text).split())
+    print(f"{prog}: {context}{': ' if context else ''}{message}", file=sys.stderr)
+    return status
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:

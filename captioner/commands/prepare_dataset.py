@@ -26,7 +26,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from captioner.commands.options import command_parser
+from captioner.commands.options import command_parser, report_error
 
 HELP = "make a Karpathy-split JSON from a folder of photos and a captions file (JSONL, CSV, COCO)"
 
@@ -72,8 +72,7 @@ def main(argv: list[str]) -> int:
     try:
         report = import_dataset(options, progress=not args.no_progress)
     except (DatasetImportError, OSError) as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+        return report_error(PROG, exc)
 
     print(f"wrote {report.out} (dataset {report.name!r}, captions read as {report.fmt})")
     for split, count in report.images.items():

@@ -26,7 +26,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from captioner.commands.options import DEVICE_HELP, command_parser
+from captioner.commands.options import DEVICE_HELP, command_parser, report_error
 from captioner.feature_extraction import ON_ERROR, extract_features
 
 HELP = "cache frozen-encoder grid features (float16, HDF5) for the images of a Karpathy JSON"
@@ -109,7 +109,6 @@ def main(argv: list[str]) -> int:
               "already encoded", file=sys.stderr)
         return 130
     except (ValueError, OSError, EncoderWeightsError) as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+        return report_error(PROG, exc)
     print(f"wrote {args.out} (encoder: {config})")
     return 0

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
+
+from captioner.commands.options import report_error
 
 HELP = "render the synthetic shapes dataset (Karpathy JSON, PNG images, COCO instance masks)"
 
@@ -44,8 +45,7 @@ def main(argv: list[str]) -> int:
             progress=not args.no_progress,
         )
     except ValueError as exc:
-        print(f"captioner prepare-synthetic: error: {exc}", file=sys.stderr)
-        return 2
+        return report_error("captioner prepare-synthetic", exc)
     rows = [("Karpathy split file", dataset.karpathy_json), ("image root", dataset.image_root)]
     rows += [(f"instances ({split})", path) for split, path in dataset.instances.items()]
     for label, path in rows:

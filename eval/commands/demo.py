@@ -38,9 +38,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from captioner import CONFIGS
-from captioner.commands.options import command_parser
+from captioner.commands.options import command_parser, report_error
 from captioner.encoder_pretraining import PretrainingSettings
-from data_prep.files import write_json
+from data_prep.files import check_output_dir, write_json
 from data_prep.synthetic import SyntheticDataset
 
 HELP = "train softmax / sparsemax / TVmax captioners on synthetic shapes and compare them"
@@ -359,7 +359,11 @@ def main(argv: list[str]) -> int:
         parser.error(f"--lam-grid values must be positive, got {args.lam_grid}")
     settings = replace(QUICK if args.quick else FULL, seed=args.seed)
     out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        check_output_dir(out)
+        out.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as exc:  # ValueError: data_prep.files.OutputPathError
+        return report_error("captioner demo", exc)
     started = time.monotonic()
 
     metrics = available_metrics(settings.spice)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-from captioner.commands.options import add_decoding_arguments, decoding_options
+from captioner.commands.options import add_decoding_arguments, decoding_options, report_error
 
 HELP = "caption a Karpathy split with a checkpoint; metrics, attention statistics, objects"
 
@@ -61,8 +60,7 @@ def main(argv: list[str]) -> int:
         captioner = open_captioner(args.ckpt, args.device)
         options = decoding_options(args, captioner.decoding)
     except (SpiceJarsError, OSError, ValueError) as exc:
-        print(f"captioner evaluate: {exc}", file=sys.stderr)
-        return 2
+        return report_error("captioner evaluate", exc)
     try:
         report = evaluate_captioner(
             captioner, args.data, args.images, split=args.split, instances=args.instances,
@@ -70,8 +68,7 @@ def main(argv: list[str]) -> int:
             progress=not args.no_progress,
         )  # fmt: skip
     except (SpiceJarsError, JavaToolError, FileNotFoundError, KeyError, ValueError) as exc:
-        print(f"captioner evaluate: {exc}", file=sys.stderr)
-        return 2
+        return report_error("captioner evaluate", exc)
     results = out / f"results_{args.split}.json"
     with atomic_write(results) as handle:
         json.dump(report.results, handle, indent=1)

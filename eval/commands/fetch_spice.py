@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+
+from captioner.commands.options import report_error
 
 HELP = "download and verify the Stanford CoreNLP and Nashorn jars that SPICE needs"
 
@@ -39,7 +40,6 @@ def main(argv: list[str]) -> int:
             log=(lambda _: None) if args.quiet else print,
         )
     except (SpiceJarsError, OSError) as exc:
-        print(f"captioner fetch-spice: {exc}", file=sys.stderr)
-        return 1
+        return report_error("captioner fetch-spice", exc, status=1)
     print(f"SPICE is ready in {install.root}")
     return 0

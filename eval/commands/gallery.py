@@ -31,6 +31,7 @@ from captioner.commands.options import (
     check_sample_arguments,
     command_parser,
     decoding_options,
+    report_error,
 )
 
 HELP = "side-by-side attention gallery of several checkpoints (static HTML)"
@@ -88,8 +89,7 @@ def main(argv: list[str]) -> int:
         options = [decoding_options(args, captioner.decoding) for captioner in captioners]
         paths, names, skipped = _images(args)
     except (OSError, ValueError) as exc:
-        print(f"captioner gallery: {exc}", file=sys.stderr)
-        return 2
+        return report_error("captioner gallery", exc)
     for error in skipped:
         print(f"captioner gallery: skipped {error}", file=sys.stderr)
 
@@ -111,8 +111,7 @@ def main(argv: list[str]) -> int:
                              zero_style=args.zero_style, upsample=args.upsample,
                              progress=not args.no_progress)
     except ValueError as exc:  # e.g. only empty captions: no weight to scale colours by
-        print(f"captioner gallery: {exc}", file=sys.stderr)
-        return 1
+        return report_error("captioner gallery", exc, status=1)
     print(f"gallery of {len(images)} images x {len(models)} models: {page}")
     unreadable = len(skipped) + len(failed)
     if unreadable:

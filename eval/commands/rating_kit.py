@@ -20,6 +20,7 @@ from captioner.commands.options import (
     check_sample_arguments,
     command_parser,
     decoding_options,
+    report_error,
 )
 
 HELP = "build a blinded human-rating kit (static HTML) comparing checkpoints"
@@ -84,8 +85,7 @@ def main(argv: list[str]) -> int:
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         options = [decoding_options(args, captioner.decoding) for captioner in captioners]
     except (OSError, ValueError) as exc:
-        print(f"captioner rating-kit: {exc}", file=sys.stderr)
-        return 2
+        return report_error("captioner rating-kit", exc)
     sample, skipped = sample_readable(candidates, args.n, args.seed)
     for error in skipped:
         print(f"captioner rating-kit: skipped {error}", file=sys.stderr)
@@ -114,4 +114,8 @@ def main(argv: list[str]) -> int:
     write_key(kit.key, key_path)
     print(f"rating kit {kit.kit_id}: {len(images)} images x {len(models)} models -> {kit.html}")
     print(f"blinding key (keep it from the raters): {key_path}")
+    if skipped:
+        print(f"captioner rating-kit: {len(skipped)} of the images drawn could not be read "
+              "(each is named above); others were drawn in their place", file=sys.stderr)
+        return 1
     return 0

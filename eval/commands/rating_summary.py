@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+
+from captioner.commands.options import report_error
 
 HELP = "summarize human ratings from the rating kit (Table 2 with CIs and agreement)"
 
@@ -39,14 +40,12 @@ def main(argv: list[str]) -> int:
             require_file(path, "ratings file" if path != args.key else "key file")
         summary = summarize(args.ratings, args.key)
     except (RatingsError, OSError, ValueError) as exc:
-        print(f"captioner rating-summary: {exc}", file=sys.stderr)
-        return 2
+        return report_error("captioner rating-summary", exc)
     print(format_table(summary))
     if args.out is not None:
         try:
             write_json(args.out, summary)
         except OSError as exc:
-            print(f"captioner rating-summary: cannot write {args.out}: {exc}", file=sys.stderr)
-            return 2
+            return report_error("captioner rating-summary", exc, f"cannot write {args.out}")
         print(f"summary written to {args.out}")
     return 0

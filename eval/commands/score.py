@@ -7,6 +7,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from captioner.commands.options import report_error
+
 HELP = "score a COCO results file: BLEU, METEOR, ROUGE_L, CIDEr, SPICE and REP"
 
 
@@ -93,12 +95,8 @@ def main(argv: list[str]) -> int:
         metrics = parse_metrics(args.metrics)
         hypotheses = load_results(args.results)
         references = load_references(args.references, args.split)
-    except KeyError as exc:  # str() of a KeyError is its repr: print the message itself
-        print(f"captioner score: {exc.args[0]}", file=sys.stderr)
-        return 2
-    except (CaptionFileError, FileNotFoundError, OutputPathError, ValueError) as exc:
-        print(f"captioner score: {exc}", file=sys.stderr)
-        return 2
+    except (CaptionFileError, FileNotFoundError, KeyError, OutputPathError, ValueError) as exc:
+        return report_error("captioner score", exc)
     problems = check_coverage(hypotheses, references)
     empty = empty_caption_ids(hypotheses)
     if empty and not args.allow_empty:
@@ -123,11 +121,10 @@ def main(argv: list[str]) -> int:
     except SpiceJarsError as exc:
         others = ",".join(name for name in metrics if name != "SPICE")
         leave_out = f"; or score without SPICE: --metrics {others}" if others else ""
-        print(f"captioner score: {exc}{leave_out}", file=sys.stderr)
-        return 2
+        exc.args = (f"{exc}{leave_out}",)  # the hint on the same line; the traceback kept
+        return report_error("captioner score", exc)
     except (JavaToolError, RuntimeError, ValueError) as exc:
-        print(f"captioner score: {exc}", file=sys.stderr)
-        return 1
+        return report_error("captioner score", exc, status=1)
     for warning in caught:
         print(f"warning: {warning.message}", file=sys.stderr)
     print(f"{len(hypotheses)} images")
@@ -142,7 +139,6 @@ def main(argv: list[str]) -> int:
         try:
             write_json(args.out, document, indent=2)
         except OSError as exc:
-            print(f"captioner score: could not write {args.out}: {exc}", file=sys.stderr)
-            return 1
+            return report_error("captioner score", exc, f"could not write {args.out}", status=1)
         print(f"\nwrote {args.out}")
     return 0
