@@ -14,6 +14,7 @@ rate x0.99 per epoch after the 10th epoch, d = 512, word embeddings of 256, g = 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -161,32 +162,12 @@ class CaptioningModule(L.LightningModule):
         self.vocabulary = vocabulary
         cache_encoder = datamodule.feature_encoder
         if cache_encoder is not None:
-            self._check_feature_cache(cache_encoder, datamodule.feature_cache)
-
-    def _check_feature_cache(self, cache_encoder: dict, path) -> None:
-        """Cached features are only valid for the frozen encoder that produced them."""
-        if self.hparams.encoder_trainable:
-            raise ValueError(
-                f"data.feature_cache={path} holds features of a frozen encoder, but "
-                "model.encoder_trainable is true; drop the cache to fine-tune the encoder"
-            )
-        expected = {
-            "arch": self.hparams.encoder_arch,
-            "weights": self.hparams.encoder_weights,
-            "image_size": self.hparams.image_size,
-            "layer": self.hparams.encoder_layer,
-        }
-        # Caches written before the layer was configurable hold layer4 features.
-        cached = {"layer": "layer4", **cache_encoder}
-        options = {"arch": "model.encoder_arch", "weights": "model.encoder_weights",
-                   "image_size": "data.image_size", "layer": "model.encoder_layer"}
-        for key, value in expected.items():
-            if not _same_setting(cached.get(key), value):
-                raise ValueError(
-                    f"feature cache {path} was written with encoder {key}="
-                    f"{cached.get(key)!r}, but the model has {key}={value!r}; to train on "
-                    f"this cache, set {options[key]} to {cached.get(key)}"
-                )
+            hp = self.hparams
+            settings = {"model.encoder_arch": hp.encoder_arch,
+                        "model.encoder_weights": hp.encoder_weights,
+                        "data.image_size": hp.image_size, "model.encoder_layer": hp.encoder_layer,
+                        "model.encoder_trainable": hp.encoder_trainable}
+            check_feature_cache(settings, cache_encoder, datamodule.feature_cache)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.vocabulary is None:
@@ -319,6 +300,42 @@ class CaptioningModule(L.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self._score_decoded("test")
+
+
+# The encoder settings a feature cache records, and the option that sets each.
+CACHE_SETTINGS = {"arch": "model.encoder_arch", "weights": "model.encoder_weights",
+                  "image_size": "data.image_size", "layer": "model.encoder_layer"}
+
+
+def check_feature_cache(settings: Mapping[str, Any], cache_encoder: Mapping[str, Any],
+                        path) -> None:
+    """Refuse a feature cache written by another encoder than the one configured: cached
+    features are only valid for the frozen encoder that produced them.
+
+    Args:
+        settings: the configured values by option name: CACHE_SETTINGS' options and
+            ``model.encoder_trainable``.
+        cache_encoder: the encoder settings recorded in the cache (``FeatureCache.encoder``).
+        path: the cache, for the message.
+
+    Raises:
+        ValueError: naming the option to set and the value the cache needs.
+    """
+    if settings["model.encoder_trainable"]:
+        raise ValueError(
+            f"data.feature_cache={path} holds features of a frozen encoder, but "
+            "model.encoder_trainable is true; drop the cache to fine-tune the encoder"
+        )
+    # Caches written before the layer was configurable hold layer4 features.
+    cached = {"layer": "layer4", **cache_encoder}
+    for key, option in CACHE_SETTINGS.items():
+        value = settings[option]
+        if not _same_setting(cached.get(key), value):
+            raise ValueError(
+                f"feature cache {path} was written with encoder {key}={cached.get(key)!r}, but "
+                f"the model has {key}={value!r}; to train on this cache, set {option} to "
+                f"{cached.get(key)}"
+            )
 
 
 def _same_setting(cached: Any, configured: Any) -> bool:

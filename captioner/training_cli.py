@@ -28,7 +28,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from captioner.checkpointing import load_safely
 from captioner.data import CaptionDataModule
-from captioner.lightning_module import CaptioningModule
+from captioner.lightning_module import CACHE_SETTINGS, CaptioningModule, check_feature_cache
 from captioner.training_runs import (
     LAST_NAME,
     FitStartGuard,
@@ -39,6 +39,7 @@ from captioner.training_runs import (
     read_progress,
     version_number,
 )
+from data_prep.features import FeatureCache
 
 CHECKPOINT_DEFAULTS = {
     "checkpoint.monitor": "val/CIDEr",
@@ -212,6 +213,13 @@ class CaptionerCLI(LightningCLI):
         torch.set_float32_matmul_precision(
             config.get("float32_matmul_precision") or MATMUL_PRECISIONS[0]
         )
+        cache = config.data.get("feature_cache")
+        if cache:
+            # Before the model is built: building it loads the configured encoder weights,
+            # which may be missing (offline) when the cache needs other weights anyway.
+            options = [*CACHE_SETTINGS.values(), "model.encoder_trainable"]
+            check_feature_cache({option: config[option] for option in options},
+                                FeatureCache(cache).encoder, cache)
         logger = config.trainer.get("logger")
         init_args = getattr(logger, "init_args", None)
         if init_args is None or "name" not in init_args:

@@ -23,6 +23,7 @@ import csv
 import json
 import random
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -259,11 +260,20 @@ def _put_back_held_metrics(folder: Path) -> bool:
 
 
 class FitStartGuard(Callback):
-    """Keeps a run folder as it was when ``fit`` stops before training starts (a refused
-    checkpoint, unreadable data): what a resume held back (:func:`hold_metrics_for_resume`)
-    goes back to ``metrics.csv``, and a new run's version folder left empty is removed. Once
-    the checkpoint is restored and checked (``on_fit_start``), a resume's earlier rows are
-    kept by :func:`set_aside_metrics`.
+    """Undoes what ``fit`` wrote into the run folders when it stops before training starts
+    (``on_train_start``): a refused checkpoint, unreadable data, a failure in the sanity check
+    or in making the loaders.
+
+    A new run's version folder is removed, unless a checkpoint is in it, and then its
+    ``ROOT/NAME`` folder if no other version is left there: ``captioner runs`` lists nothing
+    of it. A version folder that held files before this fit (one named with
+    ``--trainer.logger.init_args.version``) is kept.
+
+    A resume stopped before ``on_fit_start`` (its checkpoint refused) gets back what
+    :func:`hold_metrics_for_resume` held, and its run is as it was. From ``on_fit_start`` on,
+    the resume has begun, also if it stops before training: its earlier rows are in
+    ``metrics.partK.csv`` (:func:`set_aside_metrics`), and ``config.yaml`` and
+    ``hparams.yaml`` are the resume's (:class:`SaveConfigOnceRestored`).
 
     Args:
         resumed: a resume's run folder and the global step of the checkpoint it continues
@@ -273,24 +283,54 @@ class FitStartGuard(Callback):
     def __init__(self, resumed: tuple[Path, int] | None) -> None:
         self.resumed = resumed
         self.started = False
+        self._new_folder: Path | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module, stage: str) -> None:
+        # The logger makes its version folder just before the first setup hook (the data
+        # module's, then the callbacks'), and nothing writes into it before this one: a folder
+        # that holds files here is an earlier run's.
+        if self.resumed is None and trainer.is_global_zero:
+            self._new_folder = _empty_log_dir(trainer)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module) -> None:
-        self.started = True
         if self.resumed is None or not trainer.is_global_zero:
             return
         folder, step = self.resumed
         if _put_back_held_metrics(folder):
             set_aside_metrics(folder, step)
 
+    def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
+        self.started = True
+
     def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
         if self.started or not trainer.is_global_zero:
             return
         if self.resumed is not None:
-            _put_back_held_metrics(self.resumed[0])
+            _put_back_held_metrics(self.resumed[0])  # none is held after on_fit_start
             return
-        log_dir = getattr(trainer.logger, "log_dir", None)  # no logger: no folder was made
-        if log_dir and Path(log_dir).is_dir() and not any(Path(log_dir).iterdir()):
-            Path(log_dir).rmdir()
+        # None from setup: an earlier run's folder (it still holds files), or fit stopped
+        # before setup, in the data module's, and the logger's new folder is still empty.
+        folder = self._new_folder or _empty_log_dir(trainer)
+        if folder is not None:
+            _remove_unstarted_run(folder)
+
+
+def _empty_log_dir(trainer: L.Trainer) -> Path | None:
+    """The logger's version folder when it exists and is empty; else None (no logger too)."""
+    log_dir = getattr(trainer.logger, "log_dir", None)
+    if log_dir and Path(log_dir).is_dir() and not any(Path(log_dir).iterdir()):
+        return Path(log_dir)
+    return None
+
+
+def _remove_unstarted_run(folder: Path) -> None:
+    """Remove a new run's version ``folder`` (its ``config.yaml``, ``hparams.yaml``, ...)
+    unless a checkpoint is in it, then its ``ROOT/NAME`` folder if that is left empty."""
+    if not folder.is_dir() or any(folder.rglob("*.ckpt")):
+        return
+    shutil.rmtree(folder)
+    if not any(folder.parent.iterdir()):
+        folder.parent.rmdir()
 
 
 class SaveConfigOnceRestored(SaveConfigCallback):

@@ -305,6 +305,38 @@ def test_a_refused_resume_leaves_the_run_as_it_was(synthetic_data, tiny_cache, t
     assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]
 
 
+# Both fail after the run's config.yaml and hparams.yaml are written (on_fit_start) and before
+# training starts: in the sanity check, and in making the training loader after it.
+STOPPED_BEFORE_TRAINING = {
+    "sanity check": ("--trainer.num_sanity_val_steps", "1", "--data.eval_batch_size", "-3"),
+    "training loader": ("--data.batch_size", "-3"),
+}
+
+
+@pytest.mark.parametrize("bad", STOPPED_BEFORE_TRAINING.values(), ids=STOPPED_BEFORE_TRAINING)
+def test_a_new_run_stopped_before_training_leaves_no_run_folder(synthetic_data, tiny_cache,
+                                                                tmp_path, bad):
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--run_name", "err3")
+    code, _, err = _run("fit", *args, "--trainer.max_epochs", "1", *bad)
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    errors = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
+    assert len(errors) == 1 and "batch_size=-3" in errors[0], err
+    assert not (tmp_path / "runs" / "err3").exists()  # nothing for `captioner runs` to list
+
+
+def test_a_new_run_stopped_before_training_keeps_the_earlier_versions(synthetic_data,
+                                                                     tiny_cache, tmp_path):
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    runs = tmp_path / "runs" / "demo_softmax"
+    before = {path: path.read_bytes() for path in runs.rglob("*") if path.is_file()}
+    code, _, err = _run("fit", *args, "--trainer.max_epochs", "1",
+                        *STOPPED_BEFORE_TRAINING["sanity check"])
+    assert code == 2, err[-2000:]
+    assert {path: path.read_bytes() for path in runs.rglob("*") if path.is_file()} == before
+    assert sorted(p.name for p in runs.iterdir()) == ["version_0"]
+
+
 def test_fit_runs_without_a_logger(synthetic_data, tiny_cache, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # Lightning's default_root_dir: the working directory
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
@@ -320,8 +352,9 @@ def test_a_misspelt_key_of_a_config_file_names_the_config_files(synthetic_data, 
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     code, _, err = _run("fit", *args, "--config", str(typo))
     assert code == 2 and "Traceback" not in err
-    assert "does not accept option 'data.min_cout' (a key in --config " in err
-    assert f"demo_softmax.yaml, {typo})" in err
+    [line] = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
+    assert line.startswith("captioner fit: --config ") and f"demo_softmax.yaml, {typo}: " in line
+    assert "does not accept option 'data.min_cout'" in line
 
 
 def test_unknown_output_mapping_is_refused_before_training_starts(synthetic_data, tiny_cache,
@@ -342,11 +375,28 @@ def test_unloadable_encoder_weights_are_one_line_and_exit_2(synthetic_data, tiny
     weights = tmp_path / "encoder.pt"
     weights.write_bytes(b"not a state_dict")
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
-    code, _, err = _run("fit", *args, "--trainer.max_epochs", "1",
+    # Without a feature cache: one of other weights would be refused first (see below).
+    code, _, err = _run("fit", *args, "--trainer.max_epochs", "1", "--data.feature_cache", "null",
                         "--model.encoder_weights", str(weights))
     assert code == 2 and "Traceback" not in err, err[-2000:]
     errors = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
     assert len(errors) == 1 and "encoder weights file" in errors[0] and str(weights) in errors[0]
+
+
+def test_a_cache_of_other_weights_is_named_before_the_weights_are_loaded(synthetic_data,
+                                                                        tiny_cache, tmp_path):
+    # A paper config names ImageNet weights, which an offline machine lacks; a cache written
+    # with `prepare-features --weights none` needs its own NAME.encoder.pt. The error says so,
+    # not that the ImageNet weights could not be downloaded.
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    code, _, err = _run("fit", *args, "--trainer.max_epochs", "1",
+                        "--model.encoder_weights", "IMAGENET1K_V1")
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    [line] = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
+    cached = FeatureCache(tiny_cache).encoder["weights"]
+    assert f"feature cache {tiny_cache} was written with encoder weights={cached!r}" in line
+    assert f"set model.encoder_weights to {cached}" in line
+    assert not list(tmp_path.glob("runs/*"))
 
 
 def test_captioner_debug_shows_the_traceback(synthetic_data, tiny_cache, tmp_path, monkeypatch):
@@ -395,6 +445,9 @@ def test_missing_cache_key_is_an_error_naming_it(synthetic_data, tiny_cache, tmp
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--data.karpathy_json", str(broken))
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 2
     assert "987654" in capsys.readouterr().err
+    # Refused as the data module sets up, after the logger made runs/NAME/version_0: neither
+    # is left behind.
+    assert not list(tmp_path.glob("runs/*"))
 
 
 def test_cache_of_another_encoder_is_refused(synthetic_data, tiny_cache, tmp_path, capsys):

@@ -20,7 +20,6 @@ exit with status 2; set CAPTIONER_DEBUG=1 for the traceback.
 
 from __future__ import annotations
 
-import os
 import sys
 
 HELP = {
@@ -35,6 +34,7 @@ def main(argv: list[str]) -> int:
 
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+    from captioner.commands.options import report_error
     from captioner.model.encoder import EncoderWeightsError
     from captioner.training_cli import UserError, build_cli, config_files, end_distributed
 
@@ -45,14 +45,12 @@ def main(argv: list[str]) -> int:
         cli = build_cli(args)
     except (UserError, OSError, ValueError, ArgumentError, MisconfigurationException,
             EncoderWeightsError) as exc:
-        if os.environ.get("CAPTIONER_DEBUG"):
-            raise
         message, configs = str(exc), config_files(argv)
-        if "does not accept option" in message and configs:
-            # A key of a config file (a misspelt one on the command line is "unrecognized").
-            message += f" (a key in --config {', '.join(configs)})"
-        print(f"captioner {argv[0]}: {message}", file=sys.stderr)
-        return 2
+        # A key of a config file (a misspelt one on the command line is "unrecognized"), or
+        # a config file that is not valid YAML: name the file.
+        in_config = "does not accept option" in message or "Problems parsing config" in message
+        context = f"--config {', '.join(configs)}" if in_config and configs else ""
+        return report_error(f"captioner {argv[0]}", exc, context)
     if argv[0] == "fit":
         summary = cli.run_summary()  # every rank: trainer.log_dir is a collective under DDP
         if cli.trainer.is_global_zero:
