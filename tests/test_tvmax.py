@@ -158,17 +158,30 @@ def test_backward_matches_group_average_of_sparsemax_jacobian(lam):
     assert tested >= 6
 
 
-@pytest.mark.parametrize("smooth", [False, True])
-def test_screening_keeps_weights_and_gradients_exact(smooth):
+def _safely_screened(z, lam):
+    """How many cells of grid z _screen alone takes out (before _screen_levels)."""
+    from captioner.attention._tv2d_prox import _workspace
+    from captioner.attention._tvmax_kernels import _scratch, _screen
+
+    active = np.ones(z.size, dtype=bool)
+    _screen(_workspace(z.size), _scratch(z.size), z.ravel().copy(), active, lam, *z.shape)
+    return int((~active).sum())
+
+
+# 16 x 16 smooth grids at lam 0.3 and 1 keep over 64 cells after _screen: _screen_levels
+# then pins more by min-cuts at levels below TVmax's threshold.
+@pytest.mark.parametrize(("smooth", "size", "lams"), [
+    (False, 14, [0.05, 0.1, 0.3]), (True, 14, [0.05, 0.1, 0.3]), (True, 16, [0.3, 1.0])])
+def test_screening_keeps_weights_and_gradients_exact(smooth, size, lams):
     """Cells screened out (zero weight for sure) leave weights, the z-gradient and the
     lam-gradient (through their edges to kept cells, Eq. 8) as sparsemax of prox_tv's prox."""
     from captioner.attention._tv2d_prox import MAX_MERGE_ROUNDS
     from captioner.attention._tvmax_kernels import tvmax_rows_serial
 
-    rng = np.random.default_rng(21 + smooth)
-    height = width = 14
-    screened = tested = 0
-    for lam in [0.05, 0.1, 0.3]:
+    rng = np.random.default_rng(21 + smooth + size)
+    height = width = size
+    screened = safely = tested = 0
+    for lam in lams:
         for _ in range(4):
             z = rng.normal(size=(height, width))
             if smooth:  # neighbouring scores alike, as in trained models: larger fused groups
@@ -180,6 +193,7 @@ def test_screening_keeps_weights_and_gradients_exact(smooth):
                                      height, width, 1, MAX_MERGE_ROUNDS) == -1
             assert np.all(weights[group < 0] == 0)
             screened += int((group < 0).sum())
+            safely += _safely_screened(z, lam)
 
             ref = reference_prox(z, lam)
             ref_p = entmax.sparsemax(torch.from_numpy(ref).flatten(), dim=-1).numpy()
@@ -202,7 +216,9 @@ def test_screening_keeps_weights_and_gradients_exact(smooth):
             fd = float(g @ (p_hi - p_lo)) / (2 * h)
             assert lam_t.grad.item() == pytest.approx(fd, abs=1e-5 + 1e-4 * abs(fd))
             tested += 1
-    assert screened > 12 * height * width / 2, "most cells of these grids should be screened"
+    assert screened > len(lams) * 4 * height * width / 2, "most cells should be screened"
+    if size == 16:
+        assert screened > safely + len(lams) * 4 * 20, "_screen_levels should pin many more"
     assert tested >= 6
 
 

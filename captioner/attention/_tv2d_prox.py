@@ -336,6 +336,21 @@ def _guess_and_verify(ws, z, lam, m, n_edges, eps, max_rounds, w, label, dlam):
     return False
 
 
+@njit(cache=True, inline="always")
+def _gather_active(ws, z, active, lam, n):
+    """Put the active cells in ws.order; returns their count m and the flow's rounding
+    tolerance eps: residuals at or below it count as saturated (and values closer as tied), so
+    rounding noise never splits a group."""
+    m = 0
+    amax = 0.0
+    for i in range(n):
+        if active[i]:
+            ws.order[m] = i
+            m += 1
+            amax = max(amax, abs(z[i]))
+    return m, _REL_TOL * m * (amax + lam * 4 * m)
+
+
 @njit(cache=True)
 def _prox_grid(ws, z, active, lam, n, w, label, dlam, merge_rounds):
     """Exact prox of one grid z (float64, n cells; ``active`` False = absent cell) into w,
@@ -352,14 +367,9 @@ def _prox_grid(ws, z, active, lam, n, w, label, dlam, merge_rounds):
     cap, visited, edge_a, edge_b, fixed = ws.cap, ws.visited, ws.edge_a, ws.edge_b, ws.fixed
     outer = ws.outer
     ngroups = 0
-    m = 0
-    amax = 0.0
+    m, eps = _gather_active(ws, z, active, lam, n)
     for i in range(n):
-        if active[i]:
-            order[m] = i
-            m += 1
-            amax = max(amax, abs(z[i]))
-        else:
+        if not active[i]:
             w[i] = z[i]
             dlam[i] = 0.0
     if m == 0:
@@ -382,9 +392,6 @@ def _prox_grid(ws, z, active, lam, n, w, label, dlam, merge_rounds):
                         g -= 1.0
             dlam[i] = g + outer[i]
         return
-    # Residuals at or below eps count as saturated (and values closer than eps as tied), so
-    # rounding noise never splits a group.
-    eps = _REL_TOL * m * (amax + lam * 4 * m)
     # A cell's prox value stays within deg * lam of its score (Eq. 16, duals in [-1, 1]), so an
     # edge whose scores differ by more than both cells' reach keeps its order: its sign is
     # fixed (folded into the cells' counts) and only the other edges are examined.
