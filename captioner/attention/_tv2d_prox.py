@@ -49,7 +49,7 @@ MAX_MERGE_ROUNDS = 40
 # Free edges (sign not fixed by Eq. 16) per active cell above which the fast path is skipped: a
 # grid has at most 2 edges per cell, and when most are free (lam large against the scores'
 # spread) groups grow large, merging takes many rounds and certifying them takes min-cuts, so
-# the divide and conquer is faster (measured: 1.6-1.8x at lam 1 on N(0, 1) and trained scores,
+# the divide and conquer is faster (measured: 1.5-1.7x at lam 1 on N(0, 1) and trained scores,
 # same speed at lam 0.01, on 8 x 8 to 16 x 16 grids).
 FAST_PATH_MAX_FREE_EDGES = 1.5
 # Sets of the divide and conquer from this size on route their flow by push-relabel before the
