@@ -37,13 +37,13 @@ def command_parser(prog: str, doc: str) -> argparse.ArgumentParser:
 def report_error(prog: str, exc: BaseException, context: str = "", status: int = 2) -> int:
     """Report ``exc`` as one line on stderr, ``prog: [context: ]message``, and return
     ``status``: 2 for a user error (missing or corrupt file, malformed data, bad setting), 1 for
-    a failure of the work itself. With the environment variable CAPTIONER_DEBUG set, re-raise
-    ``exc`` instead, for its traceback.
+    a failure of the work itself. With the environment variable CAPTIONER_DEBUG set (to
+    anything but 0), re-raise ``exc`` instead, for its traceback.
 
     Call it from the ``except`` block that caught ``exc``. The message is folded onto one line
     (a YAML parser's spans several); a KeyError shows its text, not its repr.
     """
-    if os.environ.get("CAPTIONER_DEBUG"):
+    if os.environ.get("CAPTIONER_DEBUG", "0") not in ("", "0"):
         raise exc
     text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
     message = " ".join(str(text).split())
