@@ -62,6 +62,8 @@ def _record(path: Path, caption, output_format: str, mapping: str) -> str:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    from tqdm import tqdm
+
     from captioner.image_files import coco_image_ids, collect_images
     from captioner.inference import open_captioner
     from data_prep.files import check_output_file
@@ -92,7 +94,8 @@ def main(argv: list[str]) -> int:
             for index, (result, caption) in enumerate(captions):
                 if caption is None:
                     failures.append(result.path)
-                    print(f"captioner caption: skipped {result.error}", file=sys.stderr)
+                    # Above the progress bar, not glued to its line.
+                    tqdm.write(f"captioner caption: skipped {result.error}", file=sys.stderr)
                 elif args.format == "coco":
                     results.append({"image_id": ids[index], "caption": caption.text})
                 else:
