@@ -361,9 +361,12 @@ def main(argv: list[str]) -> int:
     out = args.out.resolve()
     try:
         check_output_dir(out)
-        out.mkdir(parents=True, exist_ok=True)
-    except (OSError, ValueError) as exc:  # ValueError: data_prep.files.OutputPathError
+    except ValueError as exc:  # data_prep.files.OutputPathError
         return report_error("captioner demo", exc)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return report_error("captioner demo", exc, f"cannot create the folder {out}")
     started = time.monotonic()
 
     metrics = available_metrics(settings.spice)
