@@ -241,4 +241,3 @@ def _tree_feasible(ws, r, lam, eps, stamp):
             return stamp, False
         acc[parent[u]] += acc[u]
     return stamp, True
-

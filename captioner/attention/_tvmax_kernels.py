@@ -115,8 +115,9 @@ def _screen(ws, sc, z, active, lam, H, W):
     The cell with the largest lower bound is never pinned.
 
     z: (n,) float64 with the absent cells already out of ``active``. Leaves in ws.nbr the kept
-    cells' kept neighbours, as ``_tv2d_prox._prox_grid`` reads them. Returns (level, margin):
-    level <= tau*, the threshold of TVmax's sparsemax, by more than the rounding margin.
+    cells' kept neighbours, as ``_tv2d_prox._prox_grid`` reads them. Returns (level, margin,
+    kept): level <= tau*, the threshold of TVmax's sparsemax, by more than the rounding margin;
+    kept, the number of cells left in ``active``.
     """
     nbr, outer, kept, low, high = ws.nbr, ws.outer, ws.queue, sc.low, sc.high
     n = H * W
@@ -162,7 +163,7 @@ def _screen(ws, sc, z, active, lam, H, W):
             active[i] = stays
             dropped |= not stays
         k = left
-    return cut, margin
+    return cut, margin, k
 
 
 @njit(cache=True)
@@ -267,10 +268,7 @@ def _tvmax_rows_slice(z, lam, p, group, dlam, H, W, merge_rounds, start, stop):
                 m += 1
         if m == 0:
             return 3 * b + EMPTY
-        level, margin = _screen(ws, sc, zrow, active, lam, H, W)
-        kept = 0
-        for i in range(n):
-            kept += active[i]
+        level, margin, kept = _screen(ws, sc, zrow, active, lam, H, W)
         pinned = -np.inf
         if kept >= LEVEL_SCREEN_MIN_CELLS and lam > 0.0:
             pinned = _screen_levels(ws, zrow, active, lam, n, level, margin)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from captioner.commands.options import add_decoding_arguments, decoding_options, report_error
@@ -43,7 +42,7 @@ def format_report(report) -> str:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from captioner.inference import open_captioner
-    from data_prep.files import atomic_write, check_output_dir, write_json
+    from data_prep.files import check_output_dir, write_json
     from eval.evaluation import evaluate_captioner
     from eval.java_tools import JavaToolError
     from eval.scoring import parse_metrics
@@ -70,8 +69,7 @@ def main(argv: list[str]) -> int:
     except (SpiceJarsError, JavaToolError, FileNotFoundError, KeyError, ValueError) as exc:
         return report_error("captioner evaluate", exc)
     results = out / f"results_{args.split}.json"
-    with atomic_write(results) as handle:
-        json.dump(report.results, handle, indent=1)
+    write_json(results, report.results)
     metrics_file = out / f"metrics_{args.split}.json"
     write_json(metrics_file, report.to_dict(), indent=2)
     print(format_report(report))
