@@ -216,12 +216,31 @@ def _syncs(run) -> int:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def test_tvmax_device_solver_syncs_once_per_call(device_solver):
+@pytest.mark.parametrize("solver", ["host", "device"])
+def test_tvmax_syncs_once_per_call(solver, monkeypatch):
+    monkeypatch.setattr(_tvmax_module(), "DEVICE_SOLVER", solver == "device")
     z = torch.randn(64, 8, 8, device="cuda", requires_grad=True)
     grad = torch.randn(64, 8, 8, device="cuda")
     att.tvmax(z, 0.01).backward(grad)  # compile and warm up
-    # The one sync: reading which grids the certificate left to the CPU. None in backward.
+    # The one sync: the copy of the scores to the host (host solver), or reading which grids
+    # the certificate left to the CPU (device solver). None for the copy of the results back
+    # (page-locked), none in the backward pass.
     assert _syncs(lambda: att.tvmax(z, 0.01).backward(grad)) == 1
+
+
+@pytest.mark.parametrize("shape", [(64, 8, 8), (4, 32, 32), (2, 33, 33)])
+def test_tvmax_backward_on_cuda_matches_cpu(shape):
+    """The one-kernel backward (grids up to 32 x 32) and the PyTorch path (larger grids)."""
+    generator = torch.Generator().manual_seed(0)
+    z = torch.randn(*shape, generator=generator, dtype=torch.float64)
+    grad = torch.randn(*shape, generator=generator, dtype=torch.float64)
+    results = []
+    for device in ("cpu", "cuda"):
+        zz = z.clone().to(device).requires_grad_()
+        lam = torch.tensor(0.1, dtype=torch.float64, device=device, requires_grad=True)
+        att.tvmax(zz, lam).backward(grad.to(device))
+        results.append((zz.grad.cpu(), lam.grad.cpu()))
+    torch.testing.assert_close(results[1], results[0], atol=1e-12, rtol=1e-9)
 
 
 def test_tvmax_backward_on_cuda_never_syncs():

@@ -8,14 +8,11 @@ the kernels (any ``dim``, masks, non-contiguous scores) is checked too."""
 from __future__ import annotations
 
 import importlib
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from triton_interpreter import run_interpreted
 
 pytest.importorskip("triton")
 pytest.importorskip("entmax")
@@ -84,11 +81,7 @@ CHILD = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1])
+    return run_interpreted(CHILD)
 
 
 def test_every_case_ran(results):

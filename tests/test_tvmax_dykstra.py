@@ -6,14 +6,12 @@ process (``TRITON_INTERPRET=1``) that writes its results as JSON."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
 import torch
+from triton_interpreter import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -91,13 +89,7 @@ CHILD = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def interpreted():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    child = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(CASES)],
-        env=env, capture_output=True, text=True, timeout=900,
-    )
-    assert child.returncode == 0, child.stderr[-3000:]
-    return json.loads(child.stdout.splitlines()[-1])
+    return run_interpreted(CHILD, json.dumps(CASES))
 
 
 def _exact(result):

@@ -52,14 +52,12 @@ DEVICE_SOLVER = _solver == "device"
 DEVICE_STATS = {"grids": 0, "fallback": 0}
 
 
-def _solve_on_host(z: np.ndarray, lam: float, height: int, width: int):
-    """The exact CPU kernel on rows (B, H*W): (weights, group int32, dlam float64, code)."""
-    p = np.empty_like(z)
-    group = np.empty(z.shape, dtype=np.int32)
-    dlam = np.empty(z.shape)
-    code = _tvmax_rows(z, lam, p, group, dlam, height, width, numba.get_num_threads(),
+def _solve_on_host(z: np.ndarray, lam: float, height: int, width: int, p: np.ndarray,
+                   group: np.ndarray, dlam: np.ndarray) -> int:
+    """The exact CPU kernel on rows z (B, H*W): fills the weights p (z's dtype), each cell's
+    group (int32) and d prox / d lam (float64); returns the kernel's code (>= 0: a bad row)."""
+    return _tvmax_rows(z, lam, p, group, dlam, height, width, numba.get_num_threads(),
                        MAX_MERGE_ROUNDS)
-    return p, group, dlam, code
 
 
 def _raise_invalid(z: Tensor, grid_shape: torch.Size, code: int) -> None:
@@ -131,7 +129,9 @@ class TVmaxFunction(torch.autograd.Function):
     def forward(ctx, z: Tensor, lam: float | Tensor, grid_shape: torch.Size) -> Tensor:
         dtype = z.dtype if z.dtype in _KERNEL_DTYPES else torch.float64
         z_host = z.detach().to(device="cpu", dtype=dtype).contiguous().numpy()
-        p, group, dlam, code = _solve_on_host(z_host, float(lam), *grid_shape[-2:])
+        p, group = np.empty_like(z_host), np.empty(z_host.shape, dtype=np.int32)
+        dlam = np.empty(z_host.shape)
+        code = _solve_on_host(z_host, float(lam), *grid_shape[-2:], p, group, dlam)
         if code >= 0:
             _raise_invalid(torch.from_numpy(z_host), grid_shape, code)
         weights = torch.from_numpy(p)
@@ -161,9 +161,11 @@ class TVmaxDeviceFunction(torch.autograd.Function):
     Forward: with :data:`DEVICE_SOLVER` (and Triton), ``tvmax_rows_dykstra`` solves every grid
     on the device, and only the grids its certificate leaves (or that hold masked or invalid
     scores) cross to the exact CPU kernel; reading which ones is the one sync. Without it,
-    every grid makes the host round trip. Backward, on the device either way: the sparsemax
-    Jacobian-vector product, its mean over each fused group by scatter (Algorithm 1) and the
-    lam gradient (Eq. 8), with no sync.
+    every grid makes the host round trip (:func:`_round_trip`), whose copy to the host is the
+    one sync. Backward, on the device either way, with no sync: the sparsemax Jacobian-vector
+    product, its mean over each fused group (Algorithm 1) and the lam gradient (Eq. 8), in one
+    Triton kernel (``_tvmax_backward_triton``) or, without Triton or for grids of more than
+    its ``MAX_CELLS`` cells, in PyTorch operations.
     """
 
     @staticmethod
@@ -178,51 +180,73 @@ class TVmaxDeviceFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         weights, group, dlam = ctx.saved_tensors
-        v = sparsemax_jvp(grad.to(torch.float64), weights > 0, -1)
-        present = group >= 0  # -1: a masked cell, or one screened out with weight 0
-        index = group.clamp_min(0).long()
-        sums = torch.zeros_like(v).scatter_add_(1, index, v)
-        sizes = torch.zeros_like(v).scatter_add_(1, index, present.to(v.dtype))
-        grad_z = torch.where(present, sums.gather(1, index) / sizes.gather(1, index), 0.0)
-        grad_lam = None
-        if ctx.needs_input_grad[1]:
+        want_lam = ctx.needs_input_grad[1]
+        if _use_backward_kernel(grad):
+            from ._tvmax_backward_triton import tvmax_backward_rows
+
+            grad_z, grad_lam = tvmax_backward_rows(grad, weights, group, dlam, want_lam)
+        else:
+            grad_z, grad_lam = _backward_rows(grad, weights, group, dlam, want_lam)
+        if grad_lam is not None:
             lam = ctx.lam_like
-            grad_lam = (v * dlam).sum().to(dtype=lam.dtype, device=lam.device)
-        return grad_z.to(grad.dtype), grad_lam, None
+            grad_lam = grad_lam.to(dtype=lam.dtype, device=lam.device)
+        return grad_z, grad_lam, None
+
+
+def _use_backward_kernel(grad: Tensor) -> bool:
+    """Whether the backward pass takes the Triton kernel: CUDA rows of at most its MAX_CELLS
+    cells, when Triton is installed."""
+    from ._tvmax_backward_triton import MAX_CELLS
+
+    return grad.is_cuda and grad.shape[-1] <= MAX_CELLS and triton_installed()
+
+
+def _backward_rows(grad: Tensor, weights: Tensor, group: Tensor, dlam: Tensor,
+                   want_lam: bool) -> tuple[Tensor, Tensor | None]:
+    """The backward pass of ``_tvmax_backward_triton`` in PyTorch operations (its docstring)."""
+    v = sparsemax_jvp(grad.to(torch.float64), weights > 0, -1)
+    present = group >= 0  # -1: a masked cell, or one screened out with weight 0
+    index = group.clamp_min(0).long()
+    sums = torch.zeros_like(v).scatter_add_(1, index, v)
+    sizes = torch.zeros_like(v).scatter_add_(1, index, present.to(v.dtype))
+    grad_z = torch.where(present, sums.gather(1, index) / sizes.gather(1, index), 0.0)
+    return grad_z.to(grad.dtype), (v * dlam).sum() if want_lam else None
 
 
 def _solve_on_device(z: Tensor, lam: float | Tensor, grid_shape: torch.Size):
     """(weights, group int32, dlam float64) of the rows of z (B, H*W), all on z's device."""
-    height, width = grid_shape[-2:]
-    if DEVICE_SOLVER:
-        if not triton_installed():
-            raise RuntimeError(
-                "CAPTIONER_TVMAX_SOLVER=device needs Triton (it ships with torch's CUDA wheels; "
-                "pip install triton), or set CAPTIONER_TVMAX_SOLVER=host"
-            )
-        from ._tv2d_dykstra import tvmax_rows_dykstra
+    if not DEVICE_SOLVER:
+        return _round_trip(z, lam, z, grid_shape)
+    if not triton_installed():
+        raise RuntimeError(
+            "CAPTIONER_TVMAX_SOLVER=device needs Triton (it ships with torch's CUDA wheels; "
+            "pip install triton), or set CAPTIONER_TVMAX_SOLVER=host"
+        )
+    from ._tv2d_dykstra import tvmax_rows_dykstra
 
-        weights, group, dlam, status, _ = tvmax_rows_dykstra(z, lam, height, width)
-        left = torch.nonzero(status).flatten()  # the one sync
-        DEVICE_STATS["grids"] += z.shape[0]
-        DEVICE_STATS["fallback"] += left.numel()
-        if not left.numel():
-            return weights, group, dlam
-        z_left = z[left]
-    else:
-        left = slice(None)
-        z_left = z
-        weights = torch.empty_like(z)
-        group = torch.empty(z.shape, dtype=torch.int32, device=z.device)
-        dlam = torch.empty(z.shape, dtype=torch.float64, device=z.device)
-    p, group_left, dlam_left, code = _solve_on_host(z_left.cpu().numpy(), float(lam), height,
-                                                    width)
+    weights, group, dlam, status, _ = tvmax_rows_dykstra(z, lam, *grid_shape[-2:])
+    left = torch.nonzero(status).flatten()  # the one sync
+    DEVICE_STATS["grids"] += z.shape[0]
+    DEVICE_STATS["fallback"] += left.numel()
+    if left.numel():
+        weights[left], group[left], dlam[left] = _round_trip(z[left], lam, z, grid_shape)
+    return weights, group, dlam
+
+
+def _round_trip(rows: Tensor, lam: float | Tensor, z: Tensor, grid_shape: torch.Size):
+    """(weights, group int32, dlam float64) of ``rows`` (B, H*W), some or all rows of the
+    caller's ``z`` (named if a row is invalid), by the exact CPU kernel, back on their device.
+    The copy to the host is the sync; the kernel writes into page-locked buffers, whose copies
+    back do not wait for the device."""
+    rows_host = rows.cpu().numpy()
+    pinned = rows.is_cuda
+    results = tuple(torch.empty(rows.shape, dtype=dtype, pin_memory=pinned)
+                    for dtype in (rows.dtype, torch.int32, torch.float64))
+    code = _solve_on_host(rows_host, float(lam), *grid_shape[-2:],
+                          *(result.numpy() for result in results))
     if code >= 0:
         _raise_invalid(z, grid_shape, code)
-    weights[left] = torch.from_numpy(p).to(weights.device)
-    group[left] = torch.from_numpy(group_left).to(group.device)
-    dlam[left] = torch.from_numpy(dlam_left).to(dlam.device)
-    return weights, group, dlam
+    return tuple(result.to(rows.device, non_blocking=True) for result in results)
 
 
 def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
