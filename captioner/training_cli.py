@@ -109,6 +109,7 @@ class CaptionerCLI(LightningCLI):
         self._resume_version: int | None = None  # the run version that --ckpt_path last picks
         self._checkpoint_step = 0  # global step of the --ckpt_path checkpoint
         self._resumed_run: Path | None = None  # the run folder fit resumes into
+        self._new_root: Path | None = None  # the runs folder, when this command makes it
         super().__init__(*args, **kwargs)
 
     # LightningCLI hook (Lightning 2.6): the parser of one sub-command.
@@ -225,6 +226,8 @@ class CaptionerCLI(LightningCLI):
         if init_args is None or "name" not in init_args:
             return
         init_args["name"] = self._run_folder_name(config)
+        root = Path(init_args.get("save_dir") or ".")
+        self._new_root = None if root.exists() else root
         if "version" not in init_args:
             return
         if self._resume_version is not None:
@@ -246,7 +249,7 @@ class CaptionerCLI(LightningCLI):
             resumed = (self._resumed_run, self._checkpoint_step)
             if self.trainer.is_global_zero:
                 hold_metrics_for_resume(self._resumed_run)
-        self.trainer.callbacks.append(FitStartGuard(resumed))
+        self.trainer.callbacks.append(FitStartGuard(resumed, self._new_root))
 
     def run_name(self, config) -> str:
         if config.get("run_name"):

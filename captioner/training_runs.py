@@ -265,8 +265,8 @@ class FitStartGuard(Callback):
     or in making the loaders.
 
     A new run's version folder is removed, unless a checkpoint is in it, and then its
-    ``ROOT/NAME`` folder if no other version is left there: ``captioner runs`` lists nothing
-    of it. A version folder that held files before this fit (one named with
+    ``ROOT/NAME`` folder if no other version is left there, and ``ROOT`` if this fit made it
+    and left it empty: ``captioner runs`` lists nothing of it. A version folder that held files before this fit (one named with
     ``--trainer.logger.init_args.version``) is kept.
 
     A resume stopped before ``on_fit_start`` (its checkpoint refused) gets back what
@@ -278,10 +278,12 @@ class FitStartGuard(Callback):
     Args:
         resumed: a resume's run folder and the global step of the checkpoint it continues
             from; None for a new run.
+        new_root: ``ROOT`` when it did not exist before this fit, else None.
     """
 
-    def __init__(self, resumed: tuple[Path, int] | None) -> None:
+    def __init__(self, resumed: tuple[Path, int] | None, new_root: Path | None = None) -> None:
         self.resumed = resumed
+        self.new_root = new_root
         self.started = False
         self._new_folder: Path | None = None
 
@@ -313,6 +315,9 @@ class FitStartGuard(Callback):
         folder = self._new_folder or _empty_log_dir(trainer)
         if folder is not None:
             _remove_unstarted_run(folder)
+        if self.new_root is not None and self.new_root.is_dir() and not any(
+                self.new_root.iterdir()):
+            self.new_root.rmdir()
 
 
 def _empty_log_dir(trainer: L.Trainer) -> Path | None:
