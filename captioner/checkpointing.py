@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import inspect
 import pickle
+import warnings
+import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -65,8 +67,15 @@ def load_safely(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
         raise CheckpointError(f"{path}: is not a regular file")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: is empty (0 bytes), not a checkpoint")
+    problem = _format_problem(path)
+    if problem is not None:
+        raise CheckpointError(f"{path}: not a torch checkpoint ({problem})")
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():
+            # torch's note that the file's pickle protocol is not its own: the error, if the
+            # file cannot be read, says what matters.
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         reason = _unpickler_reason(exc)
         if "GLOBAL" in reason:  # a class or function to import: code that would run
@@ -74,15 +83,31 @@ def load_safely(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
                 f"{path}: holds objects other than tensors and plain data ({reason}); "
                 "refused, it is not loaded"
             ) from None
-        raise CheckpointError(f"{path}: not a torch checkpoint ({reason})") from None
+        raise CheckpointError(
+            f"{path}: not a torch checkpoint (pickle data it cannot read: {reason})") from None
     except Exception as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{path}: not a torch checkpoint ({first_line})") from None
+        # The first sentence: torch's reading errors go on with general advice.
+        text = str(exc).strip()
+        first = text.splitlines()[0].split(". ")[0] if text else type(exc).__name__
+        raise CheckpointError(f"{path}: not a torch checkpoint ({first})") from None
     if not isinstance(checkpoint, dict):
         raise CheckpointError(
             f"{path}: holds a {type(checkpoint).__name__}, not a checkpoint dictionary"
         )
     return checkpoint
+
+
+def _format_problem(path: Path) -> str | None:
+    """Why the file's first bytes rule out a torch checkpoint, else None: ``torch.save``
+    writes a zip archive (a truncated one has lost its directory at the end), and wrote
+    pickle data (protocol 2 or later, first byte 0x80) before torch 1.6."""
+    with path.open("rb") as handle:
+        head = handle.read(2)
+    if head == b"PK":
+        return None if zipfile.is_zipfile(path) else "a truncated or damaged zip archive"
+    if head[:1] == b"\x80":
+        return None
+    return "neither the zip archive that torch.save writes nor pickle data"
 
 
 def _unpickler_reason(exc: Exception) -> str:

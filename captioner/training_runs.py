@@ -266,8 +266,8 @@ class FitStartGuard(Callback):
 
     A new run's version folder is removed, unless a checkpoint is in it, and then its
     ``ROOT/NAME`` folder if no other version is left there, and ``ROOT`` if this fit made it
-    and left it empty: ``captioner runs`` lists nothing of it. A version folder that held files before this fit (one named with
-    ``--trainer.logger.init_args.version``) is kept.
+    and left it empty: ``captioner runs`` lists nothing of it. A version folder that held
+    files before this fit (one named with ``--trainer.logger.init_args.version``) is kept.
 
     A resume stopped before ``on_fit_start`` (its checkpoint refused) gets back what
     :func:`hold_metrics_for_resume` held, and its run is as it was. From ``on_fit_start`` on,

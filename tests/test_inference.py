@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
@@ -107,12 +108,21 @@ def test_checkpoint_errors_name_the_file_and_the_problem(tmp_path):
     (tmp_path / "folder.ckpt").mkdir()
     (tmp_path / "empty.ckpt").write_bytes(b"")
     (tmp_path / "text.ckpt").write_text("not a checkpoint")
+    torch.save({"state_dict": {"w": torch.ones(3)}}, tmp_path / "whole.ckpt")
+    whole = (tmp_path / "whole.ckpt").read_bytes()
+    (tmp_path / "truncated.ckpt").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "random.ckpt").write_bytes(bytes(range(256)) * 8)
+    (tmp_path / "plain.pkl").write_bytes(pickle.dumps({"a": 1}, protocol=4))
     marker = tmp_path / "code-ran"
     torch.save({"state_dict": {}, "payload": _RunsCode(marker)}, tmp_path / "evil.ckpt")
     cases = {
         "folder.ckpt": "is a folder, not a checkpoint file",
         "empty.ckpt": "is empty (0 bytes), not a checkpoint",
-        "text.ckpt": "not a torch checkpoint",
+        "text.ckpt": "not a torch checkpoint (neither the zip archive that torch.save writes "
+                     "nor pickle data)",
+        "truncated.ckpt": "not a torch checkpoint (a truncated or damaged zip archive)",
+        "random.ckpt": "not a torch checkpoint (neither the zip archive",
+        "plain.pkl": "not a torch checkpoint (pickle data it cannot read: ",
         "evil.ckpt": "holds objects other than tensors and plain data",
     }
     for name, message in cases.items():
