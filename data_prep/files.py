@@ -60,13 +60,12 @@ def _finite_or_none(value: Any) -> Any:
 def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
     """Open a temporary file beside ``path`` for writing (``mode`` "w" text UTF-8, or "wb");
     on a clean exit it is fsynced, given :func:`file_mode` and renamed over ``path``; on an
-    exception it is removed and ``path`` is left as it was. A folder, device or other
-    non-regular file at ``path`` is refused (:class:`OutputPathError`), never replaced."""
+    exception it is removed and ``path`` is left as it was. A symbolic link stays a link: the
+    file it leads to is replaced. A folder, device or other non-regular file at ``path`` is
+    refused (:class:`OutputPathError`), never replaced (:func:`_file_to_replace`)."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write mode must be 'w' or 'wb', got {mode!r}")
-    path = Path(path)
-    if path.exists() and not path.is_file():
-        raise OutputPathError(f"{path}: exists and is not a regular file")
+    path = _file_to_replace(Path(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -92,10 +91,30 @@ def check_output_file(path: str | Path) -> Path:
     path = Path(path)
     if path.is_dir():
         raise OutputPathError(f"{path}: is a folder, expected a file name")
-    if path.exists() and not path.is_file():
-        raise OutputPathError(f"{path}: exists and is not a regular file")
-    _check_writable_parent(path)
+    _check_writable_parent(_file_to_replace(path))
     return path
+
+
+def _file_to_replace(path: Path) -> Path:
+    """The file that writing ``path`` replaces: ``path``, or the file that a symbolic link at
+    ``path`` leads to (renaming over the link would make it a plain file).
+
+    Raises:
+        OutputPathError: it exists and is not a regular file (a folder, a device, a FIFO), or
+            a link on the way goes through /proc, as /dev/stdout does: a process's open file,
+            which the rename would not reach and the link would be lost.
+    """
+    hop, hops = path, 0
+    while hop.is_symlink() and hops < 40:  # the kernel's own limit on links in a row
+        if Path(os.path.realpath(hop.parent)).is_relative_to("/proc"):
+            raise OutputPathError(f"{path}: leads to a process's open file ({hop}), not a "
+                                  "regular file")
+        hop = hop.parent / os.readlink(hop)  # a relative target is relative to its folder
+        hops += 1
+    target = Path(os.path.realpath(path)) if hops else path
+    if target.exists() and not target.is_file():
+        raise OutputPathError(f"{path}: exists and is not a regular file")
+    return target
 
 
 def check_output_dir(path: str | Path) -> Path:

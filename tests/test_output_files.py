@@ -72,6 +72,40 @@ def test_output_paths_are_checked(tmp_path):
     assert check_output_dir(tmp_path / "folder")
 
 
+def test_a_symbolic_link_stays_a_link_and_its_file_is_written(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "metrics.json").write_text("old")
+    (tmp_path / "latest.json").symlink_to("results/metrics.json")
+    (tmp_path / "dangling.json").symlink_to("results/new.json")
+    for name in ("latest.json", "dangling.json"):
+        assert check_output_file(tmp_path / name)
+        write_json(tmp_path / name, {"CIDEr": 1.0})
+        assert (tmp_path / name).is_symlink()
+    assert json.loads((tmp_path / "results" / "metrics.json").read_text()) == {"CIDEr": 1.0}
+    assert json.loads((tmp_path / "results" / "new.json").read_text()) == {"CIDEr": 1.0}
+
+
+@pytest.mark.parametrize("name", ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"])
+def test_a_process_open_file_is_refused_and_left_alone(tmp_path, name):
+    """Renaming over /dev/stdout would replace the link itself with a plain file (when standard
+    output is a file, the link leads to a regular file)."""
+    link_before = os.readlink("/dev/stdout")
+    with open(tmp_path / "stdout.txt", "w") as stdout:  # standard output is a regular file
+        saved = os.dup(1)
+        os.dup2(stdout.fileno(), 1)
+        try:
+            with pytest.raises(OutputPathError, match="leads to a process's open file"):
+                check_output_file(name)
+            if name != "/dev/stdout":  # a regression would replace the machine's link
+                with pytest.raises(OutputPathError, match="leads to a process's open file"):
+                    write_json(name, {"CIDEr": 1.0})
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+    assert os.readlink("/dev/stdout") == link_before
+    assert (tmp_path / "stdout.txt").read_text() == ""
+
+
 def test_fifos_are_refused_by_name_without_being_opened(tmp_path):
     fifo = tmp_path / "pipe.jpg"
     os.mkfifo(fifo)
