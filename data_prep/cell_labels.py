@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from .files import require_file
 
 ATTRIBUTE_FIELDS = ("colour", "size")
 NONE = "none"  # class 0 of every attribute: no object covers the cell
@@ -48,14 +51,62 @@ def downsample_mask(mask: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
 def load_coco(path: str | Path):
     """``pycocotools.coco.COCO`` of an instances file, without its progress prints.
 
-    Raises FileNotFoundError naming a missing file."""
+    Raises:
+        FileNotFoundError: no such file. ValueError: a FIFO or device, or not a COCO instances
+            file (:func:`check_instances`); the message names the file and the field.
+    """
     from pycocotools.coco import COCO
 
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"instances file not found: {path}")
+    path = require_file(path, "instances file")
+    try:
+        with path.open(encoding="utf-8") as handle:
+            document = json.load(handle)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a JSON file ({exc})") from None
+    check_instances(document, path)
+    coco = COCO()
+    coco.dataset = document
     with contextlib.redirect_stdout(io.StringIO()):
-        return COCO(str(path))
+        coco.createIndex()
+    return coco
+
+
+# The fields of a COCO instances file that the masks need, per list: (name, an integer?).
+_INSTANCE_FIELDS = {
+    "images": (("id", True), ("height", True), ("width", True)),
+    "categories": (("id", True), ("name", False)),
+    "annotations": (("image_id", True), ("category_id", True), ("segmentation", False)),
+}
+
+
+def check_instances(document, path: Path) -> None:
+    """Raise ValueError naming ``path`` and the field unless ``document`` is a COCO instances
+    file as the masks need it (:data:`_INSTANCE_FIELDS`), each annotation's ``image_id`` and
+    ``category_id`` among its images and categories."""
+    if not isinstance(document, dict):
+        raise ValueError(f"{path}: not a COCO instances file (a JSON object with images, "
+                         f"annotations and categories), got a {type(document).__name__}")
+    for key, fields in _INSTANCE_FIELDS.items():
+        entries = document.get(key)
+        if entries is None:
+            raise ValueError(f"{path}: not a COCO instances file: it lacks the list {key!r}")
+        if not isinstance(entries, list):
+            raise ValueError(f"{path}: not a COCO instances file: field {key!r} must be a "
+                             f"list, got {type(entries).__name__}")
+        for index, entry in enumerate(entries):
+            for field, integer in fields:
+                if not isinstance(entry, dict) or field not in entry:
+                    raise ValueError(f"{path}: {key}[{index}] lacks field {field!r}")
+                value = entry[field]
+                if integer and (isinstance(value, bool) or not isinstance(value, int)):
+                    raise ValueError(f"{path}: {key}[{index}].{field} must be an integer, "
+                                     f"got {value!r}")
+    known = {key: {entry["id"] for entry in document[key]} for key in ("images", "categories")}
+    for index, entry in enumerate(document["annotations"]):
+        for field, key in (("image_id", "images"), ("category_id", "categories")):
+            if entry[field] not in known[key]:
+                raise ValueError(f"{path}: annotations[{index}].{field} {entry[field]} is not "
+                                 f"the id of any of its {key}")
 
 
 @dataclass(frozen=True)

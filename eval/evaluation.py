@@ -63,6 +63,11 @@ def evaluate_captioner(
     if not entries:
         raise ValueError(f"{karpathy_json}: split {split!r} has no images")
     annotations = InstanceAnnotations.load(instances) if instances is not None else None
+    if annotations is not None:  # before hours of captioning, not after
+        missing = [entry.image_id for entry in entries if not annotations.has_image(entry.image_id)]
+        if missing:
+            raise ValueError(f"{instances}: has no image {missing[0]} of split {split!r} "
+                             f"({len(missing)} of its {len(entries)} images are missing)")
     options = options or captioner.decoding
     captions = captioner.caption(
         [entry.path for entry in entries], options, batch_size=batch_size, progress=progress

@@ -98,6 +98,8 @@ def test_validation_and_test_decode_with_the_models_options(tiny_checkpoint):
         (["--size", "0"], "argument --size: must be >= 1, got 0"),
         (["--vmax", "0"], "argument --vmax: must be > 0, got 0"),
         (["--vmax", "x"], "argument --vmax: not a number: 'x'"),
+        (["--vmax", "nan"], "argument --vmax: must be > 0, got nan"),
+        (["--vmax", "inf"], "argument --vmax: must be > 0, got inf"),
         (["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
     ],
 )
@@ -110,3 +112,14 @@ def test_figure_and_batch_options_are_checked_when_parsed(argv, message, capsys)
     with pytest.raises(SystemExit) as exit_info:
         parser.parse_args(argv)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "inf"])
+def test_score_refuses_a_spice_timeout_that_is_not_a_positive_number(value, capsys):
+    from eval.commands.score import build_parser
+
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["--results", "r.json", "--references", "refs.json",
+                                   "--spice-timeout", value])
+    assert exit_info.value.code == 2
+    assert f"argument --spice-timeout: must be > 0, got {value}" in capsys.readouterr().err

@@ -45,3 +45,50 @@ def test_evaluate_reports_a_missing_checkpoint(synthetic_data, tmp_path, capsys)
     ]  # fmt: skip
     assert evaluate.main(argv) == 2
     assert "none.ckpt" in capsys.readouterr().err
+
+
+def _instances_variants(synthetic_data, tmp_path) -> dict[str, tuple[str, str]]:
+    """name -> (instances file, what the error line must say)."""
+    good = json.loads(synthetic_data.instances["test"].read_text())
+    variants = {
+        "captions_file": ({"images": good["images"], "annotations": []},
+                          "not a COCO instances file: it lacks the list 'categories'"),
+        "images_not_a_list": ({**good, "images": "x"},
+                              "not a COCO instances file: field 'images' must be a list, got str"),
+        "unknown_category": ({**good, "annotations": [{**good["annotations"][0],
+                                                        "category_id": 999}]},
+                             "annotations[0].category_id 999 is not the id of any of its "
+                             "categories"),
+        "no_height": ({**good, "images": [{"id": 1, "width": 3}]}, "images[0] lacks field "
+                      "'height'"),
+    }
+    files = {}
+    for name, (document, message) in variants.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(document))
+        files[name] = (str(path), f"{path}: {message}")
+    png = tmp_path / "picture.json"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    files["png"] = (str(png), f"{png}: not a JSON file")
+    train = synthetic_data.instances["train"]
+    files["other_split"] = (str(train), f"{train}: has no image ")
+    return files
+
+
+def test_a_wrong_instances_file_is_named_before_any_captioning(synthetic_data, tiny_checkpoint,
+                                                               tmp_path, capsys, monkeypatch):
+    from captioner.inference import Captioner
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("captioned before the instances file was checked")
+
+    monkeypatch.setattr(Captioner, "caption", refuse)
+    for name, (instances, message) in _instances_variants(synthetic_data, tmp_path).items():
+        argv = [
+            "--ckpt", str(tiny_checkpoint), "--data", str(synthetic_data.karpathy_json),
+            "--images", str(synthetic_data.image_root), "--split", "test",
+            "--instances", instances, "--metrics", "Bleu", "--out", str(tmp_path / name),
+        ]  # fmt: skip
+        assert evaluate.main(argv) == 2, name
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"captioner evaluate: {message}") and "\n" not in err, (name, err)

@@ -6,6 +6,7 @@ gallery, rating-kit)."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -68,7 +69,7 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
             kind = int if field.type in (int, "int") else float
             group.add_argument(flag, type=kind, default=None, metavar="N" if kind is int else "A",
                                help=_DECODING_HELP.get(field.name))
-    parser.add_argument("--batch-size", type=_at_least(1, int), default=16,
+    parser.add_argument("--batch-size", type=at_least(1, int), default=16,
                         help="images per batch (default: %(default)s)")
     parser.add_argument("--device", help=DEVICE_HELP)
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -83,13 +84,13 @@ def add_figure_arguments(parser: argparse.ArgumentParser, *,
 
     parser.add_argument("--upsample", choices=UPSAMPLE_MODES, default="nearest",
                         help="attention cells drawn as blocks or smoothed (default: %(default)s)")
-    parser.add_argument("--size", type=_at_least(1, int), default=DEFAULT_MAX_SIDE,
+    parser.add_argument("--size", type=at_least(1, int), default=DEFAULT_MAX_SIDE,
                         help="longer image side in pixels (default: %(default)s)")
     if vmax_default is not None:
         parser.add_argument("--zero-style", choices=ZERO_STYLES, default="transparent",
                             help="zero attention fully transparent or a white mask "
                                  "(default: %(default)s)")
-        parser.add_argument("--vmax", type=_at_least(0, float, strictly=True),
+        parser.add_argument("--vmax", type=at_least(0, float, strictly=True),
                             help=f"colour-scale maximum (default: {vmax_default})")
 
 
@@ -103,7 +104,7 @@ def add_sample_arguments(
     parser.add_argument("--images", type=Path, help="image root of the Karpathy JSON")
     parser.add_argument("--split", default="test", choices=("train", "val", "test"),
                         help="split of --data to sample from (default: %(default)s)")
-    parser.add_argument("--n", type=_at_least(1, int), default=n_default, help=n_help)
+    parser.add_argument("--n", type=at_least(1, int), default=n_default, help=n_help)
     parser.add_argument("--seed", type=int, default=0, help=seed_help)
 
 
@@ -118,16 +119,16 @@ def check_sample_arguments(
         parser.error("--data needs --images (the image root)")
 
 
-def _at_least(low: float, kind: type, *, strictly: bool = False):
-    """An argparse ``type``: ``kind`` values >= ``low`` (> with ``strictly``); anything else is
-    a usage error naming the value."""
+def at_least(low: float, kind: type, *, strictly: bool = False):
+    """An argparse ``type``: finite ``kind`` values >= ``low`` (> with ``strictly``); anything
+    else (nan and inf too) is a usage error naming the value."""
 
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if value < low or (strictly and value == low):
+        if not math.isfinite(value) or value < low or (strictly and value == low):
             raise argparse.ArgumentTypeError(
                 f"must be {'>' if strictly else '>='} {low}, got {text}"
             )

@@ -7,7 +7,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from captioner.commands.options import report_error
+from captioner.commands.options import at_least, report_error
 
 HELP = "score a COCO results file: BLEU, METEOR, ROUGE_L, CIDEr, SPICE and REP"
 
@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="score empty captions (every metric gives them 0) instead of refusing them",
     )
     parser.add_argument(
-        "--spice-timeout", type=float, help="seconds before SPICE is stopped (default: scaled)"
+        "--spice-timeout", type=at_least(0, float, strictly=True),
+        help="seconds before SPICE is stopped (default: scaled)",
     )
     return parser
 
