@@ -24,6 +24,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+# Folders of the kernel's pseudo-filesystems: os.access says root may write there, but no file
+# can be created in them.
+_KERNEL_FOLDERS = ("/proc", "/sys")
+
 
 class OutputPathError(ValueError):
     """An output path that cannot be written (its message names the path and the reason)."""
@@ -140,6 +144,9 @@ def _check_writable_parent(path: Path) -> None:
         parent = parent.parent
     if not parent.is_dir():
         raise OutputPathError(f"{path}: cannot write to it: {parent} is not a folder")
+    if any(Path(os.path.realpath(parent)).is_relative_to(root) for root in _KERNEL_FOLDERS):
+        raise OutputPathError(f"{path}: cannot write to the folder {parent}: it belongs to the "
+                              "kernel's pseudo-filesystems")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputPathError(f"{path}: cannot write to the folder {parent}: it is not writable")
 

@@ -232,6 +232,12 @@ def test_prepare_synthetic_command(tmp_path, capsys):
     )
     assert prepare_synthetic.main(["--out", str(out), "--train", "-3"]) == 2
     assert "n_train" in capsys.readouterr().err
+    file = out / "dataset_synthetic.json"
+    for bad, message in ((file, f"{file}: exists and is not a folder"),
+                         (file / "sub", f"{file / 'sub'}: cannot write to it: {file} is not a "
+                                        "folder")):
+        assert prepare_synthetic.main([*argv[2:], "--out", str(bad), "--no-progress"]) == 2
+        assert capsys.readouterr().err.strip() == f"captioner prepare-synthetic: {message}"
 
 
 def test_from_dir_names_missing_file(tmp_path):

@@ -116,3 +116,15 @@ def test_missing_copy_of_a_pycocoevalcap_jar_is_restored(seeded, tmp_path, no_ne
     jar.unlink()
     fetch_spice(seeded, maven_repo=tmp_path / "m2", use_mvn=False, log=lambda _: None)
     assert jar.read_bytes() == (spice_jars.PYCOCOEVALCAP_SPICE_DIR / "lib" / jar.name).read_bytes()
+
+
+def test_a_cache_dir_that_cannot_be_a_folder_is_one_line(tmp_path, capsys):
+    from eval.commands import fetch_spice
+
+    file = tmp_path / "metrics.json"
+    file.write_text("{}")
+    for cache, message in ((file, f"{file}: exists and is not a folder"),
+                           (file / "spice", f"{file / 'spice'}: cannot write to it: {file} is "
+                                            "not a folder")):
+        assert fetch_spice.main(["--cache-dir", str(cache), "--quiet"]) == 2
+        assert capsys.readouterr().err.strip() == f"captioner fetch-spice: {message}"

@@ -70,6 +70,10 @@ def test_output_paths_are_checked(tmp_path):
         check_output_dir(tmp_path / "file.txt")
     assert check_output_file(tmp_path / "new" / "deeper" / "out.json")
     assert check_output_dir(tmp_path / "folder")
+    # os.access lets root write anywhere, but no file can be made in /proc or /sys.
+    for path in ("/proc/metrics.json", "/sys/new/metrics.json"):
+        with pytest.raises(OutputPathError, match="kernel's pseudo-filesystems"):
+            check_output_file(path)
 
 
 def test_a_symbolic_link_stays_a_link_and_its_file_is_written(tmp_path):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from eval.commands import rating_kit as command
 
 FAST = ["--beam-size", "1", "--max-length", "4", "--no-progress"]
@@ -52,3 +54,18 @@ def test_unreadable_images_are_reported_and_never_sampled(tiny_checkpoint, synth
 
     assert command.main([*args, "--n", "5"]) == 2
     assert "--n 5 but only 4 of the 7 images are readable" in capsys.readouterr().err
+
+
+def test_an_out_of_dot_puts_the_key_beside_the_current_folder(tiny_checkpoint, synthetic_data,
+                                                              tmp_path, capsys, monkeypatch):
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    monkeypatch.chdir(kit)
+    args = ["--ckpt", str(tiny_checkpoint), str(synthetic_data.image_root / "test"), "--n", "2",
+            *FAST]
+    assert command.main([*args, "--out", "."]) == 0, capsys.readouterr().err
+    assert (tmp_path / "kit-key.json").is_file() and (kit / "index.html").is_file()
+    with pytest.raises(SystemExit) as exit_info:
+        command.main([*args, "--out", "/"])
+    assert exit_info.value.code == 2
+    assert "--out /: the kit needs a folder of its own" in capsys.readouterr().err

@@ -32,9 +32,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    from data_prep.files import check_output_dir
     from data_prep.synthetic import generate
 
     try:
+        check_output_dir(args.out)
         dataset = generate(
             args.out,
             n_train=args.train,

@@ -30,7 +30,12 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars or log lines")
     args = parser.parse_args(argv)
+    from data_prep.files import check_output_dir
 
+    try:
+        check_output_dir(spice_cache_dir(args.cache_dir))
+    except ValueError as exc:
+        return report_error("captioner fetch-spice", exc)
     try:
         install = fetch_spice(
             args.cache_dir,

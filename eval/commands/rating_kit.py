@@ -62,7 +62,12 @@ def main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     check_sample_arguments(parser, args, "IMAGE_DIR", args.image_dir is not None)
-    key_path = args.key or args.out.with_name(args.out.name + "-key.json")
+    # The default key lies beside the kit folder, named after it ("." names no folder).
+    kit = args.out.resolve()
+    if args.key is None and not kit.name:
+        parser.error(f"--out {args.out}: the kit needs a folder of its own (its key is written "
+                     "beside it), not the root folder")
+    key_path = args.key or kit.with_name(kit.name + "-key.json")
     if key_path.resolve().is_relative_to(args.out.resolve()):
         parser.error(f"the key {key_path} must not be inside the kit folder {args.out}")
 
