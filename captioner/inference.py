@@ -39,7 +39,8 @@ def resolve_device(name: str | None = None) -> torch.device:
     """The torch device ``name``, or CUDA when available (else the CPU) for None.
 
     Raises:
-        ValueError: an unknown device name, or a CUDA device on a machine without one.
+        ValueError: an unknown device name, a device other than the CPU and CUDA (the ones
+            captioner is built and tested for), or a CUDA device on a machine without one.
     """
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -47,6 +48,9 @@ def resolve_device(name: str | None = None) -> torch.device:
         device = torch.device(name)
     except RuntimeError as exc:
         raise ValueError(f"unknown device {name!r}: {exc}") from exc
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {name!r}: captioner runs on the CPU or on CUDA devices "
+                         "(cpu, cuda, cuda:N)")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device {name!r}: CUDA is not available on this machine")

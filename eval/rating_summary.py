@@ -84,14 +84,27 @@ def load_key(path: Path) -> RatingKey:
     if data.get("format") != KEY_FORMAT:
         raise RatingsError(f"{path}: not a rating-kit key (format {data.get('format')!r}, "
                            f"expected {KEY_FORMAT!r})")
-    try:
-        return RatingKey(
-            kit_id=str(data["kit_id"]),
-            models=[str(m["name"]) for m in data["models"]],
-            labels={str(item["key"]): dict(item["labels"]) for item in data["images"]},
-        )
-    except (KeyError, TypeError) as exc:
-        raise RatingsError(f"{path}: key file lacks field {exc}") from exc
+    models, images = data.get("models"), data.get("images")
+    if not isinstance(data.get("kit_id"), str):
+        raise RatingsError(f"{path}: field 'kit_id' must be a string")
+    if not isinstance(models, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("name"), str) for m in models):
+        raise RatingsError(f"{path}: field 'models' must be a list of objects with a 'name'")
+    if not isinstance(images, list):
+        raise RatingsError(f"{path}: field 'images' must be a list")
+    names = [m["name"] for m in models]
+    labels = {}
+    for index, item in enumerate(images):
+        if not (isinstance(item, dict) and isinstance(item.get("key"), str)
+                and isinstance(item.get("labels"), dict)):
+            raise RatingsError(f"{path}: images[{index}] must be an object with a 'key' and "
+                               "'labels' (label -> model name)")
+        unknown = [m for m in item["labels"].values() if m not in names]
+        if unknown:
+            raise RatingsError(f"{path}: images[{index}] labels a model {unknown[0]!r} that is "
+                               f"not among its models {names}")
+        labels[item["key"]] = dict(item["labels"])
+    return RatingKey(kit_id=data["kit_id"], models=names, labels=labels)
 
 
 def _score(value: object, path: Path, index: int, field: str) -> int | None:

@@ -120,6 +120,10 @@ def test_devices_are_resolved_or_refused_by_name():
     assert resolve_device(None).type == expected
     with pytest.raises(ValueError, match="unknown device 'gpu0'"):
         resolve_device("gpu0")
+    for other in ("mps", "meta", "xpu:0"):  # valid torch devices that captioner is not for
+        with pytest.raises(ValueError, match=rf"device '{other}': captioner runs on the CPU "
+                                             r"or on CUDA devices \(cpu, cuda, cuda:N\)"):
+            resolve_device(other)
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     message = "CUDA is not available" if not count else f"has {count} CUDA device"
     with pytest.raises(ValueError, match=message):

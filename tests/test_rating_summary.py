@@ -148,3 +148,26 @@ def test_bootstrap_interval():
     spread = [np.array([1.0]), np.array([5.0]), np.array([3.0]), np.array([2.0])]
     low, high = bootstrap_ci(spread)
     assert 1.0 <= low < 2.75 < high <= 5.0
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda k: k["images"][0]["labels"].update(A="nomodel"),
+         "images[0] labels a model 'nomodel' that is not among its models ['softmax', 'tvmax']"),
+        (lambda k: k["images"][0].update(labels=["softmax", "tvmax"]),
+         "images[0] must be an object with a 'key' and 'labels' (label -> model name)"),
+        (lambda k: k.update(models="x"), "field 'models' must be a list of objects with a 'name'"),
+        (lambda k: k.update(images={}), "field 'images' must be a list"),
+        (lambda k: k.pop("kit_id"), "field 'kit_id' must be a string"),
+    ],
+    ids=["unknown model", "labels a list", "models a string", "images an object", "no kit_id"],
+)
+def test_a_malformed_key_is_named_with_its_field(tmp_path, edit, message):
+    key = json.loads(json.dumps(KEY))
+    edit(key)
+    bad = _write(tmp_path / "bad-key.json", key)
+    good = _write(tmp_path / "r1.json", _ratings("r1", RATER_1))
+    with pytest.raises(RatingsError) as error:
+        summarize([good], bad)
+    assert str(error.value) == f"{bad}: {message}"
