@@ -28,6 +28,12 @@ def test_nan_rejected(func):
         func(torch.tensor([[0.0, float("nan"), 1.0]]))
 
 
+@pytest.mark.parametrize("name", sorted(FUNCS))
+def test_bad_scores_are_named_as_the_function_called(name):
+    with pytest.raises(ValueError, match=rf"^{name}: scores contain NaN"):
+        FUNCS[name](torch.tensor([[0.0, float("nan"), 1.0]]))
+
+
 def test_pos_inf_rejected(func):
     with pytest.raises(ValueError, match=r"\+inf"):
         func(torch.tensor([[0.0, INF]]))

@@ -92,3 +92,21 @@ def test_a_wrong_instances_file_is_named_before_any_captioning(synthetic_data, t
         assert evaluate.main(argv) == 2, name
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"captioner evaluate: {message}") and "\n" not in err, (name, err)
+
+
+def test_an_undefined_metric_is_one_warning_line(synthetic_data, tiny_checkpoint, tmp_path,
+                                                 capsys):
+    data = json.loads(synthetic_data.karpathy_json.read_text())
+    first_test = next(i for i, image in enumerate(data["images"]) if image["split"] == "test")
+    data["images"] = [image for i, image in enumerate(data["images"])
+                      if image["split"] != "test" or i == first_test]
+    one = tmp_path / "one_test_image.json"
+    one.write_text(json.dumps(data))
+    argv = ["--ckpt", str(tiny_checkpoint), "--data", str(one), "--images",
+            str(synthetic_data.image_root), "--metrics", "CIDEr", "--beam-size", "1",
+            "--no-progress", "--out", str(tmp_path / "eval")]
+    assert evaluate.main(argv) == 0
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "CIDEr" in line] == [
+        line for line in err.splitlines() if line.startswith("warning: CIDEr")]
+    assert "warning: CIDEr" in err and "UserWarning" not in err

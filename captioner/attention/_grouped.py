@@ -146,8 +146,9 @@ def is_zero(lam: float | Tensor) -> bool:
 def sparsemax_of_prox(prox, z: Tensor, lam, dim: int, mask: Tensor | None, func: str) -> Tensor:
     """sparsemax(prox(z, lam)) along ``dim``: fusedmax and oscarmax (Niculae & Blondel, 2017,
     Prop. 2), validated under the name ``func``; lam = 0 is exactly sparsemax."""
-    check_scores(z, dim, func)
+    dim = check_scores(z, dim, func)
     lam = check_lam(lam, func)
     if is_zero(lam):
         return sparsemax(z, dim=dim, mask=mask)
+    checked_max(apply_mask(z, mask, func), dim, func)  # bad scores named as ``func``'s
     return sparsemax(prox(z, lam, dim=dim, mask=mask), dim=dim)

@@ -7,9 +7,12 @@ For every checkpoint MODEL and readable image STEM it writes ``OUT/MODEL/STEM/``
 * ``strip.png``: the whole caption, one panel per word, with the colour bar;
 * ``attention.npz`` and ``attention.json``: the raw weights (tokens, grid, T x h x w maps).
 
-MODEL is the checkpoint's file stem and STEM the image's, both sanitized (``[A-Za-z0-9._-]``);
-when two inputs share one, their parent folder's name goes in front (``runs/tvmax/last.ckpt``
--> ``tvmax_last``), and a short hash of the full path behind if that is still shared.
+MODEL names the checkpoint: a run's checkpoint (``runs/NAME/version_N/checkpoints/F.ckpt``, as
+``fit`` writes it) is ``NAME``, then ``NAME_vN`` and ``NAME_vN_F`` where that is shared; any other
+checkpoint is named by its file stem, as STEM names the image, both sanitized
+(``[A-Za-z0-9._-]``): when two share one, their parent folder's name goes in front
+(``models/tvmax/last.ckpt`` -> ``tvmax_last``), and a short hash of the full path behind if
+that is still shared (``captioner.heatmaps.checkpoint_names``).
 ``OUT/index.json`` lists every image's files, caption and the colour scale.
 
 Colour scale: one scale 0..vmax for every word, image and model of the run, so colours are

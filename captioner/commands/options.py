@@ -6,10 +6,13 @@ gallery, rating-kit)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
 import sys
+import warnings
+from collections.abc import Iterator
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -50,6 +53,17 @@ def report_error(prog: str, exc: BaseException, context: str = "", status: int =
     message = " ".join(str(text).split())
     print(f"{prog}: {context}{': ' if context else ''}{message}", file=sys.stderr)
     return status
+
+
+@contextlib.contextmanager
+def warnings_as_lines() -> Iterator[None]:
+    """Print each UserWarning raised inside as one line, ``warning: MESSAGE``, on stderr, once
+    the block has run (rather than Python's ``file:line: UserWarning`` and source line)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        yield
+    for warning in caught:
+        print(f"warning: {warning.message}", file=sys.stderr)
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:

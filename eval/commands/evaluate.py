@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from captioner.commands.options import add_decoding_arguments, decoding_options, report_error
+from captioner.commands.options import (
+    add_decoding_arguments,
+    decoding_options,
+    report_error,
+    warnings_as_lines,
+)
 
 HELP = "caption a Karpathy split with a checkpoint; metrics, attention statistics, objects"
 
@@ -61,11 +66,12 @@ def main(argv: list[str]) -> int:
     except (SpiceJarsError, OSError, ValueError) as exc:
         return report_error("captioner evaluate", exc)
     try:
-        report = evaluate_captioner(
-            captioner, args.data, args.images, split=args.split, instances=args.instances,
-            options=options, batch_size=args.batch_size, metrics=metrics,
-            progress=not args.no_progress,
-        )  # fmt: skip
+        with warnings_as_lines():  # e.g. CIDEr undefined on one image: one line
+            report = evaluate_captioner(
+                captioner, args.data, args.images, split=args.split, instances=args.instances,
+                options=options, batch_size=args.batch_size, metrics=metrics,
+                progress=not args.no_progress,
+            )  # fmt: skip
     except (SpiceJarsError, JavaToolError, FileNotFoundError, KeyError, ValueError) as exc:
         return report_error("captioner evaluate", exc)
     results = out / f"results_{args.split}.json"

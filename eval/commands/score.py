@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 from pathlib import Path
 
-from captioner.commands.options import at_least, report_error
+from captioner.commands.options import at_least, report_error, warnings_as_lines
 
 HELP = "score a COCO results file: BLEU, METEOR, ROUGE_L, CIDEr, SPICE and REP"
 
@@ -114,8 +113,7 @@ def main(argv: list[str]) -> int:
         print(f"warning: scoring {len(empty)} empty captions (image ids {empty[:10]})")
     try:
         # Metrics that are undefined here (e.g. CIDEr of one image) warn: one line each.
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", UserWarning)
+        with warnings_as_lines():
             scores = compute_metrics(
                 hypotheses, references, metrics, spice_timeout=args.spice_timeout
             )
@@ -126,8 +124,6 @@ def main(argv: list[str]) -> int:
         return report_error("captioner score", exc)
     except (JavaToolError, RuntimeError, ValueError) as exc:
         return report_error("captioner score", exc, status=1)
-    for warning in caught:
-        print(f"warning: {warning.message}", file=sys.stderr)
     print(f"{len(hypotheses)} images")
     for name, value in scores.corpus.items():
         print(f"{name:>8}: {value:.4f}")
