@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -49,11 +49,13 @@ def evaluate_captioner(
     batch_size: int = 16,
     metrics: Sequence[str] = ALL_METRICS,
     progress: bool = True,
+    on_results: Callable[[list[dict]], None] | None = None,
 ) -> EvaluationReport:
     """Caption every image of ``split`` with ``captioner`` (decoding ``options``, default: the
     checkpoint's own) and report the caption metrics against the split's raw references, the
     output-attention statistics and, with a COCO ``instances`` file, object mentions and
-    attention precision."""
+    attention precision. ``on_results`` gets the COCO results (``[{"image_id", "caption"}]``)
+    as soon as the captions are made, before any metric, so that a caller can keep them."""
     from data_prep.karpathy import load_karpathy
     from eval.attention_stats import attention_statistics
     from eval.objects import InstanceAnnotations, object_statistics
@@ -74,6 +76,9 @@ def evaluate_captioner(
     )
     ids = [entry.image_id for entry in entries]
     hypotheses = {i: c.text for i, c in zip(ids, captions, strict=True)}
+    results = [{"image_id": i, "caption": hypotheses[i]} for i in ids]
+    if on_results is not None:
+        on_results(results)
     references = {entry.image_id: list(entry.raws) for entry in entries}
     scores = compute_metrics(hypotheses, references, metrics)
     objects = (
@@ -89,7 +94,7 @@ def evaluate_captioner(
         metrics=scores.corpus,
         attention=attention_statistics([c.attention for c in captions]),
         objects=objects,
-        results=[{"image_id": i, "caption": hypotheses[i]} for i in ids],
+        results=results,
         per_image=scores.per_image,
         info={
             "checkpoint": str(captioner.checkpoint),

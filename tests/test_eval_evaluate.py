@@ -110,3 +110,23 @@ def test_an_undefined_metric_is_one_warning_line(synthetic_data, tiny_checkpoint
     assert [line for line in err.splitlines() if "CIDEr" in line] == [
         line for line in err.splitlines() if line.startswith("warning: CIDEr")]
     assert "warning: CIDEr" in err and "UserWarning" not in err
+
+
+def test_captions_are_kept_when_a_metric_fails_after_them(synthetic_data, tiny_checkpoint,
+                                                          tmp_path, capsys, monkeypatch):
+    import eval.scoring
+
+    def fail(*args, **kwargs):
+        raise ValueError("SPICE stopped")
+
+    monkeypatch.setattr(eval.scoring, "compute_metrics", fail)
+    out = tmp_path / "eval"
+    argv = ["--ckpt", str(tiny_checkpoint), "--data", str(synthetic_data.karpathy_json),
+            "--images", str(synthetic_data.image_root), "--metrics", "Bleu", "--beam-size", "1",
+            "--no-progress", "--out", str(out)]
+    assert evaluate.main(argv) == 2
+    results = out / "results_test.json"
+    assert capsys.readouterr().err.strip() == (
+        f"captioner evaluate: SPICE stopped (the captions are kept in {results})")
+    assert len(json.loads(results.read_text())) == 4
+    assert not (out / "metrics_test.json").exists()

@@ -38,8 +38,9 @@ def command_parser(prog: str, doc: str) -> argparse.ArgumentParser:
     )
 
 
-def report_error(prog: str, exc: BaseException, context: str = "", status: int = 2) -> int:
-    """Report ``exc`` as one line on stderr, ``prog: [context: ]message``, and return
+def report_error(prog: str, exc: BaseException, context: str = "", status: int = 2,
+                 after: str = "") -> int:
+    """Report ``exc`` as one line on stderr, ``prog: [context: ]message[ after]``, and return
     ``status``: 2 for a user error (missing or corrupt file, malformed data, bad setting), 1 for
     a failure of the work itself. With the environment variable CAPTIONER_DEBUG set (to
     anything but 0), re-raise ``exc`` instead, for its traceback.
@@ -51,7 +52,8 @@ def report_error(prog: str, exc: BaseException, context: str = "", status: int =
         raise exc
     text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
     message = " ".join(str(text).split())
-    print(f"{prog}: {context}{': ' if context else ''}{message}", file=sys.stderr)
+    print(f"{prog}: {context}{': ' if context else ''}{message}{' ' if after else ''}{after}",
+          file=sys.stderr)
     return status
 
 

@@ -65,17 +65,23 @@ def main(argv: list[str]) -> int:
         options = decoding_options(args, captioner.decoding)
     except (SpiceJarsError, OSError, ValueError) as exc:
         return report_error("captioner evaluate", exc)
+    results = out / f"results_{args.split}.json"
+    written = []
+
+    def keep(captions: list[dict]) -> None:  # before the metrics, which may fail
+        write_json(results, captions)
+        written.append(results)
+
     try:
         with warnings_as_lines():  # e.g. CIDEr undefined on one image: one line
             report = evaluate_captioner(
                 captioner, args.data, args.images, split=args.split, instances=args.instances,
                 options=options, batch_size=args.batch_size, metrics=metrics,
-                progress=not args.no_progress,
+                progress=not args.no_progress, on_results=keep,
             )  # fmt: skip
     except (SpiceJarsError, JavaToolError, FileNotFoundError, KeyError, ValueError) as exc:
-        return report_error("captioner evaluate", exc)
-    results = out / f"results_{args.split}.json"
-    write_json(results, report.results)
+        kept = f"(the captions are kept in {results})" if written else ""
+        return report_error("captioner evaluate", exc, after=kept)
     metrics_file = out / f"metrics_{args.split}.json"
     write_json(metrics_file, report.to_dict(), indent=2)
     print(format_report(report))
