@@ -12,10 +12,10 @@ Algorithm 1) is, per grid:
 
 The group means need no atomics and no scratch memory: group labels lie in [0, n), so the
 kernel takes them CHUNK labels at a time, sums v over each label of the chunk with an n x CHUNK
-comparison, and hands each cell its label's mean the same way. That is O(n^2) comparisons per
-grid, which for the grids of a captioner (n <= MAX_CELLS) costs less than the launch; the sums
-run in a fixed order, so the result is deterministic. Arithmetic is float64 inside, as in the
-PyTorch path it replaces (``tvmax.TVmaxDeviceFunction``), which is ~15 small kernels.
+comparison, and hands each cell its label's mean the same way: O(n^2) comparisons per grid
+(n <= MAX_CELLS), in a fixed order, so the result is deterministic. Arithmetic is float64
+inside, as in the PyTorch path (``tvmax._backward_rows``, about 15 small kernels), which serves
+larger grids and machines without Triton.
 """
 
 from __future__ import annotations
