@@ -268,11 +268,11 @@ class CaptionDataModule(L.LightningDataModule):
         return len(self.vocabulary)
 
     @property
-    def feature_encoder(self) -> dict | None:
-        """The encoder configuration recorded in the feature cache (None without a cache)."""
+    def cached_features(self) -> FeatureCache | None:
+        """The feature cache, with the encoder settings it recorded (None without a cache)."""
         if self.feature_cache is None:
             return None
-        return FeatureCache(self.feature_cache).encoder
+        return FeatureCache(self.feature_cache)
 
     def prepare_data(self) -> None:
         # Runs once per node before setup: only checks that the inputs exist, so that a typo

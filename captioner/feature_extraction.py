@@ -45,7 +45,7 @@ from data_prep.features import (
     partial_resume_key,
     skipped_images_path,
 )
-from data_prep.files import OutputPathError, atomic_write, check_output_file
+from data_prep.files import OutputPathError, atomic_write, check_output_file, file_sha256
 
 if TYPE_CHECKING:
     import torch
@@ -170,7 +170,7 @@ def extract_features(
         recorded_weights = str(encoder_weights_path(out).resolve())
     else:
         local = Path(weights)
-        weights_sha256 = _sha256(local) if local.is_file() else None
+        weights_sha256 = file_sha256(local) if local.is_file() else None
         recorded_weights, init = weights, "loaded weights"
     key.update(weights_sha256=weights_sha256, init=init)
     encoder = encoder.to(device).eval()
@@ -345,13 +345,13 @@ def _random_encoder_weights(
 
     path = _partial_weights_path(out)
     recorded = partial_resume_key(out) or {}
-    if path.is_file() and recorded.get("init") and _sha256(path) == recorded["weights_sha256"]:
+    if path.is_file() and recorded.get("init") and file_sha256(path) == recorded["weights_sha256"]:
         return recorded["weights_sha256"], recorded["init"]
     images = _calibration_inputs(train, calibration_images, image_size)
     init = f"random (seed {seed}), batch-norm statistics of {len(images)} images"
     resnet = _calibrated_random_resnet(arch, images, seed)
     save_atomically(resnet.state_dict(), path)
-    return _sha256(path), init
+    return file_sha256(path), init
 
 
 def _calibration_inputs(
@@ -402,14 +402,6 @@ def _install_copy(source: Path, destination: Path) -> None:
     """Copy ``source`` over ``destination`` atomically, with the user's file mode."""
     with atomic_write(destination, "wb") as handle, source.open("rb") as original:
         shutil.copyfileobj(original, handle)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _grid(encoder: GridEncoder, image_size: int, device: str) -> tuple[int, int]:

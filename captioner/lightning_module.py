@@ -34,6 +34,8 @@ from captioner.losses import caption_loss, check_output_mapping
 from captioner.model import CaptionModel
 from captioner.model.decoder import AttentionDecoder
 from captioner.model.encoder import build_encoder
+from data_prep.features import FeatureCache
+from data_prep.files import file_sha256
 from data_prep.vocab import Vocabulary
 
 VOCABULARY_KEY = "vocabulary"
@@ -160,14 +162,14 @@ class CaptioningModule(L.LightningModule):
                 f"for vocab_size={self.hparams.vocab_size}"
             )
         self.vocabulary = vocabulary
-        cache_encoder = datamodule.feature_encoder
-        if cache_encoder is not None:
+        cache = datamodule.cached_features
+        if cache is not None:
             hp = self.hparams
             settings = {"model.encoder_arch": hp.encoder_arch,
                         "model.encoder_weights": hp.encoder_weights,
                         "data.image_size": hp.image_size, "model.encoder_layer": hp.encoder_layer,
                         "model.encoder_trainable": hp.encoder_trainable}
-            check_feature_cache(settings, cache_encoder, datamodule.feature_cache)
+            check_feature_cache(settings, cache)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.vocabulary is None:
@@ -307,30 +309,32 @@ CACHE_SETTINGS = {"arch": "model.encoder_arch", "weights": "model.encoder_weight
                   "image_size": "data.image_size", "layer": "model.encoder_layer"}
 
 
-def check_feature_cache(settings: Mapping[str, Any], cache_encoder: Mapping[str, Any],
-                        path) -> None:
+def check_feature_cache(settings: Mapping[str, Any], cache: FeatureCache) -> None:
     """Refuse a feature cache written by another encoder than the one configured: cached
-    features are only valid for the frozen encoder that produced them.
+    features are only valid for the frozen encoder that produced them. A weights file counts
+    as the cache's when it is the same path or holds the same bytes (a copy, or the cache and
+    its ``NAME.encoder.pt`` moved together).
 
     Args:
         settings: the configured values by option name: CACHE_SETTINGS' options and
             ``model.encoder_trainable``.
-        cache_encoder: the encoder settings recorded in the cache (``FeatureCache.encoder``).
-        path: the cache, for the message.
+        cache: the feature cache, with the encoder settings it recorded.
 
     Raises:
         ValueError: naming the option to set and the value the cache needs.
     """
+    path = cache.path
     if settings["model.encoder_trainable"]:
         raise ValueError(
             f"data.feature_cache={path} holds features of a frozen encoder, but "
             "model.encoder_trainable is true; drop the cache to fine-tune the encoder"
         )
     # Caches written before the layer was configurable hold layer4 features.
-    cached = {"layer": "layer4", **cache_encoder}
+    cached = {"layer": "layer4", **cache.encoder}
     for key, option in CACHE_SETTINGS.items():
         value = settings[option]
-        if not _same_setting(cached.get(key), value):
+        same_bytes = key == "weights" and _same_weights(cache.weights_sha256, value)
+        if not (_same_setting(cached.get(key), value) or same_bytes):
             raise ValueError(
                 f"feature cache {path} was written with encoder {key}={cached.get(key)!r}, but "
                 f"the model has {key}={value!r}; to train on this cache, set {option} to "
@@ -345,6 +349,12 @@ def _same_setting(cached: Any, configured: Any) -> bool:
     if isinstance(cached, str) and isinstance(configured, str):
         return Path(cached).exists() and Path(cached).resolve() == Path(configured).resolve()
     return False
+
+
+def _same_weights(sha256: str | None, configured: Any) -> bool:
+    """Whether the configured weights file holds the bytes whose SHA-256 the cache recorded."""
+    return (sha256 is not None and isinstance(configured, str) and Path(configured).is_file()
+            and file_sha256(configured) == sha256)
 
 
 def corpus_scores(decoded: dict[int, str], references: dict[int, list[str]]) -> dict[str, float]:

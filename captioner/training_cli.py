@@ -98,6 +98,11 @@ class UserError(ValueError):
     """A problem with the command line, a config or a file the user named."""
 
 
+class Interrupted(Exception):
+    """A run stopped by Ctrl-C, after Lightning's graceful shutdown; the message says what is
+    left and how to go on."""
+
+
 class CaptionerCLI(LightningCLI):
     """LightningCLI with named run folders, safe ``--ckpt_path`` and ``last``/``best``."""
 
@@ -105,7 +110,8 @@ class CaptionerCLI(LightningCLI):
         # The run name comes from the first --config of the command line, which the parsed
         # config no longer tells apart from the configs it includes.
         given = kwargs.get("args")
-        self._first_config = _first_config(sys.argv[1:] if given is None else list(given))
+        self._args = sys.argv[1:] if given is None else list(given)
+        self._first_config = _first_config(self._args)
         self._resume_version: int | None = None  # the run version that --ckpt_path last picks
         self._checkpoint_step = 0  # global step of the --ckpt_path checkpoint
         self._resumed_run: Path | None = None  # the run folder fit resumes into
@@ -119,6 +125,27 @@ class CaptionerCLI(LightningCLI):
             if action.dest == "ckpt_path" and subcommand in CKPT_PATH_HELP:
                 action.help = CKPT_PATH_HELP[subcommand]
         return parser
+
+    # LightningCLI hook (Lightning 2.6): runs the sub-command.
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        except SystemExit:
+            # Lightning ends a run stopped by Ctrl-C with exit(1), once it has shut it down.
+            if not self.trainer.interrupted:
+                raise
+            raise Interrupted(self._after_interrupt(subcommand)) from None
+
+    def _after_interrupt(self, subcommand: str) -> str:
+        if subcommand != "fit":
+            return "interrupted"
+        folder = Path(self.best_callback.dirpath or ".")
+        if not (folder / LAST_NAME).is_file():
+            return (f"interrupted before the first {LAST_NAME} (written at the end of every "
+                    "epoch): nothing to resume")
+        done = read_progress(folder).get("epochs_done", 0)
+        return (f"interrupted; the same command with --ckpt_path last resumes from "
+                f"{folder / LAST_NAME} (epochs done: {done})")
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -161,7 +188,18 @@ class CaptionerCLI(LightningCLI):
             checkpoint.get(CaptioningModule.CHECKPOINT_HYPER_PARAMS_KEY, {}), path
         )
         self._checkpoint_step = int(checkpoint.get("global_step", 0))
+        given = {key: config[key] for key in _option_keys(self._args, "model")}
         self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+        config = self.config[subcommand]
+        for key, value in given.items():
+            if key == "model.decoding" or key.startswith("model.decoding."):
+                config[key] = value  # decoding only: the command line's, not the checkpoint's
+            elif config[key] != value:
+                raise UserError(
+                    f"--{key} {value}: {path} was trained with {config[key]}, and a model "
+                    f"loaded from a checkpoint keeps its hyperparameters (leave --{key} out; "
+                    "model.decoding.* may change)"
+                )
 
     def _resolve_named(self, subcommand: str, config, which: str) -> Path:
         """``last`` / ``best`` of this config's run (the newest, or the one whose config.yaml
@@ -220,7 +258,7 @@ class CaptionerCLI(LightningCLI):
             # which may be missing (offline) when the cache needs other weights anyway.
             options = [*CACHE_SETTINGS.values(), "model.encoder_trainable"]
             check_feature_cache({option: config[option] for option in options},
-                                FeatureCache(cache).encoder, cache)
+                                FeatureCache(cache))
         logger = config.trainer.get("logger")
         init_args = getattr(logger, "init_args", None)
         if init_args is None or "name" not in init_args:
@@ -314,6 +352,11 @@ def config_files(args: list[str]) -> list[str]:
         elif arg.startswith("--config="):
             found.append(arg.split("=", 1)[1])
     return found
+
+
+def _option_keys(args: list[str], group: str) -> list[str]:
+    """The dotted keys of the ``--GROUP.KEY[=VALUE]`` options of the command line ``args``."""
+    return [arg[2:].split("=", 1)[0] for arg in args if arg.startswith(f"--{group}.")]
 
 
 def _first_config(args: list[str]) -> str | None:

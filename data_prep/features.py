@@ -387,6 +387,8 @@ class FeatureCache:
                 # What made the rows, for a resumable cache (None otherwise).
                 key = file.attrs.get("resume_key")
                 self.resume_key: dict[str, Any] | None = None if key is None else json.loads(key)
+                # SHA-256 of the encoder weights file it was written with, when recorded.
+                self.weights_sha256: str | None = (self.resume_key or {}).get("weights_sha256")
                 ids = file["image_ids"][:]
         except OSError as exc:
             raise ValueError(f"{self.path}: not a readable HDF5 feature cache ({exc})") from exc

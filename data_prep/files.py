@@ -14,6 +14,7 @@ that hours of captioning or encoding are not lost to an output path that cannot 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -149,6 +150,15 @@ def _check_writable_parent(path: Path) -> None:
                               "kernel's pseudo-filesystems")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputPathError(f"{path}: cannot write to the folder {parent}: it is not writable")
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of the file's bytes, in hex (read 1 MiB at a time)."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def check_input_file(path: str | Path) -> Path:

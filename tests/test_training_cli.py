@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -399,6 +400,56 @@ def test_a_cache_of_other_weights_is_named_before_the_weights_are_loaded(synthet
     assert not list(tmp_path.glob("runs/*"))
 
 
+def test_a_cache_moved_with_its_encoder_file_trains(synthetic_data, tiny_cache, tmp_path):
+    # The cache records its NAME.encoder.pt by absolute path; copied to another machine or
+    # folder together, the weights are the same bytes under another path.
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    weights = Path(FeatureCache(tiny_cache).encoder["weights"])
+    shutil.copy(tiny_cache, moved / tiny_cache.name)
+    shutil.copy(weights, moved / weights.name)
+    args = _cli_args(synthetic_data, moved / tiny_cache.name, tmp_path,
+                     "--model.encoder_weights", str(moved / weights.name))
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    other = moved / "other.pt"
+    torch.save({k: v + 1 for k, v in torch.load(weights).items()}, other)
+    code, _, err = _run("fit", *args, "--trainer.max_epochs", "1",
+                        "--model.encoder_weights", str(other))
+    assert code == 2 and f"was written with encoder weights={str(weights)!r}" in err, err[-2000:]
+
+
+@pytest.mark.parametrize("epoch", [0, 1])
+def test_ctrl_c_stops_fit_with_status_130_and_says_how_to_resume(synthetic_data, tiny_cache,
+                                                                 tmp_path, capsys, monkeypatch,
+                                                                 epoch):
+    import signal
+
+    from captioner.lightning_module import CaptioningModule
+
+    step = CaptioningModule.training_step
+
+    def interrupted(self, batch, batch_idx):
+        if self.current_epoch == epoch and batch_idx == 1:
+            raise KeyboardInterrupt
+        return step(self, batch, batch_idx)
+
+    monkeypatch.setattr(CaptioningModule, "training_step", interrupted)
+    handler = signal.getsignal(signal.SIGINT)  # Lightning ignores Ctrl-C while it shuts down
+    try:
+        code = lightning_main(["fit", *_cli_args(synthetic_data, tiny_cache, tmp_path),
+                               "--trainer.max_epochs", "3"])
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert code == 130
+    [line] = [line for line in capsys.readouterr().err.splitlines()
+              if line.startswith("captioner fit: ")]
+    last = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints" / "last.ckpt"
+    assert line == ("captioner fit: interrupted before the first last.ckpt (written at the end "
+                    "of every epoch): nothing to resume" if epoch == 0 else
+                    "captioner fit: interrupted; the same command with --ckpt_path last resumes "
+                    f"from {last} (epochs done: 1)")
+
+
 def test_captioner_debug_shows_the_traceback(synthetic_data, tiny_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("CAPTIONER_DEBUG", "1")
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--data.karpathy_json", "missing.json")
@@ -435,6 +486,26 @@ def test_checkpoints_of_earlier_versions_still_load(synthetic_data, tiny_cache, 
     captioner = Captioner.load(old)
     assert (captioner.decoding.beam_size, captioner.decoding.max_length) == (1, 5)
     assert lightning_main(["test", *args, "--ckpt_path", str(old)]) == 0
+
+
+def test_a_checkpoint_keeps_its_hyperparameters_and_takes_decoding_options(
+        synthetic_data, tiny_cache, tmp_path, capsys):
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    last = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints" / "last.ckpt"
+    code, _, err = _run("fit", *args, "--trainer.max_epochs", "2", "--ckpt_path", "last",
+                        "--model.hidden_dim", "64")
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    [line] = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
+    assert line == (f"captioner fit: --model.hidden_dim 64: {last} was trained with 32, and a "
+                    "model loaded from a checkpoint keeps its hyperparameters (leave "
+                    "--model.hidden_dim out; model.decoding.* may change)")
+    assert lightning_main(["test", *args, "--ckpt_path", str(last),
+                           "--model.decoding.beam_size", "1",
+                           "--model.decoding.max_length", "4"]) == 0
+    used = yaml.safe_load((last.parents[1] / "test" / "config.yaml").read_text())["model"]
+    assert (used["decoding"]["beam_size"], used["decoding"]["max_length"]) == (1, 4)
+    assert used["hidden_dim"] == 32
 
 
 def test_missing_cache_key_is_an_error_naming_it(synthetic_data, tiny_cache, tmp_path, capsys):

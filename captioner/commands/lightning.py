@@ -15,7 +15,8 @@ on val/CIDEr (the checkpoint.* options), last.ckpt is written every epoch (and e
 --trainer.devices N --trainer.num_nodes M (Lightning's DDP).
 
 User errors (missing files, malformed data, bad checkpoints, bad settings) print one line and
-exit with status 2; set CAPTIONER_DEBUG=1 for the traceback.
+exit with status 2; set CAPTIONER_DEBUG=1 for the traceback. Ctrl-C stops a run after Lightning's
+graceful shutdown with status 130 and one line saying what --ckpt_path last resumes from.
 """
 
 from __future__ import annotations
@@ -36,13 +37,22 @@ def main(argv: list[str]) -> int:
 
     from captioner.commands.options import report_error
     from captioner.model.encoder import EncoderWeightsError
-    from captioner.training_cli import UserError, build_cli, config_files, end_distributed
+    from captioner.training_cli import (
+        Interrupted,
+        UserError,
+        build_cli,
+        config_files,
+        end_distributed,
+    )
 
     # LightningCLI warns when it is handed args while sys.argv also holds some; from the console
     # script they are the same words, so let it read sys.argv itself.
     args = None if list(argv) == sys.argv[1:] else list(argv)
     try:
         cli = build_cli(args)
+    except Interrupted as exc:
+        print(f"captioner {argv[0]}: {exc}", file=sys.stderr)
+        return 130
     except (UserError, OSError, ValueError, ArgumentError, MisconfigurationException,
             EncoderWeightsError) as exc:
         message, configs = str(exc), config_files(argv)
