@@ -337,7 +337,7 @@ def check_feature_cache(settings: Mapping[str, Any], cache: FeatureCache) -> Non
         if not (_same_setting(cached.get(key), value) or same_bytes):
             raise ValueError(
                 f"feature cache {path} was written with encoder {key}={cached.get(key)!r}, but "
-                f"the model has {key}={value!r}; to train on this cache, set {option} to "
+                f"the model has {key}={value!r}; to use this cache, set {option} to "
                 f"{cached.get(key)}"
             )
 

@@ -40,6 +40,7 @@ from captioner.training_runs import (
     version_number,
 )
 from data_prep.features import FeatureCache
+from data_prep.files import check_output_dir
 
 CHECKPOINT_DEFAULTS = {
     "checkpoint.monitor": "val/CIDEr",
@@ -264,7 +265,7 @@ class CaptionerCLI(LightningCLI):
         if init_args is None or "name" not in init_args:
             return
         init_args["name"] = self._run_folder_name(config)
-        root = Path(init_args.get("save_dir") or ".")
+        root = check_output_dir(init_args.get("save_dir") or ".")  # one line, not an errno
         self._new_root = None if root.exists() else root
         if "version" not in init_args:
             return

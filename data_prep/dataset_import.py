@@ -622,8 +622,10 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
     records = read_captions(Path(options.captions), fmt, log)
     if not records:
         empty = Path(options.captions).stat().st_size == 0
+        unread = (f" as {fmt} ({len(log.problems)} lines could not be read, the first: "
+                  f"{log.problems[0].detail}; is --format right?)") if log.problems else ""
         raise DatasetImportError(
-            f"{options.captions}: {'is empty' if empty else 'holds no captions'}"
+            f"{options.captions}: {'is empty' if empty else 'holds no captions'}{unread}"
         )
     listed = {record.image for record in records}
     items = readable_items(tokenized_items(records, log), images, log, progress=progress)

@@ -571,3 +571,13 @@ def test_entry_point_runs_as_a_subprocess(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "checking images" in result.stderr and "checking images" not in result.stdout
     assert load_karpathy(out, photos).name == "sub"
+
+
+def test_a_captions_file_of_another_format_asks_whether_format_is_right(tmp_path, capsys):
+    photos = photo_folder(tmp_path / "photos", GOOD)
+    captions = _csv_case(tmp_path, "image,caption\n" + "".join(f"{n},a photo\n" for n in GOOD))
+    code, _, err = run(capsys, "--captions", captions, "--images", photos,
+                       "--out", tmp_path / "o.json", "--format", "jsonl")
+    assert code == 2
+    assert f"{captions}: holds no captions as jsonl ({len(GOOD) + 1} lines could not be read, " \
+           f"the first: {captions} line 1: not valid JSON" in err and "is --format right?" in err

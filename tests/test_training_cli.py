@@ -450,6 +450,18 @@ def test_ctrl_c_stops_fit_with_status_130_and_says_how_to_resume(synthetic_data,
                     f"from {last} (epochs done: 1)")
 
 
+def test_a_runs_folder_that_cannot_be_made_is_one_line(synthetic_data, tiny_cache, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path,
+                     "--trainer.logger.init_args.save_dir", str(blocker / "runs"))
+    code, _, err = _run("fit", *args, "--trainer.max_epochs", "1")
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    [line] = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
+    assert line == (f"captioner fit: {blocker / 'runs'}: cannot write to it: {blocker} is not "
+                    "a folder")
+
+
 def test_captioner_debug_shows_the_traceback(synthetic_data, tiny_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("CAPTIONER_DEBUG", "1")
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--data.karpathy_json", "missing.json")
