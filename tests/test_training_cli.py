@@ -358,6 +358,20 @@ def test_a_misspelt_key_of_a_config_file_names_the_config_files(synthetic_data, 
     assert "does not accept option 'data.min_cout'" in line
 
 
+def test_a_bad_value_names_the_config_files_only_when_it_comes_from_them(synthetic_data,
+                                                                         tiny_cache, tmp_path):
+    bad = tmp_path / "mine.yaml"
+    bad.write_text("model:\n  lr: big\n")
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    for extra, named in ((["--config", str(bad)], True), (["--model.lr", "big"], False)):
+        code, _, err = _run("fit", *args, *extra)
+        assert code == 2 and "Traceback" not in err
+        [line] = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
+        assert line.endswith('Parser key "model.lr": Expected a <class \'float\'>. Got '
+                             "value: big")
+        assert line.startswith("captioner fit: --config ") == named, line
+
+
 def test_unknown_output_mapping_is_refused_before_training_starts(synthetic_data, tiny_cache,
                                                                  tmp_path):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)

@@ -21,6 +21,7 @@ graceful shutdown with status 130 and one line saying what --ckpt_path last resu
 
 from __future__ import annotations
 
+import re
 import sys
 
 HELP = {
@@ -56,9 +57,13 @@ def main(argv: list[str]) -> int:
     except (UserError, OSError, ValueError, ArgumentError, MisconfigurationException,
             EncoderWeightsError) as exc:
         message, configs = str(exc), config_files(argv)
-        # A key of a config file (a misspelt one on the command line is "unrecognized"), or
-        # a config file that is not valid YAML: name the file.
-        in_config = "does not accept option" in message or "Problems parsing config" in message
+        # A key of a config file (a misspelt one on the command line is "unrecognized"), a
+        # config file that is not valid YAML, or a bad value not given on the command line:
+        # name the files.
+        key = re.search(r'Parser key "([^"]+)"', message)
+        given = {arg.split("=", 1)[0] for arg in argv}
+        in_config = ("does not accept option" in message or "Problems parsing config" in message
+                     or (key is not None and f"--{key.group(1)}" not in given))
         context = f"--config {', '.join(configs)}" if in_config and configs else ""
         return report_error(f"captioner {argv[0]}", exc, context)
     if argv[0] == "fit":
