@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from captioner import CONFIGS
 from captioner.cli import SIGPIPE_STATUS, main
 from captioner.commands.options import report_error
 
@@ -76,7 +77,8 @@ def test_every_command_honours_captioner_debug(tmp_path):
 def test_a_config_file_that_is_not_yaml_is_named_on_one_line(tmp_path):
     broken = tmp_path / "broken.yaml"
     broken.write_text("model:\n  hidden_dim: [1\n")
-    run = _captioner("fit", "--config", str(broken))
+    good = CONFIGS / "demo_tvmax.yaml"  # the file at fault is named, not every one
+    run = _captioner("fit", "--config", str(good), "--config", str(broken))
     assert run.returncode == 2 and "Traceback" not in run.stderr
     [line] = [line for line in run.stderr.splitlines() if line.startswith("captioner fit:")]
     assert line.startswith(f"captioner fit: --config {broken}: Problems parsing config")

@@ -64,6 +64,8 @@ def main(argv: list[str]) -> int:
         given = {arg.split("=", 1)[0] for arg in argv}
         in_config = ("does not accept option" in message or "Problems parsing config" in message
                      or (key is not None and f"--{key.group(1)}" not in given))
+        if "Problems parsing config" in message:
+            configs = [c for c in configs if not _reads_as_yaml(c)] or configs
         context = f"--config {', '.join(configs)}" if in_config and configs else ""
         return report_error(f"captioner {argv[0]}", exc, context)
     if argv[0] == "fit":
@@ -72,3 +74,15 @@ def main(argv: list[str]) -> int:
             print(summary)
     end_distributed()
     return 0
+
+
+def _reads_as_yaml(path: str) -> bool:
+    """Whether the config file ``path`` is readable YAML (to name the one a parse error is in)."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            yaml.safe_load(handle)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return True
