@@ -143,12 +143,12 @@ def is_zero(lam: float | Tensor) -> bool:
     return lam == 0
 
 
-def sparsemax_of_prox(prox, z: Tensor, lam, dim: int, mask: Tensor | None, func: str) -> Tensor:
-    """sparsemax(prox(z, lam)) along ``dim``: fusedmax and oscarmax (Niculae & Blondel, 2017,
-    Prop. 2), validated under the name ``func``; lam = 0 is exactly sparsemax."""
+def sparsemax_of_prox(solver, z: Tensor, lam, dim: int, mask: Tensor | None, func: str) -> Tensor:
+    """sparsemax(prox(z, lam)) along ``dim``, the prox given by its row ``solver`` (see
+    :class:`GroupedProxFunction`): fusedmax and oscarmax (Niculae & Blondel, 2017, Prop. 2),
+    validated under the name ``func``; lam = 0 is exactly sparsemax."""
     dim = check_scores(z, dim, func)
     lam = check_lam(lam, func)
     if is_zero(lam):
         return sparsemax(z, dim=dim, mask=mask)
-    checked_max(apply_mask(z, mask, func), dim, func)  # bad scores named as ``func``'s
-    return sparsemax(prox(z, lam, dim=dim, mask=mask), dim=dim)
+    return sparsemax(grouped_prox(z, lam, dim, mask, func, solver), dim=dim)

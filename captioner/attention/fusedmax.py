@@ -6,7 +6,7 @@ from torch import Tensor
 
 from ._flat import LamFlatGridMapping
 from ._grouped import sparsemax_of_prox
-from .tv1d import tv1d_prox
+from .tv1d import tv1d_rows
 
 
 def fusedmax(
@@ -33,7 +33,7 @@ def fusedmax(
     Raises:
         ValueError: lam < 0, NaN or ``+inf`` scores, or a row with every cell masked.
     """
-    return sparsemax_of_prox(tv1d_prox, z, lam, dim, mask, "fusedmax")
+    return sparsemax_of_prox(tv1d_rows, z, lam, dim, mask, "fusedmax")
 
 
 class Fusedmax(LamFlatGridMapping):

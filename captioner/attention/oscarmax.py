@@ -129,7 +129,7 @@ def oscarmax(
     Raises:
         ValueError: lam < 0, NaN or ``+inf`` scores, or a row with every cell masked.
     """
-    return sparsemax_of_prox(oscar_prox, z, lam, dim, mask, "oscarmax")
+    return sparsemax_of_prox(oscar_rows, z, lam, dim, mask, "oscarmax")
 
 
 class Oscarmax(LamFlatGridMapping):
