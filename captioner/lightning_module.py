@@ -333,8 +333,8 @@ def check_feature_cache(settings: Mapping[str, Any], cache: FeatureCache) -> Non
     cached = {"layer": "layer4", **cache.encoder}
     for key, option in CACHE_SETTINGS.items():
         value = settings[option]
-        same_bytes = key == "weights" and _same_weights(cache.weights_sha256, value)
-        if not (_same_setting(cached.get(key), value) or same_bytes):
+        sha256 = cache.weights_sha256 if key == "weights" else None
+        if not _same_setting(cached.get(key), value, sha256):
             raise ValueError(
                 f"feature cache {path} was written with encoder {key}={cached.get(key)!r}, but "
                 f"the model has {key}={value!r}; to use this cache, set {option} to "
@@ -342,19 +342,16 @@ def check_feature_cache(settings: Mapping[str, Any], cache: FeatureCache) -> Non
             )
 
 
-def _same_setting(cached: Any, configured: Any) -> bool:
-    """Equal values, or two spellings of one weights file (relative vs absolute path)."""
+def _same_setting(cached: Any, configured: Any, sha256: str | None = None) -> bool:
+    """Equal values, or one weights file: two spellings of its path (relative vs absolute), or
+    a configured file holding the bytes whose SHA-256 the cache recorded (``sha256``)."""
     if cached == configured:
         return True
-    if isinstance(cached, str) and isinstance(configured, str):
-        return Path(cached).exists() and Path(cached).resolve() == Path(configured).resolve()
-    return False
-
-
-def _same_weights(sha256: str | None, configured: Any) -> bool:
-    """Whether the configured weights file holds the bytes whose SHA-256 the cache recorded."""
-    return (sha256 is not None and isinstance(configured, str) and Path(configured).is_file()
-            and file_sha256(configured) == sha256)
+    if not (isinstance(cached, str) and isinstance(configured, str)):
+        return False
+    if Path(cached).exists() and Path(cached).resolve() == Path(configured).resolve():
+        return True
+    return sha256 is not None and Path(configured).is_file() and file_sha256(configured) == sha256
 
 
 def corpus_scores(decoded: dict[int, str], references: dict[int, list[str]]) -> dict[str, float]:

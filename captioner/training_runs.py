@@ -315,9 +315,8 @@ class FitStartGuard(Callback):
         folder = self._new_folder or _empty_log_dir(trainer)
         if folder is not None:
             _remove_unstarted_run(folder)
-        if self.new_root is not None and self.new_root.is_dir() and not any(
-                self.new_root.iterdir()):
-            self.new_root.rmdir()
+        if self.new_root is not None:
+            _remove_if_empty(self.new_root)
 
 
 def _empty_log_dir(trainer: L.Trainer) -> Path | None:
@@ -334,8 +333,12 @@ def _remove_unstarted_run(folder: Path) -> None:
     if not folder.is_dir() or any(folder.rglob("*.ckpt")):
         return
     shutil.rmtree(folder)
-    if not any(folder.parent.iterdir()):
-        folder.parent.rmdir()
+    _remove_if_empty(folder.parent)
+
+
+def _remove_if_empty(folder: Path) -> None:
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
 
 
 class SaveConfigOnceRestored(SaveConfigCallback):
