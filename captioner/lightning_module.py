@@ -30,7 +30,7 @@ from captioner.checkpointing import constructor_arguments
 from captioner.cider import cider_d
 from captioner.decoding import Hypothesis, beam_search
 from captioner.decoding_options import DecodingOptions
-from captioner.losses import caption_loss, check_output_mapping
+from captioner.losses import check_output_mapping, teacher_forced_loss
 from captioner.model import CaptionModel
 from captioner.model.decoder import AttentionDecoder
 from captioner.model.encoder import build_encoder
@@ -220,13 +220,9 @@ class CaptioningModule(L.LightningModule):
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         captions = batch["captions"]
         with self._step_checks:
-            output = self.model(batch["inputs"], captions[:, :-1])
-            loss = caption_loss(
-                output.scores,
-                captions[:, 1:],
-                output_mapping=self.hparams.output_mapping,
-                pad_id=Vocabulary.PAD_ID,
-            )
+            loss = teacher_forced_loss(self.model, batch["inputs"], captions,
+                                       output_mapping=self.hparams.output_mapping,
+                                       pad_id=Vocabulary.PAD_ID)
         self.log("train/loss", loss, prog_bar=True, batch_size=captions.shape[0])
         return loss
 

@@ -134,3 +134,25 @@ def caption_loss(
         alpha = _TSALLIS_ALPHA[output_mapping]
         losses = fenchel_young_loss(flat_scores, flat_targets, alpha)
     return (losses * weights).sum() / weights.sum()
+
+
+def teacher_forced_loss(
+    model, inputs: Tensor, captions: Tensor, *, output_mapping: str = "softmax", pad_id: int = 0
+) -> Tensor:
+    """The training objective on one batch (TVmax paper, Sec. 3): ``model`` reads
+    ``captions[:, :-1]`` with teacher forcing, and :func:`caption_loss` scores its word scores
+    against ``captions[:, 1:]``. ``captioner fit`` and the benchmarks' training step share it.
+
+    Args:
+        model: a ``CaptionModel`` or ``AttentionDecoder``: ``model(inputs, captions)`` returns
+            an output whose ``scores`` are ``(B, L - 1, V)``.
+        inputs: what ``model`` reads: images ``(B, 3, H, W)`` or grid features ``(B, h, w, C)``.
+        captions: ``(B, L)`` long word ids, ``<start>`` first, padded with ``pad_id``.
+
+    Returns:
+        0-dim float tensor, as :func:`caption_loss`.
+    """
+    output = model(inputs, captions[:, :-1])
+    return caption_loss(
+        output.scores, captions[:, 1:], output_mapping=output_mapping, pad_id=pad_id
+    )

@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib
 import json
 
+import pytest
+
 from captioner.benchmarks import model as bench
 
 TINY = [
@@ -74,3 +76,51 @@ def test_smooth_scores_have_sd_1_and_alike_neighbours():
                                                  z[:, :, 1:].flatten()]))[0, 1])
 
     assert neighbour_correlation(smooth) > 0.5 > 0.05 > abs(neighbour_correlation(normal))
+
+
+def _tiny_decoder():
+    import torch
+
+    from captioner.model import AttentionDecoder
+
+    torch.manual_seed(0)
+    decoder = AttentionDecoder(20, 8, feature_dim=8, embed_dim=8, hidden_dim=8, attention_dim=8)
+    features = torch.randn(2, 3, 3, 8)
+    captions = torch.tensor([[1, 5, 6, 2], [1, 7, 2, 0]])
+    return decoder, features, captions
+
+
+def test_benchmark_train_step_defers_its_checks_like_fit(monkeypatch):
+    """The timed step collects the attention and loss checks as ``captioner fit`` does, so
+    that on a GPU it syncs once per step, not once per attention call."""
+    import torch
+
+    from captioner.attention import _checks
+
+    decoder, features, captions = _tiny_decoder()
+    collecting = []
+    decoder.register_forward_pre_hook(lambda *_: collecting.append(_checks._COLLECTOR.get()))
+    optimizer = torch.optim.SGD(decoder.parameters(), lr=0.1)
+    bench.train_step(decoder, optimizer, features, captions)
+    assert len(collecting) == 1 and collecting[0] is not None
+    assert _checks._COLLECTOR.get() is None
+    bad = captions.clone()
+    bad[0, 3] = 99  # a target outside the 20-word vocabulary, never an input
+    try:
+        bench.train_step(decoder, optimizer, features, bad)
+    except ValueError as error:
+        assert "target ids must lie in [0, 20)" in str(error)
+    else:
+        raise AssertionError("a target outside the vocabulary was not reported")
+
+
+def test_benchmark_train_step_clips_the_gradient_norm():
+    import torch
+
+    decoder, features, captions = _tiny_decoder()
+    before = torch.cat([p.detach().flatten().clone() for p in decoder.parameters()])
+    optimizer = torch.optim.SGD(decoder.parameters(), lr=1.0)
+    bench.train_step(decoder, optimizer, features, captions, clip_norm=1e-3)
+    after = torch.cat([p.detach().flatten() for p in decoder.parameters()])
+    # SGD with lr 1 moves the parameters by exactly the clipped gradient.
+    assert torch.linalg.vector_norm(after - before) == pytest.approx(1e-3, rel=1e-3)

@@ -6,9 +6,10 @@ in an HDF5 feature cache, as ``captioner prepare-features`` writes them), then t
 mapping's paper config (``configs/coco_<mapping>.yaml``) through the same CLI as ``captioner
 fit`` for ``--steps`` steps, validation off, and times the steps after ``--warmup-steps``. It
 also times the input pipeline alone (the training DataLoader, no model) and, in the same run,
-the model's own training step on one resident batch of the same shape (no data loading, no
-Lightning), so that fit/model says how much of a real step the input pipeline and the trainer
-add: at 1.00x they are hidden entirely.
+the model's own training step on one resident batch of the same shape (the fit's step, gradient
+clipping and deferred checks included, without data loading and without Lightning), so that
+fit/model says how much of a real step the input pipeline and the trainer add: at 1.00x they
+are hidden entirely.
 """
 
 from __future__ import annotations
@@ -204,30 +205,31 @@ def time_fit(mapping: str, args: argparse.Namespace, karpathy: Path, cache: Path
 
 
 def time_model_step(module, args: argparse.Namespace, repeats: int = 30) -> float:
-    """Milliseconds of the model's own training step (forward, loss, backward, Adam) on one
-    resident batch of the fit's shape, with the fit's precision."""
+    """Milliseconds of the model's own training step on one resident batch of the fit's shape
+    and precision: the step of ``captioner fit`` (forward from float16 features, loss,
+    backward, the module's gradient clipping, Adam, one host sync for the deferred checks)
+    without the input pipeline and without Lightning."""
     import torch
 
     from captioner.benchmarks.model import train_step
 
-    device = module.device
-    decoder = module.model.decoder
-    optimizer = torch.optim.Adam(decoder.parameters(), lr=1e-4, betas=(0.8, 0.999))
+    device, hp = module.device, module.hparams
+    optimizer = torch.optim.Adam([p for p in module.parameters() if p.requires_grad],
+                                 lr=hp.lr, betas=tuple(hp.betas))
     generator = torch.Generator().manual_seed(args.seed)
     shape = (args.batch_size, args.grid, args.grid, CHANNELS)
     features = torch.randn(shape, generator=generator).half().to(device)
-    captions = torch.randint(4, module.hparams.vocab_size,
-                             (args.batch_size, WORDS_PER_CAPTION + 2), generator=generator)
-    captions = captions.to(device)
+    captions = torch.randint(4, hp.vocab_size, (args.batch_size, WORDS_PER_CAPTION + 2),
+                             generator=generator).to(device)
     bf16 = args.precision is not None and args.precision.startswith("bf16")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def step() -> None:
         autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else None
-        train_step(decoder, optimizer, features.float(), captions,
-                   module.hparams.output_mapping, autocast)
+        train_step(module.model, optimizer, features, captions, output_mapping=hp.output_mapping,
+                   clip_norm=hp.gradient_clip_norm, autocast=autocast)
 
-    decoder.train()
+    module.train()
     for _ in range(3):
         step()
     sync()

@@ -8,7 +8,8 @@ change of load on the machine affects them alike; each timing is the fastest of 
 runs (timeit's convention: the run least disturbed by other processes; ``--json`` also holds
 the medians). Two timings per mapping:
 
-* training step: teacher-forced forward, cross-entropy, backward and an Adam step;
+* training step: teacher-forced forward, cross-entropy, backward and an Adam step, with the
+  checks of scores and targets read back once after the step, as `captioner fit` does;
 * inference: batched beam search over the whole batch (all images x beams in one tensor).
 
 The paper reports inference 1.1x (sparsemax) and 1.3x (TVmax) slower than softmax (Sec. 4).
@@ -91,21 +92,27 @@ def _positive(args: argparse.Namespace, *names: str) -> None:
             )
 
 
-def train_step(decoder, optimizer, features, captions, output_mapping: str = "softmax",
-               autocast=None) -> None:
-    """One teacher-forced training step of ``decoder``: forward on ``captions[:, :-1]``, the
-    loss of ``output_mapping`` on ``captions[:, 1:]`` (under ``autocast``, a context manager,
-    when given), backward and an optimizer step."""
+def train_step(model, optimizer, inputs, captions, *, output_mapping: str = "softmax",
+               clip_norm: float | None = None, autocast=None) -> None:
+    """One training step as ``captioner fit`` takes it: the teacher-forced loss of
+    ``output_mapping`` (under ``autocast``, a context manager, when given) with its input
+    checks deferred, backward, the gradient norm clipped to ``clip_norm`` when given, an
+    optimizer step, and then the checks read back (the step's one host sync)."""
     import contextlib
 
-    from captioner.losses import caption_loss
+    import torch
 
-    with autocast or contextlib.nullcontext():
-        output = decoder(features, captions[:, :-1])
-        loss = caption_loss(output.scores, captions[:, 1:], output_mapping=output_mapping)
+    from captioner.attention import DeferredChecks
+    from captioner.losses import teacher_forced_loss
+
+    with DeferredChecks() as checks, autocast or contextlib.nullcontext():
+        loss = teacher_forced_loss(model, inputs, captions, output_mapping=output_mapping)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    if clip_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
     optimizer.step()
+    checks.raise_first()
 
 
 class _Runner:
