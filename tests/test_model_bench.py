@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import time
 
 import pytest
 
@@ -124,3 +125,23 @@ def test_benchmark_train_step_clips_the_gradient_norm():
     after = torch.cat([p.detach().flatten() for p in decoder.parameters()])
     # SGD with lr 1 moves the parameters by exactly the clipped gradient.
     assert torch.linalg.vector_norm(after - before) == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_bench_attention_times_calls_with_their_checks_deferred():
+    """As in the model: on a GPU a timed call must not sync for its input check."""
+    import torch
+
+    from captioner.attention import _checks, softmax
+    from captioner.benchmarks import attention
+
+    collecting = []
+
+    def recording(z):
+        collecting.append(_checks._COLLECTOR.get())
+        return softmax(z)
+
+    z = torch.randn(4, 9, requires_grad=True)
+    one_round = attention._timer(recording, z, torch.randn(4, 9), time.perf_counter, lambda: None)
+    assert one_round() > 0
+    assert collecting and all(collector is not None for collector in collecting)
+    assert _checks._COLLECTOR.get() is None

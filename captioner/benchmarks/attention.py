@@ -9,7 +9,8 @@ timed call is one forward pass and one backward pass of a random upstream gradie
 TVmax runs with both forward solvers (``CAPTIONER_TVMAX_SOLVER``): "device", certified Dykstra
 on the GPU (the share of grids its certificate left to the CPU solver is printed), and "host",
 the exact CPU solver with a round trip; the backward pass runs on the GPU in both. 1-D mappings
-run over the H*W cells of each grid (row-major); TVmax runs on the grid. Warm-up calls (numba
+run over the H*W cells of each grid (row-major); TVmax runs on the grid. As in the model, the
+checks of the scores are read back once per round, not at every call. Warm-up calls (numba
 and Triton compilation included) are not timed. The mappings are timed in interleaved rounds
 and each reports its median over rounds, so that load from other processes hits all of them
 alike and the ratios stay comparable.
@@ -127,29 +128,26 @@ def _mappings(device: str) -> tuple[dict[str, Callable], dict[str, list[int]]]:
 def _timer(fn: Callable, z, grad, clock: Callable[[], float],
            synchronize: Callable[[], None]) -> Callable[[], float]:
     """A round: seconds per forward+backward call, over as many calls as fill a round (on a
-    GPU: as many as the warm-up calls say fill it, timed between two syncs)."""
+    GPU: as many as the warm-up calls say fill it, timed between two syncs). The mappings'
+    checks of their scores are deferred as in the model (``DeferredChecks``) and read after
+    the clock stops, so that a call syncs only where the mapping itself needs the host."""
+    from captioner.attention import DeferredChecks
 
-    def call() -> None:
-        z.grad = None
-        fn(z).backward(grad)
+    def seconds(calls: int) -> float:
+        with DeferredChecks() as checks:
+            synchronize()
+            start = clock()
+            for _ in range(calls):
+                z.grad = None
+                fn(z).backward(grad)
+            synchronize()
+            elapsed = clock() - start
+        checks.raise_first()
+        return elapsed
 
-    for _ in range(3):
-        call()
-    synchronize()
-    start = clock()
-    call()
-    synchronize()
-    calls = max(1, int(ROUND_SECONDS / max(clock() - start, 1e-9)))
-
-    def one_round() -> float:
-        synchronize()
-        start = clock()
-        for _ in range(calls):
-            call()
-        synchronize()
-        return (clock() - start) / calls
-
-    return one_round
+    seconds(3)
+    calls = max(1, int(ROUND_SECONDS / max(seconds(1), 1e-9)))
+    return lambda: seconds(calls) / calls
 
 
 def _scores(kind: str, shape: tuple[int, int, int], device: str):
