@@ -49,6 +49,26 @@ def test_fully_masked_row_rejected(func):
         func(torch.full((2,), -INF))
 
 
+@pytest.mark.parametrize("name", ["softmax", "sparsemax", "entmax15", "fusedmax", "tvmax"])
+def test_a_fully_masked_grid_is_named_as_a_grid_of_the_callers_scores(name):
+    """The grid modules flatten (..., H, W) to rows along a last dim the caller never passed:
+    the message speaks of the grid and its index in the caller's leading dimensions."""
+    module = att.build(name, **({"lam": 0.1} if name in ("fusedmax", "tvmax") else {}))
+    scores = torch.randn(2, 3, 3, 4)
+    mask = torch.ones(2, 3, 3, 4, dtype=torch.bool)
+    mask[1, 2] = False
+    grid = rf"^{name}: every cell of the grid at index \[1, 2\] of the leading dimensions is"
+    with pytest.raises(ValueError, match=grid):
+        module(scores, mask=mask)
+    with pytest.raises(ValueError, match=grid):
+        module(scores.masked_fill(~mask, -INF))
+    with pytest.raises(ValueError, match=rf"^{name}: every cell of the grid is masked"):
+        module(torch.full((3, 4), -INF))
+    # The 1-D function keeps speaking of rows and dims.
+    with pytest.raises(ValueError, match="along dim 0 is masked or -inf; such a row"):
+        FUNCS.get(name, att.softmax)(torch.full((2,), -INF))
+
+
 def test_bad_rank_dim_dtype_and_mask(func):
     with pytest.raises(ValueError, match="at least 1 dimension"):
         func(torch.tensor(1.0))

@@ -14,7 +14,8 @@ All mappings follow one convention (contract in CONTRACTS.md, section 1):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 
 import torch
@@ -22,6 +23,20 @@ from torch import Tensor
 
 # The DeferredChecks collecting the outcome of checks of device tensors, if any.
 _COLLECTOR: ContextVar[DeferredChecks | None] = ContextVar("captioner_checks", default=None)
+# True while the rows being checked are grids (..., H, W) flattened to (..., H*W).
+_ROWS_ARE_GRIDS: ContextVar[bool] = ContextVar("captioner_rows_are_grids", default=False)
+
+
+@contextmanager
+def rows_are_grids() -> Iterator[None]:
+    """Inside, a fully masked row is described as a grid of the caller's scores: the grid
+    mappings check their (..., H, W) scores flattened to rows (..., H*W) along the last dim,
+    a dim the caller never passed."""
+    token = _ROWS_ARE_GRIDS.set(True)
+    try:
+        yield
+    finally:
+        _ROWS_ARE_GRIDS.reset(token)
 
 
 class DeferredChecks:
@@ -141,11 +156,12 @@ def checked_max(z: Tensor, dim: int, func: str) -> Tensor:
     """
     z_max = z.detach().amax(dim=dim, keepdim=True)
     failed = ~torch.isfinite(z_max.sum(dtype=torch.float64))
-    fail_if(failed, lambda: _describe_max(z_max, dim, z.dim(), func))
+    grids = _ROWS_ARE_GRIDS.get()
+    fail_if(failed, lambda: _describe_max(z_max, dim, z.dim(), func, grids))
     return z_max
 
 
-def _describe_max(z_max: Tensor, dim: int, rank: int, func: str) -> str | None:
+def _describe_max(z_max: Tensor, dim: int, rank: int, func: str, grids: bool) -> str | None:
     if bool(torch.isnan(z_max).any()):
         return f"{func}: scores contain NaN"
     if bool(torch.isposinf(z_max).any()):
@@ -153,10 +169,12 @@ def _describe_max(z_max: Tensor, dim: int, rank: int, func: str) -> str | None:
     empty = torch.isneginf(z_max)
     if not bool(empty.any()):
         return None
-    where = ""
-    if rank > 1:
-        row = torch.nonzero(empty.squeeze(dim))[0].tolist()
-        where = f" in the row at index {row} of the other dimensions"
+    row = torch.nonzero(empty.squeeze(dim))[0].tolist() if rank > 1 else None
+    if grids:
+        where = f" at index {row} of the leading dimensions" if row is not None else ""
+        return (f"{func}: every cell of the grid{where} is masked or -inf; such a grid has no "
+                "attention distribution")
+    where = f" in the row at index {row} of the other dimensions" if row is not None else ""
     return (
         f"{func}: every entry along dim {dim} is masked or -inf{where}; "
         "such a row has no probability distribution"

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-from ._checks import check_lam, check_mask
+from ._checks import check_lam, check_mask, rows_are_grids
 
 
 class FlatGridMapping(nn.Module):
@@ -32,7 +32,9 @@ class FlatGridMapping(nn.Module):
         flat = scores.flatten(-2)
         if mask is not None:
             mask = check_mask(mask, scores.shape, name).flatten(-2)
-        return self.map_flat(flat, mask).unflatten(-1, grid)
+        with rows_are_grids():
+            weights = self.map_flat(flat, mask)
+        return weights.unflatten(-1, grid)
 
 
 class LamFlatGridMapping(FlatGridMapping):

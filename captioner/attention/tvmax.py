@@ -21,7 +21,14 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ._checks import apply_mask, check_lam, check_mask, check_scores, checked_max
+from ._checks import (
+    apply_mask,
+    check_lam,
+    check_mask,
+    check_scores,
+    checked_max,
+    rows_are_grids,
+)
 from ._grouped import by_size, grouped_prox, is_zero
 from ._triton import triton_installed
 from ._tv2d_prox import MAX_MERGE_ROUNDS, tv2d_prox_rows_parallel, tv2d_prox_rows_serial
@@ -62,7 +69,8 @@ def _solve_on_host(z: np.ndarray, lam: float, height: int, width: int, p: np.nda
 
 def _raise_invalid(z: Tensor, grid_shape: torch.Size, code: int) -> None:
     """Raise the ValueError describing the scores, rows indexed as the caller's."""
-    checked_max(z.detach().cpu().view(grid_shape).flatten(-2), -1, "tvmax")
+    with rows_are_grids():
+        checked_max(z.detach().cpu().view(grid_shape).flatten(-2), -1, "tvmax")
     raise RuntimeError(f"tvmax: the kernel rejected row {code // 3} of valid scores")
 
 
