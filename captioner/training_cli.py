@@ -89,6 +89,8 @@ CKPT_PATH_HELP = {
             "config.yaml is --config), or a checkpoint file",
 }
 _NAMED_CHECKPOINTS = ("last", "best")
+# Model settings linked from the data's (add_arguments_to_parser): no config sets them itself.
+_LINKED_MODEL_KEYS = frozenset({"model.image_size", "model.vocab_size"})
 
 
 # torch.set_float32_matmul_precision's settings; the first (exact float32) is the default.
@@ -189,18 +191,37 @@ class CaptionerCLI(LightningCLI):
             checkpoint.get(CaptioningModule.CHECKPOINT_HYPER_PARAMS_KEY, {}), path
         )
         self._checkpoint_step = int(checkpoint.get("global_step", 0))
-        given = {key: config[key] for key in _option_keys(self._args, "model")}
+        given = {key: (config[key], source)
+                 for key, source in self._model_keys_given(subcommand).items()}
         self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
         config = self.config[subcommand]
-        for key, value in given.items():
+        for key, (value, source) in given.items():
             if key == "model.decoding" or key.startswith("model.decoding."):
-                config[key] = value  # decoding only: the command line's, not the checkpoint's
+                config[key] = value  # decoding only: the user's, not the checkpoint's
             elif config[key] != value:
+                setting = f"--{key} {value}" if source is None else f"{source} sets {key}: {value}"
+                advice = (f"leave --{key} out" if source is None else
+                          "give the config it was trained with, such as its run's config.yaml")
                 raise UserError(
-                    f"--{key} {value}: {path} was trained with {config[key]}, and a model "
-                    f"loaded from a checkpoint keeps its hyperparameters (leave --{key} out; "
-                    "model.decoding.* may change)"
+                    f"{setting}, but {path} was trained with {config[key]}, and a model loaded "
+                    f"from a checkpoint keeps its hyperparameters ({advice}; model.decoding.* "
+                    "may change)"
                 )
+
+    def _model_keys_given(self, subcommand: str) -> dict[str, str | None]:
+        """The ``model.*`` keys that the command line or its config files set, each with the
+        ``--config FILE`` that set it last (None: the command line), in parsing order. The
+        model's own defaults are not among them: those yield to a checkpoint's values."""
+        parser = self._subcommand_parsers[subcommand]
+        given: dict[str, str | None] = {}
+        for kind, value in _config_and_model_options(self._args):
+            if kind == "config":
+                keys = parser.parse_path(value, defaults=False).keys()
+                given.update({key: f"--config {value}" for key in keys
+                              if key.startswith("model.") and key not in _LINKED_MODEL_KEYS})
+            else:
+                given[value] = None
+        return given
 
     def _resolve_named(self, subcommand: str, config, which: str) -> Path:
         """``last`` / ``best`` of this config's run (the newest, or the one whose config.yaml
@@ -346,18 +367,21 @@ def _log_beside_the_run(init_args, checkpoint: Path, subcommand: str) -> None:
 
 def config_files(args: list[str]) -> list[str]:
     """The values of the ``--config`` / ``-c`` options of ``args``, in order."""
+    return [value for kind, value in _config_and_model_options(args) if kind == "config"]
+
+
+def _config_and_model_options(args: list[str]) -> list[tuple[str, str]]:
+    """``("config", FILE)`` for each ``--config`` / ``-c`` option of ``args`` and
+    ``("model", KEY)`` for each ``--model.KEY[=VALUE]`` option (KEY dotted), in order."""
     found = []
     for index, arg in enumerate(args):
         if arg in ("--config", "-c") and index + 1 < len(args):
-            found.append(args[index + 1])
+            found.append(("config", args[index + 1]))
         elif arg.startswith("--config="):
-            found.append(arg.split("=", 1)[1])
+            found.append(("config", arg.split("=", 1)[1]))
+        elif arg.startswith("--model."):
+            found.append(("model", arg[2:].split("=", 1)[0]))
     return found
-
-
-def _option_keys(args: list[str], group: str) -> list[str]:
-    """The dotted keys of the ``--GROUP.KEY[=VALUE]`` options of the command line ``args``."""
-    return [arg[2:].split("=", 1)[0] for arg in args if arg.startswith(f"--{group}.")]
 
 
 def _first_config(args: list[str]) -> str | None:

@@ -370,6 +370,22 @@ def test_a_bad_value_names_the_config_files_only_when_it_comes_from_them(synthet
         assert line.endswith('Parser key "model.lr": Expected a <class \'float\'>. Got '
                              "value: big")
         assert line.startswith("captioner fit: --config ") == named, line
+    # The file's bad value fails the parse although the command line gives the key a good one.
+    code, _, err = _run("fit", *args, "--config", str(bad), "--model.lr", "0.1")
+    assert code == 2 and f"{bad}: Parser key \"model.lr\"" in err, err
+
+
+def test_a_missing_include_of_a_config_file_is_named_once_with_where_it_was_looked_for(
+        tmp_path, capsys):
+    config = tmp_path / "mine.yaml"
+    config.write_text("data: base/coco_dat.yaml\n")
+    assert lightning_main(["fit", "--config", str(config)]) == 2
+    assert capsys.readouterr().err == (
+        f"captioner fit: --config {config}: Parser key \"data\": Unable to load config "
+        f"'base/coco_dat.yaml': no such file ({tmp_path / 'base' / 'coco_dat.yaml'})\n")
+    config.write_text("config: base/nothere.yaml\n")
+    assert lightning_main(["fit", "--config", str(config)]) == 2
+    assert capsys.readouterr().err.startswith(f"captioner fit: --config {config}: ")
 
 
 def test_unknown_output_mapping_is_refused_before_training_starts(synthetic_data, tiny_cache,
@@ -523,15 +539,27 @@ def test_a_checkpoint_keeps_its_hyperparameters_and_takes_decoding_options(
                         "--model.hidden_dim", "64")
     assert code == 2 and "Traceback" not in err, err[-2000:]
     [line] = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
-    assert line == (f"captioner fit: --model.hidden_dim 64: {last} was trained with 32, and a "
+    assert line == (f"captioner fit: --model.hidden_dim 64, but {last} was trained with 32, and a "
                     "model loaded from a checkpoint keeps its hyperparameters (leave "
                     "--model.hidden_dim out; model.decoding.* may change)")
+    # A config file that sets another mapping is refused as the command line is, naming it.
+    tvmax = str(REPO / "configs" / "demo_tvmax.yaml")
+    assert lightning_main(["test", "--config", tvmax, *args[2:], "--ckpt_path", str(last)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"captioner test: --config {tvmax} sets model.output_attention: tvmax, "
+                          f"but {last} was trained with softmax, and a model loaded from a "
+                          "checkpoint keeps its hyperparameters (give the config it was "
+                          "trained with, such as its run's config.yaml;"), err
     assert lightning_main(["test", *args, "--ckpt_path", str(last),
                            "--model.decoding.beam_size", "1",
                            "--model.decoding.max_length", "4"]) == 0
     used = yaml.safe_load((last.parents[1] / "test" / "config.yaml").read_text())["model"]
     assert (used["decoding"]["beam_size"], used["decoding"]["max_length"]) == (1, 4)
     assert used["hidden_dim"] == 32
+    # The run's own config.yaml sets every model key, each as the checkpoint has it.
+    config = last.parents[1] / "config.yaml"
+    assert lightning_main(["test", "--config", str(config), "--ckpt_path", str(last),
+                           "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")]) == 0
 
 
 def test_missing_cache_key_is_an_error_naming_it(synthetic_data, tiny_cache, tmp_path, capsys):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 
 HELP = {
     "fit": "train a captioner from YAML configs (configs/*.yaml); --ckpt_path last resumes",
@@ -57,23 +58,63 @@ def main(argv: list[str]) -> int:
     except (UserError, OSError, ValueError, ArgumentError, MisconfigurationException,
             EncoderWeightsError) as exc:
         message, configs = str(exc), config_files(argv)
-        # A key of a config file (a misspelt one on the command line is "unrecognized"), a
-        # config file that is not valid YAML, or a bad value not given on the command line:
-        # name the files.
-        key = re.search(r'Parser key "([^"]+)"', message)
-        given = {arg.split("=", 1)[0] for arg in argv}
-        in_config = ("does not accept option" in message or "Problems parsing config" in message
-                     or (key is not None and f"--{key.group(1)}" not in given))
-        if "Problems parsing config" in message:
-            configs = [c for c in configs if not _reads_as_yaml(c)] or configs
-        context = f"--config {', '.join(configs)}" if in_config and configs else ""
-        return report_error(f"captioner {argv[0]}", exc, context)
+        if _from_config_files(message, argv) and configs:
+            if "Problems parsing config" in message:
+                configs = [c for c in configs if not _reads_as_yaml(c)] or configs
+            return report_error(f"captioner {argv[0]}", ValueError(_tidy(message, configs)),
+                                f"--config {', '.join(configs)}")
+        return report_error(f"captioner {argv[0]}", exc)
     if argv[0] == "fit":
         summary = cli.run_summary()  # every rank: trainer.log_dir is a collective under DDP
         if cli.trainer.is_global_zero:
             print(summary)
     end_distributed()
     return 0
+
+
+def _tidy(message: str, configs: list[str]) -> str:
+    """A parse error of a config file, with jsonargparse's repetition of a failed include cut
+    off ('Parser key "data": Unable to load config 'X' - Parser key "data": Unable to load
+    config "X"') and, when the included file is missing, where it was looked for (beside the
+    config that includes it)."""
+    head, _, tail = message.partition(" - ")
+    if " ".join(tail.replace('"', "'").split()) == " ".join(head.replace('"', "'").split()):
+        message = head.rstrip()
+    included = re.search(r"Unable to load config '([^']+)'", message)
+    if included is not None:
+        places = [Path(config).parent / included.group(1) for config in configs]
+        if not any(place.exists() for place in places):
+            message += f": no such file ({', '.join(map(str, places))})"
+    return message
+
+
+def _from_config_files(message: str, argv: list[str]) -> bool:
+    """Whether a parse error is in a config file rather than on the command line: a key the
+    parser does not accept there (one misspelt on the command line is "unrecognized"), a file
+    that is not valid YAML, a config or group file it includes (key "config", or "Unable to
+    load config"), or a bad value that the command line did not give."""
+    if any(words in message for words in ("does not accept option", "Problems parsing config",
+                                          "Unable to load config")):
+        return True
+    key = re.search(r'Parser key "([^"]+)"', message)
+    if key is None:
+        return False
+    if key.group(1) == "config":
+        return True
+    got = re.search(r"Got value: (.*)$", message)
+    given = _command_line_values(argv, f"--{key.group(1)}")
+    return not given or (got is not None and got.group(1) not in given)
+
+
+def _command_line_values(argv: list[str], option: str) -> list[str]:
+    """The values ``argv`` gives ``option`` (``--option VALUE`` or ``--option=VALUE``)."""
+    values = []
+    for index, arg in enumerate(argv):
+        if arg == option and index + 1 < len(argv):
+            values.append(argv[index + 1])
+        elif arg.startswith(f"{option}="):
+            values.append(arg.split("=", 1)[1])
+    return values
 
 
 def _reads_as_yaml(path: str) -> bool:
