@@ -232,7 +232,7 @@ class CaptionerCLI(LightningCLI):
         found = self._config_run(root, name) or latest_resumable(root, name)
         if found is None:
             raise UserError(
-                f"--ckpt_path {which}: no run of {name!r} has checkpoints under "
+                f"--ckpt_path {which}: no run of {name!r} has a {LAST_NAME} under "
                 f"{root / name}; train first (without --ckpt_path) or give a checkpoint file"
             )
         version, last = found

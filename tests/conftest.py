@@ -36,6 +36,42 @@ def two_numba_threads():
     numba.set_num_threads(1)
 
 
+@pytest.fixture
+def ctrl_c_inside_torch_save(monkeypatch):
+    """``arm(n)``: the n-th torch.save from then on gets a SIGINT (Ctrl-C) while its zip
+    writer is writing, the moment a real Ctrl-C corrupts: inside, the writer turns the
+    KeyboardInterrupt of the Python handler into a RuntimeError. SIGINT's handler is restored
+    afterwards (Lightning ignores Ctrl-C while it shuts a run down)."""
+    import signal
+
+    import torch
+
+    save, calls = torch.save, []
+
+    class Interrupting:
+        def __init__(self, handle, interrupt: bool) -> None:
+            self.handle, self.interrupt, self.writes = handle, interrupt, 0
+
+        def write(self, data) -> int:
+            self.writes += 1
+            if self.interrupt and self.writes == 2:  # with a record written, mid-archive
+                signal.raise_signal(signal.SIGINT)
+            return self.handle.write(data)
+
+        def flush(self) -> None:
+            self.handle.flush()
+
+    def interrupted(checkpoint, handle, *args, **kwargs):
+        calls.append(handle)
+        save(checkpoint, Interrupting(handle, len(calls) == armed[0]), *args, **kwargs)
+
+    armed = [0]
+    handler = signal.getsignal(signal.SIGINT)
+    monkeypatch.setattr(torch, "save", interrupted)
+    yield lambda n: armed.__setitem__(0, n)
+    signal.signal(signal.SIGINT, handler)
+
+
 @pytest.fixture(scope="session")
 def synthetic_data(tmp_path_factory):
     """A tiny :class:`data_prep.synthetic.SyntheticDataset` (16 train, 4 val, 4 test images)."""

@@ -110,6 +110,19 @@ def test_corpus_scores_on_hand_checked_cases():
     assert wrong["CIDEr"] == 0.0 and wrong["Bleu_4"] < 1e-6
 
 
+def test_ctrl_c_while_saving_is_delivered_once_the_checkpoint_is_whole(
+        tmp_path, ctrl_c_inside_torch_save):
+    import signal
+
+    ctrl_c_inside_torch_save(1)
+    path = tmp_path / "model.ckpt"
+    with pytest.raises(KeyboardInterrupt):
+        save_atomically({"weights": torch.ones(2)}, path)
+    assert torch.equal(load_safely(path)["weights"], torch.ones(2))
+    assert [p.name for p in tmp_path.iterdir()] == ["model.ckpt"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
     path = tmp_path / "model.ckpt"
     save_atomically({"weights": torch.ones(2)}, path)

@@ -480,6 +480,22 @@ def test_ctrl_c_stops_fit_with_status_130_and_says_how_to_resume(synthetic_data,
                     f"from {last} (epochs done: 1)")
 
 
+def test_ctrl_c_while_a_checkpoint_is_written_keeps_it_and_exits_130(
+        synthetic_data, tiny_cache, tmp_path, capsys, ctrl_c_inside_torch_save):
+    ctrl_c_inside_torch_save(3)  # the first checkpoint written after epoch 0's two
+    code = lightning_main(["fit", *_cli_args(synthetic_data, tiny_cache, tmp_path),
+                           "--trainer.max_epochs", "3"])
+    assert code == 130
+    [line] = [line for line in capsys.readouterr().err.splitlines()
+              if line.startswith("captioner fit: ")]
+    folder = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints"
+    assert line.startswith("captioner fit: interrupted; the same command with --ckpt_path last "
+                           f"resumes from {folder / 'last.ckpt'} (epochs done: "), line
+    assert not list(folder.glob(".*.tmp"))
+    for checkpoint in folder.glob("*.ckpt"):
+        assert "state_dict" in load_safely(checkpoint)
+
+
 def test_a_runs_folder_that_cannot_be_made_is_one_line(synthetic_data, tiny_cache, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
