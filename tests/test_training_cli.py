@@ -266,7 +266,7 @@ def test_ckpt_path_help_says_what_captioner_does(capsys):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--ckpt_path", "last"], "no run of 'demo_softmax' has checkpoints"),
+        (["--ckpt_path", "last"], "no run of 'demo_softmax' has a last.ckpt"),
         (["--ckpt_path", "nowhere.ckpt"], "nowhere.ckpt: no such checkpoint file"),
         (["--data.karpathy_json", "missing.json"], "missing.json"),
         (["--model.output_attention", "nosuchmax"], "nosuchmax"),
