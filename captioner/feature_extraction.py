@@ -280,11 +280,18 @@ def _ids_fingerprint(ids: Sequence[int]) -> dict[str, Any]:
     return {"count": len(ids), "ids_sha256": digest}
 
 
-def _differences(recorded: dict[str, Any], key: dict[str, Any]) -> list[str]:
-    """What differs between a cache's recorded resume key and this run's (settings, images)."""
+# How a cache is computed, not what it holds: a finished cache serves any of them. A partial
+# cache is only resumed with its own, so that its rows match an uninterrupted run's bitwise.
+_EXECUTION_SETTINGS = frozenset({"batch_size", "device"})
+
+
+def _differences(recorded: dict[str, Any], key: dict[str, Any],
+                 ignore: frozenset[str] = frozenset()) -> list[str]:
+    """What differs between a cache's recorded resume key and this run's (settings, images),
+    but for the settings named in ``ignore``."""
     differences = []
     before, now = recorded.get("settings") or {}, key["settings"]
-    for name in sorted(before.keys() | now.keys()):
+    for name in sorted((before.keys() | now.keys()) - ignore):
         if before.get(name) != now.get(name):
             differences.append(f"{name} {before.get(name)!r} there, {now.get(name)!r} now")
     if recorded.get("images") != key["images"]:
@@ -306,7 +313,7 @@ def _finished_cache(out: Path, key: dict[str, Any]) -> FeatureCache | None:
             f"{out} exists and is not a feature cache this command made ({exc}); give another "
             "--out, or move it away"
         ) from None
-    differences = _differences(cache.resume_key or {}, key)
+    differences = _differences(cache.resume_key or {}, key, ignore=_EXECUTION_SETTINGS)
     if differences:
         raise FeatureExtractionError(
             f"{out} is a finished cache made with other settings ({'; '.join(differences)}); "

@@ -218,6 +218,10 @@ def test_a_finished_cache_is_reused_with_its_settings_and_kept_from_others(tmp_p
     code, stdout, err = _run(capsys, *args)  # the same command again: nothing to do
     assert code == 0, err
     assert "is complete already (12 images" in stdout and "nothing to do" in stdout
+    assert "wrote" not in stdout
+    # How it was computed is not what it holds: another batch size has nothing to do either.
+    code, stdout, err = _run(capsys, *args, "--batch-size", "3")
+    assert code == 0 and "nothing to do" in stdout, err
     for other in (["--seed", "1"], ["--image-size", "32"], ["--splits", "train"]):
         code, _, err = _run(capsys, *args, *other)
         err = _user_error(code, err)

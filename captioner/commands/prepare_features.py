@@ -110,5 +110,5 @@ def main(argv: list[str]) -> int:
         return 130
     except (ValueError, OSError, EncoderWeightsError) as exc:
         return report_error(PROG, exc)
-    print(f"wrote {args.out} (encoder: {config})")
+    print(f"feature cache {args.out} (encoder: {config})")
     return 0
