@@ -628,6 +628,7 @@ def test_two_process_ddp_on_cpu(synthetic_data, tiny_cache, tmp_path):
     assert run.stdout.count("run folder:") == 1  # the summary comes from rank 0 only
     assert "distributed_backend=gloo" in run.stderr + run.stdout
     assert "All distributed processes registered" in run.stderr + run.stdout
+    assert "sync_dist=True" not in run.stderr  # the epoch metrics agree across processes
     checkpoints = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints"
     checkpoint = load_safely(checkpoints / "last.ckpt")
     assert checkpoint["global_step"] == 2  # per process: 2 batches of the sharded data
