@@ -17,6 +17,7 @@ On top of Lightning's CLI over :class:`CaptioningModule` and :class:`CaptionData
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 import warnings
@@ -357,12 +358,17 @@ class CaptionerCLI(LightningCLI):
 
 def _log_beside_the_run(init_args, checkpoint: Path, subcommand: str) -> None:
     """Log validate / test of a checkpoint of ``ROOT/NAME/version_N/checkpoints/`` into
-    ``ROOT/NAME/version_N/<subcommand>/`` instead of a new run version."""
+    ``ROOT/NAME/version_N/<subcommand>/`` instead of a new run version; when an earlier one
+    logged its metrics there, into ``<subcommand>_2/``, ``_3/``, ... (the CSV logger would
+    delete them)."""
     folder = checkpoint.resolve().parent
     if folder.name == "checkpoints" and version_number(folder.parent) is not None:
         init_args["save_dir"] = str(folder.parents[2])
         init_args["name"] = folder.parents[1].name
-        init_args["version"] = f"{folder.parent.name}/{subcommand}"
+        names = (subcommand if k == 1 else f"{subcommand}_{k}" for k in itertools.count(1))
+        free = next(name for name in names
+                    if not (folder.parent / name / "metrics.csv").exists())
+        init_args["version"] = f"{folder.parent.name}/{free}"
 
 
 def config_files(args: list[str]) -> list[str]:

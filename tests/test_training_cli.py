@@ -254,6 +254,13 @@ def test_validate_and_test_take_a_cli_checkpoint_and_best(synthetic_data, tiny_c
     validated = list(csv.DictReader((run / "validate" / "metrics.csv").open()))
     tested = list(csv.DictReader((run / "test" / "metrics.csv").open()))
     assert validated[0]["val/CIDEr"] and tested[0]["test/CIDEr"]
+    # A second test of the run keeps the first one's results.
+    assert lightning_main(["test", *args, "--ckpt_path", "last",
+                           "--model.decoding.beam_size", "1"]) == 0
+    assert list(csv.DictReader((run / "test" / "metrics.csv").open())) == tested
+    assert list(csv.DictReader((run / "test_2" / "metrics.csv").open()))[0]["test/CIDEr"]
+    assert yaml.safe_load((run / "test_2" / "config.yaml").read_text())["ckpt_path"].endswith(
+        "last.ckpt")
 
 
 def test_ckpt_path_help_says_what_captioner_does(capsys):
