@@ -17,6 +17,7 @@ from importlib.metadata import entry_points
 
 GROUP = "captioner.commands"
 SIGPIPE_STATUS = 141  # 128 + SIGPIPE, as a shell reports a process that signal ended
+SIGINT_STATUS = 130  # 128 + SIGINT
 
 
 def _commands() -> dict[str, str]:
@@ -60,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = int(module.main(args) or 0)
         sys.stdout.flush()
+    except KeyboardInterrupt:
+        # Ctrl-C in a command that does not say more itself (caption, prepare-features and fit
+        # say what they kept): one line, not a traceback, and the status a shell gives a
+        # process that SIGINT ended.
+        print(f"captioner {name}: interrupted", file=sys.stderr)
+        return SIGINT_STATUS
     except BrokenPipeError:
         # The reader of the output has gone (`captioner caption ... | head`): stop quietly, as
         # command-line tools do, with the status of a process ended by SIGPIPE. Python would

@@ -83,3 +83,17 @@ def test_a_config_file_that_is_not_yaml_is_named_on_one_line(tmp_path):
     [line] = [line for line in run.stderr.splitlines() if line.startswith("captioner fit:")]
     assert line.startswith(f"captioner fit: --config {broken}: Problems parsing config")
     assert run.stderr.strip() == line
+
+
+@pytest.mark.parametrize("command", ["score", "heatmaps", "gallery", "rating-kit", "evaluate"])
+def test_ctrl_c_is_one_line_with_status_130(command, monkeypatch, capsys):
+    import importlib
+
+    from captioner.cli import SIGINT_STATUS, _commands
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(importlib.import_module(_commands()[command]), "main", interrupted)
+    assert main([command, "--whatever"]) == SIGINT_STATUS == 130
+    assert capsys.readouterr().err == f"captioner {command}: interrupted\n"
