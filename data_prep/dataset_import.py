@@ -19,23 +19,36 @@ Captions files (the reader is chosen by :func:`detect_format`, or explicitly):
 A second record for the same image (a JSONL line or a COCO image repeating a path, a COCO id
 used twice) is a ``duplicate_entry``: the first record is kept and the later one is skipped,
 never merged, because a file concatenated twice would otherwise double every caption. (CSV and
-TSV files list an image once per caption by design.) Two paths with the same file name in
-different folders are different images.
+TSV files list an image once per caption by design.) A caption of an image with the same
+tokens as an earlier caption of that image is a ``duplicate_caption``, skipped for the same
+reason: it would weigh twice in training and in the references of the scores. Two paths with
+the same file name in different folders are different images.
 
-Every problem is reported under one of the reasons in :data:`REASONS`. With
-``on_error="skip"`` the bad record, caption or image is left out and listed in the
-:class:`ImportReport`; with ``on_error="fail"`` the first problem raises
-:class:`DatasetImportError`. Problems with the input as a whole (unreadable captions file,
-missing CSV header, invalid ``--split``, an empty split) always raise.
+A CSV quote left open (``a.jpg,"A dog``) makes the csv module read on over the line ends, up to
+the next quote or the end of the file, and so would swallow the captions of the lines after it.
+A record read over several lines is therefore kept only when it is well formed (a quoted
+caption holding a line break); otherwise its first line is reported as an unclosed quote and
+the lines after it are read again as records of their own.
+
+Every problem is reported under one of the reasons in :data:`REASONS`, with its place in the
+captions file. With ``on_error="skip"`` the bad record, caption or image is left out and listed
+in the :class:`ImportReport`; with ``on_error="fail"`` :class:`DatasetImportError` is raised
+once the captions file has been read, naming its first problem in file order and the places of
+the others, before any image is decoded; then at the first missing or unreadable image.
+Problems with the input as a whole (unreadable or non-UTF-8 captions file, missing CSV header,
+invalid ``--split``, an empty split) always raise.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
+import math
 import os
 import random
-from collections.abc import Iterable
+import shlex
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -55,6 +68,7 @@ REASONS: dict[str, str] = {
     "invalid_path": "invalid image path",
     "duplicate_entry": "duplicate entry",
     "empty_caption": "empty caption",
+    "duplicate_caption": "duplicate caption",
     "no_captions": "image without captions",
     "missing_image": "missing image",
     "unreadable_image": "unreadable image",
@@ -67,29 +81,52 @@ class DatasetImportError(ValueError):
     """A problem that stops the import; the message names the file, line or field and value."""
 
 
+@dataclass(frozen=True)
+class Caption:
+    """One caption as read: ``where`` names its place (``captions.csv line 9``,
+    ``captions.jsonl line 3 caption 2``, ``captions.json annotations[4]``) and ``order`` its
+    position in the file (the line; for COCO, images then annotations counted through), by
+    which problems are sorted."""
+
+    text: str
+    where: str
+    order: int
+
+
 @dataclass
 class CaptionRecord:
-    """One image of a captions file: ``image`` is its normalized relative path, ``where`` the
-    place it was read from (``captions.jsonl line 3``), ``cocoid`` its COCO id if known."""
+    """One image of a captions file: ``image`` is its normalized relative path, ``where`` and
+    ``order`` the place it was read from (as for :class:`Caption`), ``cocoid`` its COCO id if
+    known."""
 
     image: str
-    captions: list[str]
+    captions: list[Caption]
     where: str
+    order: int
     cocoid: int | None = None
 
 
 @dataclass(frozen=True)
 class Problem:
     """One reported problem: ``reason`` (a key of :data:`REASONS`), ``item`` (the image path
-    or record it concerns) and a one-line ``detail`` naming the file and line."""
+    or record it concerns), a one-line ``detail`` naming the file and line, ``where`` its place
+    (``captions.csv line 8``) and ``order`` its position in the captions file (``inf`` for
+    problems outside it), so that problems can be listed in file order."""
 
     reason: str
     item: str
     detail: str
+    where: str
+    order: float
 
 
 class ProblemLog:
-    """Collects problems (``on_error="skip"``) or raises at the first (``"fail"``)."""
+    """Collects problems; with ``on_error="fail"``, :meth:`stop_if_failing` raises for them.
+
+    The captions file is checked in stages (records, paths, captions), each finding its own
+    kind of problem; they are all collected before the first stop, so that the error names the
+    first problem in file order rather than the first found by an earlier stage.
+    """
 
     def __init__(self, on_error: str) -> None:
         if on_error not in ON_ERROR:
@@ -97,18 +134,27 @@ class ProblemLog:
         self.on_error = on_error
         self.problems: list[Problem] = []
 
-    def add(self, reason: str, item: str, detail: str) -> None:
-        if self.on_error == "fail":
-            raise DatasetImportError(f"{REASONS[reason]}: {detail}")
-        self.problems.append(Problem(reason, item, detail))
+    def add(self, reason: str, item: str, detail: str, *, where: str, order: float) -> None:
+        self.problems.append(Problem(reason, item, detail, where, order))
+
+    def stop_if_failing(self) -> None:
+        """With ``on_error="fail"`` and a problem found, raise :class:`DatasetImportError`
+        naming the first problem in file order, then the places of the others."""
+        if self.on_error != "fail" or not self.problems:
+            return
+        first, *rest = sorted(self.problems, key=lambda problem: problem.order)
+        others = first_names([f"{REASONS[p.reason]} at {p.where}" for p in rest])
+        more = f" (and {len(rest)} more: {others})" if rest else ""
+        raise DatasetImportError(f"{REASONS[first.reason]}: {first.detail}{more}")
 
     def by_reason(self) -> dict[str, list[Problem]]:
-        """The problems grouped by reason, reasons in :data:`REASONS` order."""
+        """The problems grouped by reason, reasons in :data:`REASONS` order, each group in
+        file order."""
         groups: dict[str, list[Problem]] = {}
         for reason in REASONS:
             found = [p for p in self.problems if p.reason == reason]
             if found:
-                groups[reason] = found
+                groups[reason] = sorted(found, key=lambda problem: problem.order)
         return groups
 
 
@@ -152,99 +198,227 @@ def read_captions(path: Path, fmt: str, log: ProblemLog) -> list[CaptionRecord]:
     return _gather(_read_delimited(path, "\t" if fmt == "tsv" else ",", log), log, merge=True)
 
 
-def _open_text(path: Path):
-    # utf-8-sig: spreadsheet programs often write a byte-order mark before the header.
-    return path.open(encoding="utf-8-sig", newline="")
+def _read_text(path: Path) -> str:
+    """The text of ``path``, UTF-8 with or without a byte-order mark (spreadsheet programs
+    often write one before the header). Read whole and decoded at once, so that a byte that is
+    not UTF-8 can be named by its line and offset in the file."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as exc:
+        raise DatasetImportError(_not_utf8(path, data, exc)) from None
+
+
+SHOWN_CHARS = 80  # of a line quoted in an error
+
+
+def _shown(line: str) -> str:
+    """``line`` without its line end, cut to :data:`SHOWN_CHARS` characters, quoted."""
+    line = line.rstrip("\r\n")
+    if len(line) > SHOWN_CHARS:  # a JSON file is one line of megabytes
+        return repr(f"{line[:SHOWN_CHARS]}... ({len(line):,} characters)")
+    return repr(line)
+
+
+def _not_utf8(path: Path, data: bytes, exc: UnicodeDecodeError) -> str:
+    """Where the first byte of ``data`` that is not UTF-8 lies, with the bytes before it on
+    its line (valid UTF-8 by definition) and how to convert the file."""
+    line_start = data.rfind(b"\n", 0, exc.start) + 1
+    line = data.count(b"\n", 0, exc.start) + 1
+    before = data[line_start:exc.start].decode("utf-8").removeprefix("\ufeff")
+    converted = path.with_name(f"{path.stem}.utf8{path.suffix}")
+    return (f"{path} line {line} (byte offset {exc.start:,}): not UTF-8 text: byte "
+            f"0x{data[exc.start]:02x} after {before[-SHOWN_CHARS:]!r} ({exc.reason}); if the file "
+            f"is Latin-1, convert it: iconv -f latin1 -t utf-8 {shlex.quote(str(path))} > "
+            f"{shlex.quote(str(converted))}")
+
+
+def _text_lines(path: Path) -> Iterator[str]:
+    """The lines of ``path`` with their line ends, split as by ``open(newline="")``."""
+    return iter(io.StringIO(_read_text(path), newline=""))
 
 
 def _first_line(path: Path) -> str:
-    with _open_text(path) as handle:
-        for line in _decoded_lines(handle, path):
-            if line.strip():
-                return line
+    for line in _text_lines(path):
+        if line.strip():
+            return line
     raise DatasetImportError(f"{path}: captions file is empty")
 
 
 def _read_jsonl(path: Path, log: ProblemLog) -> list[CaptionRecord]:
     records = []
-    with _open_text(path) as handle:
-        for number, line in enumerate(_decoded_lines(handle, path), start=1):
-            if not line.strip():
-                continue
-            where = f"{path.name} line {number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                log.add("malformed_record", where, f"{path} line {number}: not valid JSON "
-                        f"({exc.msg} at column {exc.colno})")
-                continue
-            image = record.get("image") if isinstance(record, dict) else None
-            captions = record.get("captions") if isinstance(record, dict) else None
-            if not isinstance(record, dict):
-                problem = f"must be a JSON object, got {type(record).__name__}"
-            elif not isinstance(image, str):
-                problem = f"field 'image' must be a string, got {image!r}"
-            elif not isinstance(captions, list) or not all(isinstance(c, str) for c in captions):
-                problem = f"field 'captions' must be a list of strings, got {captions!r}"
-            else:
-                records.append(CaptionRecord(image, list(captions), where))
-                continue
-            log.add("malformed_record", where, f"{path} line {number}: {problem}")
+    for number, line in enumerate(_text_lines(path), start=1):
+        if not line.strip():
+            continue
+        where = f"{path.name} line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            log.add("malformed_record", where, f"{path} line {number}: not valid JSON "
+                    f"({exc.msg} at column {exc.colno})", where=where, order=number)
+            continue
+        image = record.get("image") if isinstance(record, dict) else None
+        captions = record.get("captions") if isinstance(record, dict) else None
+        if not isinstance(record, dict):
+            problem = f"must be a JSON object, got {type(record).__name__}"
+        elif not isinstance(image, str):
+            problem = f"field 'image' must be a string, got {image!r}"
+        elif not isinstance(captions, list) or not all(isinstance(c, str) for c in captions):
+            problem = f"field 'captions' must be a list of strings, got {captions!r}"
+        else:
+            records.append(CaptionRecord(image, [
+                Caption(text, f"{where} caption {k}", number)
+                for k, text in enumerate(captions, start=1)
+            ], where, number))
+            continue
+        log.add("malformed_record", where, f"{path} line {number}: {problem}",
+                where=where, order=number)
     return records
 
 
-def _decoded_lines(handle, path: Path):
-    """The lines of text file ``handle``; a decoding error names the file."""
-    try:
-        yield from handle
-    except UnicodeDecodeError as exc:
-        raise DatasetImportError(f"{path}: not UTF-8 text ({exc.reason})") from exc
+class _Lines:
+    """The lines of a text for a csv reader, and where the row it reads starts. After an
+    unclosed quote, the lines of the row but its first can be put back, to be read again as
+    rows of their own."""
+
+    def __init__(self, lines: Iterator[str]) -> None:
+        self._source = lines
+        self._again: list[str] = []  # put back; the next line to read is the last
+        self.row: list[str] = []  # the lines of the row being read
+        self.first = 1  # the number of its first line
+
+    def __iter__(self) -> _Lines:
+        return self
+
+    def __next__(self) -> str:
+        line = self._again.pop() if self._again else next(self._source)
+        self.row.append(line)
+        return line
+
+    def next_row(self) -> None:
+        self.first += len(self.row)
+        self.row = []
+
+    def read_again_after_first(self) -> None:
+        self._again.extend(reversed(self.row[1:]))
+        del self.row[1:]
 
 
-SHOWN_HEADER_CHARS = 80  # of a first line that is no header, quoted in the error
+def _rows(lines: _Lines, reader) -> Iterator[tuple[int, list[str], list[str] | csv.Error]]:
+    """``(first line number, lines, fields)`` per row of ``reader``, which reads ``lines``;
+    a row the csv module refuses (a field over its size limit) comes as the ``csv.Error``, so
+    that the rows after it can still be read."""
+    while True:
+        lines.next_row()
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            row = exc
+        yield lines.first, list(lines.row), row
+
+
+@dataclass(frozen=True)
+class _Table:
+    """The layout of a CSV or TSV captions file, from its header. (TSV fields are literal:
+    a TSV row is always one line, and never an unclosed quote.)"""
+
+    delimiter: str
+    header: list[str]
+    image: int  # the index of the image column
+    caption: int
+
+    @classmethod
+    def from_header(cls, path: Path, delimiter: str, rows) -> _Table:
+        """The layout named by the first non-empty row of ``rows`` (see :func:`_rows`)."""
+        shown = "image,caption" if delimiter == "," else "image<TAB>caption"
+        for first, _, row in rows:
+            if isinstance(row, csv.Error):
+                raise DatasetImportError(f"{path} line {first}: {row}")
+            if row:
+                break
+        else:
+            raise DatasetImportError(f"{path}: captions file is empty")
+        columns = [name.strip().lower() for name in row]
+        if "image" not in columns or "caption" not in columns:
+            raise DatasetImportError(
+                f"{path}: the first line must be the header {shown!r} (columns 'image' and "
+                f"'caption'), got {_shown(delimiter.join(row))}"
+            )
+        return cls(delimiter, row, columns.index("image"), columns.index("caption"))
+
+    def problem(self, first: int, lines: list[str], row: list[str] | csv.Error) -> str | None:
+        """What is wrong with a row read from ``lines`` (starting at line ``first``), or
+        None."""
+        if self._unclosed_quote(lines, row):
+            last = first + len(lines) - 1
+            if last == first:
+                return (f"unclosed quote in {_shown(lines[0])}: it is still open at the end of "
+                        f"the file; the line is skipped")
+            return (f"unclosed quote in {_shown(lines[0])}: it ran on over lines {first}-{last} "
+                    f"({len(lines)} lines read as one record); line {first} is skipped and "
+                    f"lines {first + 1}-{last} are read again on their own")
+        if isinstance(row, csv.Error):
+            return str(row)
+        if len(row) != len(self.header):
+            return (f"{len(row)} fields, expected {len(self.header)} "
+                    f"({self.delimiter.join(self.header)}); captions holding the delimiter must "
+                    f"be quoted")
+        return None
+
+    def _unclosed_quote(self, lines: list[str], row: list[str] | csv.Error) -> bool:
+        """Whether a quote was left open: a field ran over a line end, as a quoted caption
+        holding a line break does too, and then the row is broken: refused by the csv module
+        (a field over its size limit), the wrong number of fields, a quote not closed right
+        before a delimiter or line end (as at the next quote of the file, or the end of the
+        file), or later lines that read as records of their own."""
+        fields = row if isinstance(row, list) else []
+        if len(lines) == 1 and not any("\n" in f or "\r" in f for f in fields):
+            return False
+        return (isinstance(row, csv.Error) or len(row) != len(self.header)
+                or not self._strictly_quoted(lines)
+                or any(self._is_record(line) for line in lines[1:]))
+
+    def _strictly_quoted(self, lines: list[str]) -> bool:
+        try:
+            list(csv.reader(lines, delimiter=self.delimiter, strict=True))
+        except csv.Error:
+            return False
+        return True
+
+    def _is_record(self, line: str) -> bool:
+        """Whether ``line`` alone reads as a record whose image is an image file name."""
+        fields = next(csv.reader([line], delimiter=self.delimiter), [])
+        return (len(fields) == len(self.header)
+                and PurePosixPath(fields[self.image].strip()).suffix.lower() in IMAGE_SUFFIXES)
 
 
 def _read_delimited(path: Path, delimiter: str, log: ProblemLog) -> list[CaptionRecord]:
-    shown = "image,caption" if delimiter == "," else "image<TAB>caption"
     quoting = csv.QUOTE_MINIMAL if delimiter == "," else csv.QUOTE_NONE
+    lines = _Lines(_text_lines(path))
+    rows = _rows(lines, csv.reader(lines, delimiter=delimiter, quoting=quoting))
+    table = _Table.from_header(path, delimiter, rows)
     records = []
-    with _open_text(path) as handle:
-        reader = csv.reader(_decoded_lines(handle, path), delimiter=delimiter, quoting=quoting)
-        try:
-            header = next((row for row in reader if row), None)
-            if header is None:
-                raise DatasetImportError(f"{path}: captions file is empty")
-            columns = [name.strip().lower() for name in header]
-            if "image" not in columns or "caption" not in columns:
-                first = delimiter.join(header)
-                if len(first) > SHOWN_HEADER_CHARS:  # a JSON file is one line of megabytes
-                    first = f"{first[:SHOWN_HEADER_CHARS]}... ({len(first):,} characters)"
-                raise DatasetImportError(
-                    f"{path}: the first line must be the header {shown!r} (columns 'image' and "
-                    f"'caption'), got {first!r}"
-                )
-            image_column, caption_column = columns.index("image"), columns.index("caption")
-            for row in reader:
-                if not any(field.strip() for field in row):
-                    continue
-                where = f"{path.name} line {reader.line_num}"
-                if len(row) != len(header):
-                    log.add("malformed_record", where,
-                            f"{path} line {reader.line_num}: {len(row)} fields, expected "
-                            f"{len(header)} ({delimiter.join(header)}); captions holding the "
-                            f"delimiter must be quoted")
-                    continue
-                records.append(CaptionRecord(row[image_column], [row[caption_column]], where))
-        except csv.Error as exc:
-            raise DatasetImportError(f"{path} line {reader.line_num}: {exc}") from exc
+    for first, text, row in rows:
+        if isinstance(row, list) and not any(field.strip() for field in row):
+            continue
+        where = f"{path.name} line {first}"
+        problem = table.problem(first, text, row)
+        if problem is None:
+            caption = Caption(row[table.caption], where, first)
+            records.append(CaptionRecord(row[table.image], [caption], where, first))
+        else:
+            log.add("malformed_record", where, f"{path} line {first}: {problem}",
+                    where=where, order=first)
+            lines.read_again_after_first()  # a row over several lines is an unclosed quote
     return records
 
 
 def _read_coco(path: Path, log: ProblemLog) -> list[CaptionRecord]:
     try:
-        with path.open(encoding="utf-8-sig") as handle:
-            data = json.load(handle)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = json.loads(_read_text(path))
+    except json.JSONDecodeError as exc:
         raise DatasetImportError(f"{path}: not valid JSON ({exc})") from exc
     for key in ("images", "annotations"):
         if not isinstance(data, dict) or not isinstance(data.get(key), list):
@@ -262,28 +436,30 @@ def _read_coco(path: Path, log: ProblemLog) -> list[CaptionRecord]:
         file_name = image.get("file_name") if isinstance(image, dict) else None
         if not _is_int(image_id) or not isinstance(file_name, str):
             log.add("malformed_record", where, f"{path}: images[{index}] needs an integer 'id' "
-                    f"and a string 'file_name', got {image!r}")
+                    f"and a string 'file_name', got {image!r}", where=where, order=index)
             if _is_int(image_id):
                 left_out.add(image_id)
         elif image_id in by_id:
             log.add("duplicate_entry", file_name, f"{path}: images[{index}] ({file_name}) "
-                    f"repeats id {image_id} of {by_id[image_id].where}; skipped")
+                    f"repeats id {image_id} of {by_id[image_id].where}; skipped",
+                    where=where, order=index)
         else:
-            by_id[image_id] = CaptionRecord(file_name, [], where, cocoid=image_id)
+            by_id[image_id] = CaptionRecord(file_name, [], where, index, cocoid=image_id)
     for index, annotation in enumerate(data["annotations"]):
-        where = f"{path.name} annotations[{index}]"
+        where, order = f"{path.name} annotations[{index}]", len(data["images"]) + index
         image_id = annotation.get("image_id") if isinstance(annotation, dict) else None
         caption = annotation.get("caption") if isinstance(annotation, dict) else None
         if image_id in by_id and isinstance(caption, str):
-            by_id[image_id].captions.append(caption)
+            by_id[image_id].captions.append(Caption(caption, where, order))
         elif image_id in left_out:
             continue
         elif not _is_int(image_id) or not isinstance(caption, str):
             log.add("malformed_record", where, f"{path}: annotations[{index}] needs an integer "
-                    f"'image_id' and a string 'caption', got {annotation!r}")
+                    f"'image_id' and a string 'caption', got {annotation!r}",
+                    where=where, order=order)
         else:
             log.add("malformed_record", where, f"{path}: annotations[{index}] refers to image_id "
-                    f"{image_id}, which is not in 'images'")
+                    f"{image_id}, which is not in 'images'", where=where, order=order)
     return list(by_id.values())
 
 
@@ -309,7 +485,8 @@ def _gather(records: Iterable[CaptionRecord], log: ProblemLog, *, merge: bool
         image = normalize_image_path(record.image)
         if image is None:
             log.add("invalid_path", record.where, f"{record.where}: image path {record.image!r} "
-                    "must be a non-empty path relative to the image folder, without '..'")
+                    "must be a non-empty path relative to the image folder, without '..'",
+                    where=record.where, order=record.order)
         elif image not in kept:
             record.image = image
             kept[image] = record
@@ -317,7 +494,8 @@ def _gather(records: Iterable[CaptionRecord], log: ProblemLog, *, merge: bool
             kept[image].captions.extend(record.captions)
         else:
             log.add("duplicate_entry", image, f"{image}: listed again at {record.where} (first "
-                    f"at {kept[image].where}); the later entry is skipped")
+                    f"at {kept[image].where}); the later entry is skipped",
+                    where=record.where, order=record.order)
     return list(kept.values())
 
 
@@ -326,33 +504,55 @@ def _gather(records: Iterable[CaptionRecord], log: ProblemLog, *, merge: bool
 
 @dataclass(frozen=True)
 class Item:
-    """A usable image: ``sentences`` holds ``(raw, tokens)`` per caption, in input order."""
+    """A usable image: ``sentences`` holds ``(raw, tokens)`` per caption, in input order;
+    ``where`` and ``order`` are its record's."""
 
     image: str
     sentences: tuple[tuple[str, tuple[str, ...]], ...]
     where: str
+    order: int
     cocoid: int | None = None
 
 
 def tokenized_items(records: Iterable[CaptionRecord], log: ProblemLog) -> list[Item]:
-    """Tokenize every caption; captions without words are reported as ``empty_caption`` and
-    dropped, images left without captions as ``no_captions``."""
+    """Tokenize every caption (see :func:`_sentences`); images left without captions are
+    reported as ``no_captions``."""
     items = []
     for record in records:
-        sentences = []
-        for number, raw in enumerate(record.captions, start=1):
-            tokens = tuple(tokenize(raw))
-            if tokens:
-                sentences.append((raw.strip(), tokens))
-            else:
-                log.add("empty_caption", f"{record.image} caption {number}",
-                        f"{record.image}: caption {number} ({record.where}) has no words: {raw!r}")
+        sentences = _sentences(record, log)
         if sentences:
-            items.append(Item(record.image, tuple(sentences), record.where, record.cocoid))
+            items.append(Item(record.image, tuple(sentences), record.where, record.order,
+                              record.cocoid))
         else:
             log.add("no_captions", record.image,
-                    f"{record.image} ({record.where}) has no non-empty caption")
+                    f"{record.image} ({record.where}) has no non-empty caption",
+                    where=record.where, order=record.order)
     return items
+
+
+def _sentences(record: CaptionRecord, log: ProblemLog) -> list[tuple[str, tuple[str, ...]]]:
+    """``(raw, tokens)`` of the captions of ``record``. A caption without words is reported as
+    ``empty_caption``, one with the tokens of an earlier caption of the image as
+    ``duplicate_caption`` (the first is kept: a caption listed twice would weigh twice in
+    training and in the references of the scores); both are left out."""
+    sentences = []
+    first_with: dict[tuple[str, ...], Caption] = {}
+    for number, caption in enumerate(record.captions, start=1):
+        tokens = tuple(tokenize(caption.text))
+        if not tokens:
+            log.add("empty_caption", f"{record.image} caption {number}",
+                    f"{record.image}: {caption.where} has no words: {caption.text!r}",
+                    where=caption.where, order=caption.order)
+        elif tokens in first_with:
+            earlier = first_with[tokens]
+            log.add("duplicate_caption", caption.where,
+                    f"{record.image}: {caption.where} {caption.text!r} repeats {earlier.where} "
+                    f"{earlier.text!r} (tokens: {' '.join(tokens)}); the later one is skipped",
+                    where=caption.where, order=caption.order)
+        else:
+            first_with[tokens] = caption
+            sentences.append((caption.text.strip(), tokens))
+    return sentences
 
 
 def _probe(path: Path) -> tuple[str, str] | None:
@@ -387,7 +587,9 @@ def readable_items(items: list[Item], image_root: Path, log: ProblemLog, *,
                     good.append(item)
                 else:
                     reason, message = result
-                    log.add(reason, item.image, f"{message} (listed at {item.where})")
+                    log.add(reason, item.image, f"{message} (listed at {item.where})",
+                            where=item.where, order=item.order)
+                    log.stop_if_failing()
     finally:
         # At the first failure with on_error="fail", images not yet started are not decoded.
         pool.shutdown(wait=True, cancel_futures=True)
@@ -498,10 +700,14 @@ def assign_splits(items: list[Item], spec: SplitSpec, seed: int, log: ProblemLog
             if image in spec.lists:
                 chosen[spec.lists[image]].append(image)
             else:
-                log.add("not_in_split_file", image, f"{image} is in no list of the split file")
+                item = by_path[image]
+                log.add("not_in_split_file", image, f"{image} is in no list of the split file",
+                        where=item.where, order=item.order)
         for image in sorted(set(spec.lists) - listed):
             log.add("unknown_in_split_file", image,
-                    f"{image} ({spec.lists[image]}) is in the split file but not in the captions")
+                    f"{image} ({spec.lists[image]}) is in the split file but not in the captions",
+                    where=f"the split file's {spec.lists[image]!r} list", order=math.inf)
+        log.stop_if_failing()
         return _items_by_split(chosen, by_path), []
 
     order = sorted(by_path)
@@ -602,8 +808,9 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
     """Read, check, split and write; see the module docstring.
 
     Raises:
-        DatasetImportError: a fatal problem, or any problem with ``on_error="fail"``; the
-            output file is then not written.
+        DatasetImportError: a fatal problem, or any problem with ``on_error="fail"`` (the
+            first in file order of the captions file's, else the first image's); the output
+            file is then not written.
     """
     images, out = Path(options.images), Path(options.out)
     if not images.is_dir():
@@ -628,7 +835,9 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
             f"{options.captions}: {'is empty' if empty else 'holds no captions'}{unread}"
         )
     listed = {record.image for record in records}
-    items = readable_items(tokenized_items(records, log), images, log, progress=progress)
+    items = tokenized_items(records, log)
+    log.stop_if_failing()  # the captions file's problems, before any image is decoded
+    items = readable_items(items, images, log, progress=progress)
     splits, left_out = assign_splits(items, spec, options.seed, log, listed=listed)
     for split in SPLITS:
         if not splits[split]:

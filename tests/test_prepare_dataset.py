@@ -556,7 +556,7 @@ def test_not_utf8_captions_are_named(tmp_path, capsys):
     captions.write_bytes("image,caption\ngood0.jpg,caf\xe9\n".encode("latin-1"))
     code, _, err = run(capsys, "--captions", captions, "--images", photos,
                        "--out", tmp_path / "o.json")
-    assert code == 2 and "c.csv: not UTF-8 text" in err
+    assert code == 2 and "c.csv line 2 (byte offset 27): not UTF-8 text: byte 0xe9" in err
 
 
 def test_entry_point_runs_as_a_subprocess(tmp_path):

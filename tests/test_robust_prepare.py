@@ -11,7 +11,9 @@ Covered elsewhere (not repeated): prepare-features with empty, text, truncated, 
 FIFO, missing and folder images, --out a folder or under a file, bad options
 (tests/test_feature_extraction.py); prepare-dataset with missing, text, zero-byte and oversized
 images, captionless, duplicate and malformed records, CSV without header, --out a folder
-(tests/test_prepare_dataset.py); malformed Karpathy fields one by one (tests/test_data_karpathy.py).
+(tests/test_prepare_dataset.py); unclosed CSV quotes, duplicate captions, --on-error fail in file
+order, captions files that are not UTF-8 (tests/test_dataset_import_records.py); malformed
+Karpathy fields one by one (tests/test_data_karpathy.py).
 """
 
 from __future__ import annotations

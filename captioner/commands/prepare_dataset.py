@@ -14,9 +14,12 @@ whitespace.
 JSON file {"train": [paths], "val": [...], "test": [...]}; random splits depend only on the
 images and --seed.
 
-Bad records, empty captions, missing or unreadable images and duplicate entries are skipped and
-listed (--on-error skip, the default) or stop the command at the first one with exit status 2
-(--on-error fail). An empty split always stops it; the output file is then not written.
+Bad records (an unclosed CSV quote among them: the lines after it are read again), empty and
+duplicate captions, duplicate entries and missing or unreadable images are skipped and listed
+with their lines (--on-error skip, the default), or stop the command with exit status 2
+(--on-error fail): the error names the captions file's first problem in line order and where
+the others are, before any image is decoded, else the first bad image. An empty split always
+stops it; the output file is then not written.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
                              "(default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of random splits (default 0)")
     parser.add_argument("--on-error", choices=ON_ERROR, default="skip",
-                        help="skip bad items and list them, or stop at the first (exit 2)")
+                        help="skip bad items and list them, or stop at the first in file "
+                             "order (exit 2)")
     parser.add_argument("--name", help="'dataset' field (default: the output file name "
                                        "without 'dataset_' and '.json')")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
