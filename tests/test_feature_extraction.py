@@ -440,3 +440,14 @@ def test_help_shows_every_default_and_no_markup(capsys):
         block = text[text.index(f"  {option}"):].split("\n  --", 1)[0]
         assert f"default: {default})" in block, (option, block)
     assert "--no-progress" in text
+
+
+@pytest.mark.parametrize(("cpus", "workers"), [({0}, 1), ({0, 1}, 2), (set(range(16)), 2)])
+def test_default_workers_fit_the_usable_cpus(cpus, workers, monkeypatch):
+    """No more loader processes by default than CPUs to run them: torch warns (three times per
+    run) when there are."""
+    from captioner.commands import prepare_features
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cpus)
+    args = prepare_features._parser().parse_args(["--data", "d", "--images", "i", "--out", "o"])
+    assert args.num_workers == workers

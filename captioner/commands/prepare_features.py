@@ -23,6 +23,7 @@ settings is refused, never overwritten.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -62,8 +63,8 @@ def _parser() -> argparse.ArgumentParser:
         "--batch-size", type=int, default=32, help="images per batch (default: %(default)s)"
     )
     parser.add_argument(
-        "--num-workers", type=int, default=2,
-        help="image-reading worker processes (default: %(default)s)",
+        "--num-workers", type=int, default=min(2, len(os.sched_getaffinity(0))),
+        help="image-reading worker processes (default: 2, or 1 where only one CPU is usable)",
     )
     parser.add_argument("--device", default=None, help=DEVICE_HELP)
     parser.add_argument(
