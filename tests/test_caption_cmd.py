@@ -100,6 +100,22 @@ def test_coco_results_use_numeric_file_names(tiny_checkpoint, photo_dir, tmp_pat
     assert all(set(r) == {"image_id", "caption"} and r["caption"] for r in results)
 
 
+def test_positional_coco_ids_name_their_images(tiny_checkpoint, photo_dir, tmp_path, capsys):
+    # cat.png has no numeric id, so ids are input positions: the unreadable first file keeps
+    # id 1, and each record names its file (a text output would have no line for 107.jpg).
+    cat = tmp_path / "cat.png"
+    shutil.copy(photo_dir / "101.png", cat)
+    out = tmp_path / "coco.json"
+    code = command.main([str(photo_dir / "107.jpg"), str(cat), str(photo_dir / "104.png"),
+                         "--ckpt", str(tiny_checkpoint), "--format", "coco", "--out", str(out),
+                         *FAST])
+    assert code == 1
+    assert 'each record names its image in "file_name"' in capsys.readouterr().err
+    results = json.loads(out.read_text())
+    assert [(r["image_id"], r["file_name"]) for r in results] == [
+        (2, str(cat)), (3, str(photo_dir / "104.png"))]
+
+
 def test_bad_arguments_are_clear_errors(tiny_checkpoint, tmp_path, capsys):
     assert command.main([str(tmp_path / "missing.png"), "--ckpt", str(tiny_checkpoint)]) == 2
     assert "missing.png: no such file" in capsys.readouterr().err

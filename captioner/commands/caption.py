@@ -10,8 +10,9 @@ Output formats (one record per readable image, in input order):
 * coco: the COCO results format, a JSON list of {"image_id": int, "caption": str}. The image id
   is the file stem when it is all digits (391895.jpg) or the digits after its last underscore
   (COCO_val2014_000000391895.jpg). When any file has no such id or two files share one, every
-  image instead gets its 1-based position in the input list (the order printed by --format
-  text) and a note says so.
+  image instead gets its 1-based position in the input list, unreadable images counted too (so
+  an image keeps its id whichever others could be read, in every run and with every
+  checkpoint), each record also names its image in "file_name" (the path), and a note says so.
 
 Decoding defaults to the checkpoint's own options (model.decoding of its config). An input
 that does not exist stops the command before any image is captioned (exit status 2).
@@ -60,6 +61,17 @@ def _record(path: Path, caption, output_format: str, mapping: str) -> str:
     return f"{str(path).translate(_ESCAPES)}\t{caption.text}"
 
 
+def _coco_record(image_id: int, text: str, path: Path | None) -> dict:
+    """A COCO results record; ``path`` (given when the id is a position, not the file's own
+    COCO id) goes in as "file_name", so that the caption stays tied to its image without
+    rebuilding the input order: the ids skip the unreadable images' positions, and a text
+    output of the same inputs has no line for those images."""
+    record = {"image_id": image_id, "caption": text}
+    if path is not None:
+        record["file_name"] = str(path)
+    return record
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     from tqdm import tqdm
@@ -79,7 +91,8 @@ def main(argv: list[str]) -> int:
     ids, from_names = coco_image_ids(paths) if args.format == "coco" else ([], True)
     if not from_names:
         print("captioner caption: not every file name is a distinct numeric id; COCO image ids "
-              "are the 1-based input positions (see --format text for the order)", file=sys.stderr)
+              "are the 1-based positions in the input list (unreadable images counted too) and "
+              'each record names its image in "file_name"', file=sys.stderr)
 
     failures, results = [], []
     interrupted = False
@@ -97,7 +110,8 @@ def main(argv: list[str]) -> int:
                     # Above the progress bar, not glued to its line.
                     tqdm.write(f"captioner caption: skipped {result.error}", file=sys.stderr)
                 elif args.format == "coco":
-                    results.append({"image_id": ids[index], "caption": caption.text})
+                    results.append(_coco_record(ids[index], caption.text,
+                                                None if from_names else result.path))
                 else:
                     out.write(_record(result.path, caption, args.format,
                                       captioner.output_attention_name) + "\n")
