@@ -14,6 +14,12 @@ L_j minimizing L_j - L_hyp (signed, as in the original script, i.e. the shortest
 set); BP = exp(L_ref / L_hyp - 1) if L_hyp < L_ref else 1;
 REP = BP * 100 * sum_i rep_i / L_ref.
 
+Per image (`rep_per_image`): the same formula on the image alone (a corpus of one image, with
+the corpus's m), so that per-image and corpus values share one scale (x100, normalized by
+length); NaN where it is undefined (an empty caption or reference). The corpus REP pools
+counts and lengths over images, so it is not the mean of the per-image values, as corpus BLEU
+is not the mean of per-image BLEU.
+
 The functions split captions on whitespace; ``captioner score`` passes PTB-tokenized,
 lower-cased captions.
 """
@@ -55,11 +61,10 @@ def _check(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> in
     return min(len(refs) for refs in references)
 
 
-def rep_per_image(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> list[float]:
-    """rep_i for each hypothesis (unnormalized weighted excess-repetition count, >= 0).
-
-    ``hypotheses[i]`` is a caption, ``references[i]`` the list of its reference captions."""
-    m = _check(hypotheses, references)
+def _repetitions(hypotheses: Sequence[str], references: Sequence[Sequence[str]],
+                 m: int) -> list[float]:
+    """rep_i of each hypothesis: the weighted excess-repetition count (>= 0) against the first
+    ``m`` references, before any normalization."""
     scores = []
     for hyp, refs in zip(hypotheses, references, strict=True):
         hyp_bigrams = _bigrams(hyp.split())
@@ -70,15 +75,42 @@ def rep_per_image(hypotheses: Sequence[str], references: Sequence[Sequence[str]]
     return scores
 
 
+def _normalized(repetitions: float, hyp_length: int, ref_lengths: Sequence[int]) -> float:
+    """BP * 100 * repetitions / L_ref (module docstring); NaN when the caption or the chosen
+    reference set has no words, where the formula divides by zero."""
+    ref_length = min(ref_lengths, key=lambda length: length - hyp_length)
+    if hyp_length == 0 or ref_length == 0:
+        return math.nan
+    brevity = math.exp(ref_length / hyp_length - 1) if hyp_length < ref_length else 1.0
+    return brevity * 100.0 * repetitions / ref_length
+
+
+def _length(text: str) -> int:
+    return len(text.split())
+
+
+def rep_per_image(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> list[float]:
+    """REP of each hypothesis alone, on the corpus scale (x100, brevity factor, the corpus's
+    m references); NaN for an empty caption or reference. Per-image JSON sits beside the
+    corpus REP: a raw count there would read as a score about 1/100 of the corpus one.
+
+    ``hypotheses[i]`` is a caption, ``references[i]`` the list of its reference captions."""
+    m = _check(hypotheses, references)
+    return [
+        _normalized(rep, _length(hyp), [_length(ref) for ref in refs[:m]])
+        for rep, hyp, refs in zip(_repetitions(hypotheses, references, m), hypotheses,
+                                  references, strict=True)
+    ]
+
+
 def rep_score(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> float:
     """Corpus REP (x100, with the brevity factor); see the module docstring."""
     m = _check(hypotheses, references)
-    hyp_length = sum(len(h.split()) for h in hypotheses)
+    hyp_length = sum(_length(h) for h in hypotheses)
     if hyp_length == 0:
         raise ValueError("REP is undefined when every hypothesis is empty")
-    ref_lengths = [sum(len(refs[j].split()) for refs in references) for j in range(m)]
-    ref_length = min(ref_lengths, key=lambda length: length - hyp_length)
-    if ref_length == 0:
+    ref_lengths = [sum(_length(refs[j]) for refs in references) for j in range(m)]
+    score = _normalized(sum(_repetitions(hypotheses, references, m)), hyp_length, ref_lengths)
+    if math.isnan(score):
         raise ValueError("REP is undefined when the reference set has no words")
-    brevity = math.exp(ref_length / hyp_length - 1) if hyp_length < ref_length else 1.0
-    return brevity * 100.0 * sum(rep_per_image(hypotheses, references)) / ref_length
+    return score
