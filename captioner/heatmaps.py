@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -310,10 +311,16 @@ def checkpoint_names(paths: Sequence[Path]) -> list[str]:
     """Names of checkpoints for folders, pages and tables, unique and deterministic: a run's
     checkpoint (``ROOT/NAME/version_N/checkpoints/F.ckpt``, as ``fit`` writes) is ``NAME``, then
     ``NAME_vN``, then ``NAME_vN_F`` where that is shared; any other file is named as
-    :func:`unique_stems` names it (``last`` of three runs was ``checkpoints_last-<hash>``)."""
+    :func:`unique_stems` names it (``last`` of three runs was ``checkpoints_last-<hash>``).
+
+    Raises:
+        ValueError: a checkpoint given twice (also as another path to the same file): its
+            figures would go twice into one folder, under a name made unique by hashing.
+    """
     from captioner.training_runs import version_number
 
     paths = [Path(p) for p in paths]
+    _refuse_repeated(paths)
     levels = []
     for path, stem in zip(paths, unique_stems(paths), strict=True):
         folder = path.parent
@@ -330,6 +337,18 @@ def checkpoint_names(paths: Sequence[Path]) -> list[str]:
                  for name, level in zip(names, levels, strict=True)]
     return [f"{name}-{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
             if names.count(name) > 1 else name for name, path in zip(names, paths, strict=True)]
+
+
+def _refuse_repeated(paths: Sequence[Path]) -> None:
+    """ValueError naming the first checkpoint that ``paths`` hold twice, compared as the files
+    they lead to (``a.ckpt``, ``./a.ckpt`` and a link to it are one checkpoint)."""
+    seen: dict[str, Path] = {}
+    for path in paths:
+        real = os.path.realpath(path)
+        if real in seen:
+            also = "" if seen[real] == path else f" (also as {seen[real]})"
+            raise ValueError(f"checkpoint {path} is given twice{also}; give each checkpoint once")
+        seen[real] = path
 
 
 def word_figure_name(index: int, word: str) -> str:

@@ -97,26 +97,21 @@ def colorbar(vmax: float, width: int = COLORBAR_STEPS, height: int = 16) -> np.n
     return attention_overlay(np.broadcast_to(ramp, (height, width)), vmax)
 
 
-def build_gallery(
-    out_dir: Path,
+def gallery_scale(
     images: Sequence[GalleryImage],
     models: Sequence[GalleryModel],
     *,
-    title: str = "Attention gallery",
     vmax: float | None = None,
     zero_style: str = "transparent",
-    upsample: str = "nearest",
-    progress: bool = False,
-) -> Path:
-    """Write the gallery of ``images`` captioned by ``models`` into ``out_dir``; returns the
-    path of ``index.html``, written last (atomically), once every image file exists.
-
-    vmax: colour-scale maximum of every overlay; default the largest weight of the gallery.
+) -> tuple[float, float]:
+    """Check that ``images`` and ``models`` make a gallery and return its colour scale: vmax
+    (``vmax``, default the largest weight) and the largest weight. A caller can ask before it
+    removes anything, so that an earlier gallery is never replaced by none.
 
     Raises:
         ValueError: no model or image, an image without one caption per model, a caption
             whose attention does not have one map per token, no positive weight, vmax <= 0,
-            an unknown zero style or upsampling mode.
+            an unknown zero style.
     """
     if not models:
         raise ValueError("a gallery needs at least one model")
@@ -138,10 +133,34 @@ def build_gallery(
                 )
     maps = [c.attention for item in images for c in item.captions if np.size(c.attention)]
     max_weight = max((float(np.max(m)) for m in maps), default=0.0)
-    given = vmax is not None
-    vmax = vmax if given else shared_vmax(maps)
+    vmax = shared_vmax(maps) if vmax is None else vmax
     if not vmax > 0:
         raise ValueError(f"vmax must be positive, got {vmax}")
+    return vmax, max_weight
+
+
+def build_gallery(
+    out_dir: Path,
+    images: Sequence[GalleryImage],
+    models: Sequence[GalleryModel],
+    *,
+    title: str = "Attention gallery",
+    vmax: float | None = None,
+    zero_style: str = "transparent",
+    upsample: str = "nearest",
+    progress: bool = False,
+) -> Path:
+    """Write the gallery of ``images`` captioned by ``models`` into ``out_dir``; returns the
+    path of ``index.html``, written last (atomically), once every image file exists.
+
+    vmax: colour-scale maximum of every overlay; default the largest weight of the gallery.
+
+    Raises:
+        ValueError: as :func:`gallery_scale`, before any file is written; an unknown
+            upsampling mode.
+    """
+    given = vmax is not None
+    vmax, max_weight = gallery_scale(images, models, vmax=vmax, zero_style=zero_style)
     (out_dir / "images").mkdir(parents=True, exist_ok=True)
     (out_dir / "attention").mkdir(exist_ok=True)
     Image.fromarray(colorbar(vmax)).save(out_dir / "colorbar.png")

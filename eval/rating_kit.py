@@ -94,20 +94,15 @@ def blind_orders(n_images: int, n_models: int, seed: int) -> list[list[int]]:
     return [rng.permutation(n_models).tolist() for _ in range(n_images)]
 
 
-def build_kit(
-    out_dir: Path,
-    images: Sequence[KitImage],
-    models: Sequence[KitModel],
-    *,
-    seed: int,
-    title: str = "Image caption rating",
-    upsample: str = "nearest",
-    max_side: int = DEFAULT_MAX_SIDE,
-    vmax: float | None = None,
-) -> RatingKit:
-    """Write the rating kit for ``images`` captioned by ``models`` into ``out_dir``.
+def kit_scale(images: Sequence[KitImage], models: Sequence[KitModel],
+              vmax: float | None = None) -> float:
+    """Check that ``images`` and ``models`` make a kit and return its colour-scale maximum
+    (``vmax``, default the largest weight in the kit). A caller can ask before it removes
+    anything, so that an earlier kit is never replaced by none.
 
-    vmax: colour-scale maximum shared by every plot; default the largest weight in the kit.
+    Raises:
+        ValueError: no model, more models than labels, an image key given twice, an image
+            without one caption per model, no positive attention weight.
     """
     if not models:
         raise ValueError("a rating kit needs at least one model")
@@ -123,6 +118,28 @@ def build_kit(
             )
     if vmax is None:
         vmax = shared_vmax(c.attention for item in images for c in item.captions)
+    return vmax
+
+
+def build_kit(
+    out_dir: Path,
+    images: Sequence[KitImage],
+    models: Sequence[KitModel],
+    *,
+    seed: int,
+    title: str = "Image caption rating",
+    upsample: str = "nearest",
+    max_side: int = DEFAULT_MAX_SIDE,
+    vmax: float | None = None,
+) -> RatingKit:
+    """Write the rating kit for ``images`` captioned by ``models`` into ``out_dir``.
+
+    vmax: colour-scale maximum shared by every plot; default the largest weight in the kit.
+
+    Raises:
+        ValueError: as :func:`kit_scale`, before any file is written.
+    """
+    vmax = kit_scale(images, models, vmax)
     (out_dir / "images").mkdir(parents=True, exist_ok=True)
     (out_dir / "attention").mkdir(exist_ok=True)
 

@@ -199,6 +199,52 @@ def test_command_user_errors(tiny_checkpoint, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         command.main(["--ckpt", str(tiny_checkpoint), "--out", str(tmp_path / "o")])
     assert exit_info.value.code == 2 and "IMAGE_OR_DIR or --data" in capsys.readouterr().err
+    code = command.main([str(tmp_path), "--ckpt", str(tiny_checkpoint), "--ckpt",
+                         str(tiny_checkpoint), "--out", str(tmp_path / "o"), *FAST])
+    assert code == 2 and not (tmp_path / "o").exists()
+    assert capsys.readouterr().err == (f"captioner gallery: checkpoint {tiny_checkpoint} is "
+                                       "given twice; give each checkpoint once\n")
+
+
+def test_command_refuses_a_reused_out_or_replaces_it_wholly(tiny_checkpoint, synthetic_data,
+                                                           tmp_path, capsys):
+    images = sorted((synthetic_data.image_root / "test").glob("*.png"))
+    out = tmp_path / "out"
+    args = ["--ckpt", str(tiny_checkpoint), "--out", str(out), *FAST]
+    assert command.main([*map(str, images[:3]), *args]) == 0
+    capsys.readouterr()
+    assert command.main([str(images[3]), *args]) == 2
+    assert capsys.readouterr().err == (
+        f"captioner gallery: {out}: holds the gallery of an earlier run ({out / 'index.html'}); "
+        "choose a new or empty folder, or pass --overwrite to replace it\n")
+    assert len(list((out / "images").iterdir())) == 3
+
+    assert command.main([str(images[3]), *args, "--overwrite"]) == 0
+    data = _page_data(out / "index.html")
+    assert [i["name"] for i in data["images"]] == [str(images[3])]
+    assert [p.name for p in (out / "images").iterdir()] == ["0001.jpg"]
+    overlays = {w["overlay"] for c in data["images"][0]["captions"] for w in c["words"]}
+    assert {f"attention/{p.name}" for p in (out / "attention").iterdir()} == overlays
+
+
+def test_command_says_when_fewer_images_than_n_exist(tiny_checkpoint, synthetic_data, tmp_path,
+                                                     capsys):
+    code = command.main(["--data", str(synthetic_data.karpathy_json), "--images",
+                         str(synthetic_data.image_root), "--split", "val", "--n", "30",
+                         "--ckpt", str(tiny_checkpoint), "--out", str(tmp_path / "split"),
+                         *FAST])
+    assert code == 0
+    note = re.fullmatch(r"captioner gallery: --n 30 but only (\d+) of the \1 images of the val "
+                        r"split are readable; showing those \1\n", capsys.readouterr().err)
+    assert note and len(_page_data(tmp_path / "split" / "index.html")["images"]) == int(
+        note.group(1))
+
+    images = sorted((synthetic_data.image_root / "test").glob("*.png"))[:2]
+    code = command.main([*map(str, images), "--n", "5", "--ckpt", str(tiny_checkpoint),
+                         "--out", str(tmp_path / "files"), *FAST])
+    assert code == 0
+    assert capsys.readouterr().err == ("captioner gallery: --n 5 but IMAGE_OR_DIR holds only 2 "
+                                       "images; showing all 2\n")
 
 
 @pytest.mark.browser

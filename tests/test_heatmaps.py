@@ -218,5 +218,10 @@ def test_checkpoints_of_runs_are_named_after_their_runs(tmp_path):
     best = "best-epoch03-cider0.8000.ckpt"
     assert checkpoint_names([run("a", 0), run("a", 0, best)]) == [
         "a_v0_last", "a_v0_best-epoch03-cider0.8000"]
-    twice = checkpoint_names([run("a", 0), run("a", 0)])
-    assert twice[0].startswith("a_v0_last-") and twice[0] == twice[1]  # the same file
+    # The same file twice, also as another path to it, is refused: its figures would go twice
+    # into one folder, named with a hash.
+    with pytest.raises(ValueError, match="last.ckpt is given twice; give each checkpoint once"):
+        checkpoint_names([run("a", 0), run("a", 0)])
+    tvmax = tmp_path / "demo" / "tvmax.ckpt"
+    with pytest.raises(ValueError, match=r"tvmax.ckpt is given twice \(also as /"):
+        checkpoint_names([tvmax, run("a", 0), tmp_path / "demo" / ".." / "demo" / "tvmax.ckpt"])

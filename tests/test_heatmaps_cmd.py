@@ -62,3 +62,59 @@ def test_unreadable_image_is_skipped_with_error_status(tiny_checkpoint, tmp_path
     assert "bad.png" in capsys.readouterr().err
     model = tiny_checkpoint.stem
     assert (out / model / "good" / "strip.png").exists() and not (out / model / "bad").exists()
+
+
+def test_a_reused_out_is_refused_or_replaced_wholly(tiny_checkpoint, tmp_path, capsys):
+    first, second = tmp_path / "first.png", tmp_path / "second.png"
+    Image.new("RGB", (20, 20), (10, 120, 30)).save(first)
+    Image.new("RGB", (24, 16), (200, 20, 30)).save(second)
+    out = tmp_path / "out"
+    args = ["--ckpt", str(tiny_checkpoint), "--out", str(out), *FAST]
+    assert command.main([str(first), *args]) == 0
+    before = sorted(out.rglob("*"))
+    capsys.readouterr()
+
+    # Refused before any work, the earlier figures untouched.
+    assert command.main([str(second), *args]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"captioner heatmaps: {out}: holds the heatmaps of an earlier run "
+                   f"({out / 'index.json'}); choose a new or empty folder, or pass --overwrite "
+                   "to replace it\n")
+    assert sorted(out.rglob("*")) == before
+
+    # --overwrite: only the new run's files remain, all of them indexed.
+    assert command.main([str(second), *args, "--overwrite"]) == 0
+    model = tiny_checkpoint.stem
+    assert sorted(p.name for p in out.iterdir()) == ["index.json", model]
+    assert [p.name for p in (out / model).iterdir()] == ["second"]
+    index = json.loads((out / "index.json").read_text())
+    assert [entry["image"] for entry in index["images"]] == [str(second)]
+
+
+def test_a_folder_of_other_files_is_never_emptied(tiny_checkpoint, tmp_path, capsys):
+    image = tmp_path / "photo.png"
+    Image.new("RGB", (20, 20), (10, 120, 30)).save(image)
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    for extra in ([], ["--overwrite"]):
+        assert command.main([str(image), "--ckpt", str(tiny_checkpoint), "--out", str(out),
+                             *FAST, *extra]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"captioner heatmaps: {out}: folder is not empty (notes.txt) and holds no "
+                       "heatmaps of an earlier run; choose a new or empty folder\n")
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_a_checkpoint_given_twice_is_refused(tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    image = tmp_path / "photo.png"
+    Image.new("RGB", (20, 20), (10, 120, 30)).save(image)
+    monkeypatch.chdir(tiny_checkpoint.parent)
+    out = tmp_path / "out"
+    code = command.main([str(image), "--ckpt", str(tiny_checkpoint), "--ckpt",
+                         f"./{tiny_checkpoint.name}", "--out", str(out), *FAST])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"captioner heatmaps: checkpoint {tiny_checkpoint.name} is given twice (also as "
+        f"{tiny_checkpoint}); give each checkpoint once\n")
+    assert not out.exists()

@@ -15,6 +15,11 @@ checkpoint is named by its file stem, as STEM names the image, both sanitized
 that is still shared (``captioner.heatmaps.checkpoint_names``).
 ``OUT/index.json`` lists every image's files, caption and the colour scale.
 
+OUT must be new or empty: a folder holding an earlier run's heatmaps is refused, or, with
+--overwrite, emptied and filled anew once the new captions are made (the earlier figures stay
+until then); figures of two runs in one folder would be drawn on two colour scales, with only
+the last run indexed. A checkpoint given twice is refused.
+
 Colour scale: one scale 0..vmax for every word, image and model of the run, so colours are
 comparable across them. vmax is ``--vmax`` when given (use it to compare separate runs), else
 the largest attention weight of the whole run. Zero attention is transparent (``--zero-style
@@ -37,6 +42,9 @@ from captioner.commands.options import (
 )
 
 HELP = "per-word attention heatmaps, caption strips and raw weights for images"
+# What marks a folder as an earlier run's output: the key that every index.json of
+# `captioner heatmaps` holds.
+INDEX_TAG = '"vmax_rule"'
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,41 +53,76 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ckpt", required=True, type=Path, action="append",
                         help="trained checkpoint; repeat to compare models on one colour scale")
     parser.add_argument("--out", required=True, type=Path, help="output folder")
+    add_overwrite_argument(parser, "heatmaps")
     add_figure_arguments(parser, vmax_default="run maximum")
     add_decoding_arguments(parser)
     return parser
 
 
-def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    from captioner.image_files import collect_images
-    from captioner.inference import open_captioner
-    from data_prep.files import check_output_dir
+def add_overwrite_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--overwrite``: replace the ``what`` of an earlier run in --out (see
+    :func:`check_output_folder`)."""
+    parser.add_argument("--overwrite", action="store_true",
+                        help=f"replace the {what} of an earlier run in --out, wholly (default: "
+                             "--out must be new or empty)")
 
+
+def check_output_folder(folder: Path, what: str, marker: str, tag: str, overwrite: bool) -> bool:
+    """Check, before any work, that ``folder`` can take a whole new result of a command that
+    writes a folder (heatmaps, gallery, rating kit): it is new or empty, or, with
+    ``overwrite``, holds an earlier result, recognised by the file ``marker`` containing
+    ``tag``. Two runs' files in one folder would look like one result (stale images beside new
+    ones, figures on two colour scales); a folder of other files is never emptied.
+
+    Returns whether the folder holds an earlier result for :func:`clear_folder` to remove.
+
+    Raises:
+        OutputPathError: ``folder`` is unusable, holds an earlier result and ``overwrite`` is
+            False, or holds files that are no earlier result.
+    """
+    from data_prep.files import OutputPathError, check_output_dir
+
+    check_output_dir(folder)
+    entries = sorted(entry.name for entry in folder.iterdir()) if folder.exists() else []
+    if not entries:
+        return False
+    if not _holds(folder / marker, tag):
+        raise OutputPathError(
+            f"{folder}: folder is not empty ({', '.join(entries[:3])}"
+            f"{', ...' if len(entries) > 3 else ''}) and holds no {what} of an earlier run; "
+            "choose a new or empty folder"
+        )
+    if not overwrite:
+        raise OutputPathError(f"{folder}: holds the {what} of an earlier run ({folder / marker}); "
+                              "choose a new or empty folder, or pass --overwrite to replace it")
+    return True
+
+
+def _holds(path: Path, tag: str) -> bool:
     try:
-        check_output_dir(args.out)
-        paths = collect_images(args.inputs)
-        captioners = [open_captioner(path, args.device) for path in args.ckpt]
-        options = [decoding_options(args, captioner.decoding) for captioner in captioners]
-    except (OSError, ValueError) as exc:
-        return report_error("captioner heatmaps", exc)
+        return path.is_file() and tag in path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
 
-    from tqdm import tqdm
 
-    from captioner.heatmaps import (
-        AttentionRecord,
-        checkpoint_names,
-        shared_vmax,
-        unique_stems,
-        write_heatmaps,
-    )
-    from data_prep.files import atomic_write
-    from data_prep.images import load_image
+def clear_folder(folder: Path) -> None:
+    """Remove everything inside ``folder`` (an earlier result that --overwrite replaces), not
+    the folder itself, which may be a link or a mount point the user made; links inside are
+    removed, never followed."""
+    import shutil
 
-    progress = not args.no_progress and len(paths) > 1
+    for entry in folder.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def _caption_all(args: argparse.Namespace, models, captioners, options, paths, progress: bool):
+    """Every model's caption of every path, keyed (model, path), and the error of each path
+    that some model could not read."""
     captions = {}
     failed: dict[Path, str] = {}
-    models = checkpoint_names(args.ckpt)
     for model, captioner, decoding in zip(models, captioners, options, strict=True):
         for result, caption in captioner.caption_files(
             paths, decoding, batch_size=args.batch_size, progress=progress
@@ -88,17 +131,22 @@ def main(argv: list[str]) -> int:
                 failed[result.path] = result.error
             else:
                 captions[model, result.path] = caption
-    for error in failed.values():
-        print(f"captioner heatmaps: skipped {error}", file=sys.stderr)
-    if not captions:
-        print("captioner heatmaps: no image could be captioned", file=sys.stderr)
-        return 1
-    vmax = args.vmax or shared_vmax(c.attention.float().numpy() for c in captions.values())
+    return captions, failed
+
+
+def _write_figures(args: argparse.Namespace, models, captioners, captions, paths, good,
+                   vmax: float, progress: bool) -> dict:
+    """Draw the figures of the readable images ``good`` of ``paths`` into --out (folders named
+    after ``paths``, so that a skipped image does not rename the others); returns the index of
+    the run."""
+    from tqdm import tqdm
+
+    from captioner.heatmaps import AttentionRecord, unique_stems, write_heatmaps
+    from data_prep.images import load_image
 
     stems = dict(zip(paths, unique_stems(paths), strict=True))
     index = {"vmax": vmax, "vmax_rule": "--vmax" if args.vmax else "maximum weight of the run",
              "zero_style": args.zero_style, "upsample": args.upsample, "images": []}
-    good = [p for p in paths if p not in failed]
     for path in tqdm(good, desc="figures", unit="image", disable=not progress, file=sys.stderr):
         image = load_image(path)
         for model, checkpoint, captioner in zip(models, args.ckpt, captioners, strict=True):
@@ -106,16 +154,52 @@ def main(argv: list[str]) -> int:
             record = AttentionRecord(str(path), caption.text, list(caption.tokens),
                                      caption.attention.float().numpy(),
                                      captioner.output_attention_name, vmax)
-            folder = args.out / model / stems[path]
-            files = write_heatmaps(folder, image, record, zero_style=args.zero_style,
-                                   upsample=args.upsample, max_side=args.size)
+            files = write_heatmaps(args.out / model / stems[path], image, record,
+                                   zero_style=args.zero_style, upsample=args.upsample,
+                                   max_side=args.size)
             index["images"].append({
                 "image": str(path), "model": model, "checkpoint": str(checkpoint),
                 "mapping": record.mapping, "caption": caption.text,
                 "files": [str(f.relative_to(args.out)) for f in files],
             })
-    with atomic_write(args.out / "index.json") as handle:
-        json.dump(index, handle, indent=1, ensure_ascii=False)
+    return index
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    from captioner.heatmaps import checkpoint_names, shared_vmax
+    from captioner.image_files import collect_images
+    from captioner.inference import open_captioner
+    from data_prep.files import atomic_write
+
+    try:
+        models = checkpoint_names(args.ckpt)
+        earlier = check_output_folder(args.out, "heatmaps", "index.json", INDEX_TAG,
+                                      args.overwrite)
+        paths = collect_images(args.inputs)
+        captioners = [open_captioner(path, args.device) for path in args.ckpt]
+        options = [decoding_options(args, captioner.decoding) for captioner in captioners]
+    except (OSError, ValueError) as exc:
+        return report_error("captioner heatmaps", exc)
+
+    progress = not args.no_progress and len(paths) > 1
+    captions, failed = _caption_all(args, models, captioners, options, paths, progress)
+    for error in failed.values():
+        print(f"captioner heatmaps: skipped {error}", file=sys.stderr)
+    if not captions:
+        print("captioner heatmaps: no image could be captioned", file=sys.stderr)
+        return 1
+    good = [p for p in paths if p not in failed]
+    try:
+        # Before an earlier result goes: only empty captions leave no weight to scale by.
+        vmax = args.vmax or shared_vmax(c.attention.float().numpy() for c in captions.values())
+        if earlier:
+            clear_folder(args.out)
+        index = _write_figures(args, models, captioners, captions, paths, good, vmax, progress)
+        with atomic_write(args.out / "index.json") as handle:
+            json.dump(index, handle, indent=1, ensure_ascii=False)
+    except (OSError, ValueError) as exc:
+        return report_error("captioner heatmaps", exc, status=1)
     print(f"wrote heatmaps of {len(good)} images x {len(models)} models to {args.out} "
           f"(colour scale 0..{vmax:.4g})")
     if failed:

@@ -9,8 +9,14 @@ it; hovering over a word shows it large, clicking pins the large view. Left/righ
 k/j) and the buttons move between images; the URL keeps the image number (index.html#3).
 
 Images: files and folders (IMAGE_OR_DIR; the first --n when given), or a seeded sample of --n
-readable images of a Karpathy split (--data, --images, --split, --seed). Unreadable images are
-reported by name and skipped; the exit status is then 1, after the page is written.
+readable images of a Karpathy split (--data, --images, --split, --seed). Where fewer than --n
+are available, the gallery shows them all and a note on stderr says how many (a smaller gallery
+is still a complete one, unlike a rating kit's sample, whose size the study fixes). Unreadable
+images are reported by name and skipped; the exit status is then 1, after the page is written.
+
+OUT must be new or empty: a folder holding an earlier gallery is refused, or, with
+--overwrite, emptied and filled anew once the new captions are made (the earlier gallery stays
+until then), never a mix of two galleries' files. A checkpoint given twice is refused.
 
 Colour scale: one scale 0..vmax for every model, word and image of the page; vmax is --vmax
 when given (to compare separate galleries), else the largest attention weight of the page.
@@ -24,6 +30,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from captioner.commands.heatmaps import add_overwrite_argument
 from captioner.commands.options import (
     add_decoding_arguments,
     add_figure_arguments,
@@ -50,27 +57,51 @@ def _parser() -> argparse.ArgumentParser:
                f"{DEFAULT_SPLIT_SAMPLE}; files: the first N, default all)",
     )
     parser.add_argument("--out", required=True, type=Path, help="gallery folder to write")
+    add_overwrite_argument(parser, "gallery")
     parser.add_argument("--title", default="Attention gallery")
     add_figure_arguments(parser, vmax_default="page maximum")
     add_decoding_arguments(parser)
     return parser
 
 
-def _images(args: argparse.Namespace) -> tuple[list[Path], list[str], list[str]]:
-    """Paths of the images to show, their shown names, and the errors of unreadable images
-    passed over while sampling a Karpathy split."""
+def _images(args: argparse.Namespace) -> tuple[list[Path], list[str], list[str], str]:
+    """Paths of the images to show, their shown names, the errors of unreadable images passed
+    over while sampling a Karpathy split, and a note when fewer than --n are available ("" if
+    not)."""
     if args.data is None:
         from captioner.image_files import collect_images
 
-        paths = collect_images(args.inputs)[: args.n]
-        return paths, [str(p) for p in paths], []
+        given = collect_images(args.inputs)
+        paths = given[: args.n]
+        note = (f"--n {args.n} but IMAGE_OR_DIR holds only {len(given)} images; showing all "
+                f"{len(given)}" if args.n and len(given) < args.n else "")
+        return paths, [str(p) for p in paths], [], note
     from data_prep.karpathy import load_karpathy
     from eval.rating_kit import sample_readable
 
     entries = load_karpathy(args.data, args.images).split(args.split)
     candidates = [(f"{e.path.name} (id {e.image_id})", e.path) for e in entries]
-    sample, skipped = sample_readable(candidates, args.n or DEFAULT_SPLIT_SAMPLE, args.seed)
-    return [path for _, path, _ in sample], [name for name, _, _ in sample], skipped
+    n = args.n or DEFAULT_SPLIT_SAMPLE
+    sample, skipped = sample_readable(candidates, n, args.seed)
+    note = (f"--n {n} but only {len(sample)} of the {len(candidates)} images of the "
+            f"{args.split} split are readable; showing those {len(sample)}"
+            if len(sample) < n else "")
+    return [path for _, path, _ in sample], [name for name, _, _ in sample], skipped, note
+
+
+def _write_page(args: argparse.Namespace, images, models, earlier: bool) -> Path:
+    """Write the gallery into --out, first removing the ``earlier`` one (--overwrite) once the
+    new one is known to be drawable: a gallery of only empty captions has no weight to scale
+    colours by, and must not replace a good one by none. Returns the page's path."""
+    from captioner.commands.heatmaps import clear_folder
+    from eval.gallery import build_gallery, gallery_scale
+
+    gallery_scale(images, models, vmax=args.vmax, zero_style=args.zero_style)
+    if earlier:
+        clear_folder(args.out)
+    return build_gallery(args.out, images, models, title=args.title, vmax=args.vmax,
+                         zero_style=args.zero_style, upsample=args.upsample,
+                         progress=not args.no_progress)
 
 
 def main(argv: list[str]) -> int:
@@ -78,26 +109,29 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     check_sample_arguments(parser, args, "IMAGE_OR_DIR", bool(args.inputs))
 
+    from captioner.commands.heatmaps import check_output_folder
     from captioner.heatmaps import checkpoint_names
     from captioner.inference import open_captioner
-    from data_prep.files import check_output_dir
-    from eval.gallery import GalleryModel, build_gallery, caption_gallery
+    from eval.gallery import GALLERY_FORMAT, GalleryModel, caption_gallery
 
     try:
-        check_output_dir(args.out)
+        names = checkpoint_names(args.ckpt)
+        earlier = check_output_folder(args.out, "gallery", "index.html",
+                                      f'"format": "{GALLERY_FORMAT}"', args.overwrite)
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         options = [decoding_options(args, captioner.decoding) for captioner in captioners]
-        paths, names, skipped = _images(args)
+        paths, shown_names, skipped, note = _images(args)
     except (OSError, ValueError) as exc:
         return report_error("captioner gallery", exc)
     for error in skipped:
         print(f"captioner gallery: skipped {error}", file=sys.stderr)
+    if note:
+        print(f"captioner gallery: {note}", file=sys.stderr)
 
     models = [GalleryModel(name, str(path), captioner.output_attention_name)
-              for name, path, captioner in zip(checkpoint_names(args.ckpt), args.ckpt, captioners,
-                                               strict=True)]
+              for name, path, captioner in zip(names, args.ckpt, captioners, strict=True)]
     images, failed = caption_gallery(
-        captioners, options, paths, names=names, batch_size=args.batch_size,
+        captioners, options, paths, names=shown_names, batch_size=args.batch_size,
         max_side=args.size, progress=not args.no_progress,
     )
     for error in failed.values():
@@ -107,10 +141,8 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 1
     try:
-        page = build_gallery(args.out, images, models, title=args.title, vmax=args.vmax,
-                             zero_style=args.zero_style, upsample=args.upsample,
-                             progress=not args.no_progress)
-    except ValueError as exc:  # e.g. only empty captions: no weight to scale colours by
+        page = _write_page(args, images, models, earlier)
+    except (OSError, ValueError) as exc:
         return report_error("captioner gallery", exc, status=1)
     print(f"gallery of {len(images)} images x {len(models)} models: {page}")
     unreadable = len(skipped) + len(failed)

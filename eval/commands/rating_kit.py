@@ -5,6 +5,11 @@ or from an image folder, captions them with every ``--ckpt``, and writes a stati
 ``--out`` (open ``OUT/index.html`` in a browser, also from file://) plus the blinding key to
 ``--key`` (default ``OUT-key.json`` beside the kit folder; never inside it). See
 `eval.rating_kit` for the page and `captioner rating-summary` for the analysis.
+
+An existing key is never replaced silently: ratings collected with its kit can be unblinded
+only with it. A key that exists, or an OUT that is not new or empty, is refused before any
+work; with --overwrite an earlier kit and its key are replaced (the earlier kit stays until
+the new captions are made). A checkpoint given twice is refused.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from captioner.commands.heatmaps import add_overwrite_argument
 from captioner.commands.options import (
     add_decoding_arguments,
     add_figure_arguments,
@@ -38,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", required=True, type=Path, help="kit folder to write")
     parser.add_argument("--key", type=Path, help="key file (default: OUT-key.json)")
+    add_overwrite_argument(parser, "rating kit (and its key)")
     parser.add_argument("--title", default="Image caption rating",
                         help="page title (default: %(default)s)")
     add_figure_arguments(parser)
@@ -58,6 +65,61 @@ def _candidates(args: argparse.Namespace) -> list[tuple[str, Path]]:
     return [(str(entry.image_id), entry.path) for entry in entries]
 
 
+def _check_key(path: Path, overwrite: bool) -> bool:
+    """Check, before any work, that the key can be written to ``path``; returns whether it
+    replaces an earlier key (only with ``overwrite``).
+
+    Raises:
+        OutputPathError: ``path`` cannot be written, or holds a key and ``overwrite`` is False
+            (the ratings of its kit could never be unblinded again).
+    """
+    from data_prep.files import OutputPathError, check_output_file
+
+    check_output_file(path)
+    if not path.exists():
+        return False
+    if not overwrite:
+        raise OutputPathError(
+            f"{path}: the blinding key of an earlier kit exists; ratings of that kit cannot be "
+            "unblinded without it: choose another --out (or --key), or keep a copy of it and "
+            "pass --overwrite to replace kit and key"
+        )
+    return True
+
+
+def _caption_sample(args: argparse.Namespace, sample, captioners, options) -> list:
+    """KitImage of each sampled (key, path, image), with every model's caption of it; the
+    sampled images are decoded already, so every model captions them from memory."""
+    from eval.rating_kit import KitCaption, KitImage
+
+    pictures = [image for _, _, image in sample]
+    captions: list[list[KitCaption]] = [[] for _ in sample]
+    for captioner, decoding in zip(captioners, options, strict=True):
+        results = captioner.caption(pictures, decoding, batch_size=args.batch_size,
+                                    progress=not args.no_progress)
+        for i, caption in enumerate(results):
+            captions[i].append(KitCaption(caption.text, list(caption.tokens),
+                                          caption.attention.float().numpy()))
+    return [KitImage(key, path.name, image, caps)
+            for (key, path, image), caps in zip(sample, captions, strict=True)]
+
+
+def _write_kit(args: argparse.Namespace, images, models, key_path: Path, earlier: bool):
+    """Write the kit into --out and its key to ``key_path``, first removing the ``earlier``
+    kit (--overwrite) once the new one is known to be drawable, so that it is never replaced
+    by none. Returns the `RatingKit`."""
+    from captioner.commands.heatmaps import clear_folder
+    from eval.rating_kit import build_kit, kit_scale, write_key
+
+    vmax = kit_scale(images, models)
+    if earlier:
+        clear_folder(args.out)
+    kit = build_kit(args.out, images, models, seed=args.seed, title=args.title,
+                    upsample=args.upsample, max_side=args.size, vmax=vmax)
+    write_key(kit.key, key_path)
+    return kit
+
+
 def main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -71,21 +133,16 @@ def main(argv: list[str]) -> int:
     if key_path.resolve().is_relative_to(args.out.resolve()):
         parser.error(f"the key {key_path} must not be inside the kit folder {args.out}")
 
+    from captioner.commands.heatmaps import check_output_folder
     from captioner.heatmaps import checkpoint_names
     from captioner.inference import open_captioner
-    from data_prep.files import check_output_dir, check_output_file
-    from eval.rating_kit import (
-        KitCaption,
-        KitImage,
-        KitModel,
-        build_kit,
-        sample_readable,
-        write_key,
-    )
+    from eval.rating_kit import KIT_FORMAT, KitModel, sample_readable
 
     try:
-        check_output_dir(args.out)
-        check_output_file(key_path)
+        names = checkpoint_names(args.ckpt)
+        replaces_key = _check_key(key_path, args.overwrite)
+        earlier = check_output_folder(args.out, "rating kit", "index.html",
+                                      f'"format": "{KIT_FORMAT}"', args.overwrite)
         candidates = _candidates(args)
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         options = [decoding_options(args, captioner.decoding) for captioner in captioners]
@@ -99,26 +156,16 @@ def main(argv: list[str]) -> int:
               f"{len(candidates)} images are readable", file=sys.stderr)
         return 2
 
-    names = checkpoint_names(args.ckpt)
     models = [KitModel(name, str(path), c.output_attention_name)
               for name, path, c in zip(names, args.ckpt, captioners, strict=True)]
-    # The sampled images are decoded already: every model captions them from memory.
-    pictures = [image for _, _, image in sample]
-    captions: list[list[KitCaption]] = [[] for _ in sample]
-    for captioner, decoding in zip(captioners, options, strict=True):
-        results = captioner.caption(pictures, decoding, batch_size=args.batch_size,
-                                    progress=not args.no_progress)
-        for i, caption in enumerate(results):
-            captions[i].append(KitCaption(caption.text, list(caption.tokens),
-                                          caption.attention.float().numpy()))
-
-    images = [KitImage(key, path.name, image, caps)
-              for (key, path, image), caps in zip(sample, captions, strict=True)]
-    kit = build_kit(args.out, images, models, seed=args.seed, title=args.title,
-                    upsample=args.upsample, max_side=args.size)
-    write_key(kit.key, key_path)
+    images = _caption_sample(args, sample, captioners, options)
+    try:
+        kit = _write_kit(args, images, models, key_path, earlier)
+    except (OSError, ValueError) as exc:
+        return report_error("captioner rating-kit", exc, status=1)
     print(f"rating kit {kit.kit_id}: {len(images)} images x {len(models)} models -> {kit.html}")
-    print(f"blinding key (keep it from the raters): {key_path}")
+    print(f"blinding key (keep it from the raters): {key_path}"
+          + (" (replaced the earlier key)" if replaces_key else ""))
     if skipped:
         print(f"captioner rating-kit: {len(skipped)} of the images drawn could not be read "
               "(each is named above); others were drawn in their place", file=sys.stderr)
