@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -196,3 +197,50 @@ def require_file(path: str | Path, what: str) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"{what} not found: {path}")
     return path
+
+
+def check_output_folder(folder: Path, what: str, marker: str, tag: str, overwrite: bool) -> bool:
+    """Check, before any work, that ``folder`` can take a whole new result of a command that
+    writes a folder (heatmaps, gallery, rating kit): it is new or empty, or, with
+    ``overwrite``, holds an earlier result, recognised by the file ``marker`` containing
+    ``tag``. Two runs' files in one folder would look like one result (stale images beside new
+    ones, figures on two colour scales); a folder of other files is never emptied.
+
+    Returns whether the folder holds an earlier result for :func:`clear_folder` to remove.
+
+    Raises:
+        OutputPathError: ``folder`` is unusable, holds an earlier result and ``overwrite`` is
+            False, or holds files that are no earlier result.
+    """
+    check_output_dir(folder)
+    entries = sorted(entry.name for entry in folder.iterdir()) if folder.exists() else []
+    if not entries:
+        return False
+    if not _holds(folder / marker, tag):
+        raise OutputPathError(
+            f"{folder}: folder is not empty ({', '.join(entries[:3])}"
+            f"{', ...' if len(entries) > 3 else ''}) and holds no {what} of an earlier run; "
+            "choose a new or empty folder"
+        )
+    if not overwrite:
+        raise OutputPathError(f"{folder}: holds the {what} of an earlier run ({folder / marker}); "
+                              "choose a new or empty folder, or pass --overwrite to replace it")
+    return True
+
+
+def _holds(path: Path, tag: str) -> bool:
+    try:
+        return path.is_file() and tag in path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+
+
+def clear_folder(folder: Path) -> None:
+    """Remove everything inside ``folder`` (an earlier result that --overwrite replaces), not
+    the folder itself, which may be a link or a mount point the user made; links inside are
+    removed, never followed."""
+    for entry in folder.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()

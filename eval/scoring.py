@@ -35,7 +35,8 @@ def compute_metrics(
     spice_timeout: float | None = None,
 ) -> CaptionScores:
     """``score_captions`` for the coco-caption metrics plus REP (key "REP") computed on the
-    same PTB-tokenized, lower-cased captions (per-image "REP" = rep_i, unnormalized).
+    same PTB-tokenized, lower-cased captions (per-image "REP": the REP of the image alone, on
+    the corpus scale; see :mod:`eval.rep`).
 
     Corpus REP is NaN, with a warning, when every hypothesis is empty (an untrained model):
     it is undefined then, and the other metrics are still worth reporting."""

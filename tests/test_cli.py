@@ -66,7 +66,8 @@ def test_every_command_honours_captioner_debug(tmp_path):
     garbage.write_bytes(b"not a checkpoint")
     image = tmp_path / "a.png"
     image.write_bytes(b"")
-    for command in (["caption", str(image)], ["heatmaps", str(image), "--out", str(tmp_path)]):
+    for command in (["caption", str(image)],
+                    ["heatmaps", str(image), "--out", str(tmp_path / "out")]):
         quiet = _captioner(*command, "--ckpt", str(garbage))
         assert quiet.returncode == 2 and "Traceback" not in quiet.stderr
         assert quiet.stderr.count("\n") == 1 and str(garbage) in quiet.stderr

@@ -36,6 +36,7 @@ from pathlib import Path
 from captioner.commands.options import (
     add_decoding_arguments,
     add_figure_arguments,
+    add_overwrite_argument,
     command_parser,
     decoding_options,
     report_error,
@@ -57,65 +58,6 @@ def _parser() -> argparse.ArgumentParser:
     add_figure_arguments(parser, vmax_default="run maximum")
     add_decoding_arguments(parser)
     return parser
-
-
-def add_overwrite_argument(parser: argparse.ArgumentParser, what: str) -> None:
-    """``--overwrite``: replace the ``what`` of an earlier run in --out (see
-    :func:`check_output_folder`)."""
-    parser.add_argument("--overwrite", action="store_true",
-                        help=f"replace the {what} of an earlier run in --out, wholly (default: "
-                             "--out must be new or empty)")
-
-
-def check_output_folder(folder: Path, what: str, marker: str, tag: str, overwrite: bool) -> bool:
-    """Check, before any work, that ``folder`` can take a whole new result of a command that
-    writes a folder (heatmaps, gallery, rating kit): it is new or empty, or, with
-    ``overwrite``, holds an earlier result, recognised by the file ``marker`` containing
-    ``tag``. Two runs' files in one folder would look like one result (stale images beside new
-    ones, figures on two colour scales); a folder of other files is never emptied.
-
-    Returns whether the folder holds an earlier result for :func:`clear_folder` to remove.
-
-    Raises:
-        OutputPathError: ``folder`` is unusable, holds an earlier result and ``overwrite`` is
-            False, or holds files that are no earlier result.
-    """
-    from data_prep.files import OutputPathError, check_output_dir
-
-    check_output_dir(folder)
-    entries = sorted(entry.name for entry in folder.iterdir()) if folder.exists() else []
-    if not entries:
-        return False
-    if not _holds(folder / marker, tag):
-        raise OutputPathError(
-            f"{folder}: folder is not empty ({', '.join(entries[:3])}"
-            f"{', ...' if len(entries) > 3 else ''}) and holds no {what} of an earlier run; "
-            "choose a new or empty folder"
-        )
-    if not overwrite:
-        raise OutputPathError(f"{folder}: holds the {what} of an earlier run ({folder / marker}); "
-                              "choose a new or empty folder, or pass --overwrite to replace it")
-    return True
-
-
-def _holds(path: Path, tag: str) -> bool:
-    try:
-        return path.is_file() and tag in path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-
-
-def clear_folder(folder: Path) -> None:
-    """Remove everything inside ``folder`` (an earlier result that --overwrite replaces), not
-    the folder itself, which may be a link or a mount point the user made; links inside are
-    removed, never followed."""
-    import shutil
-
-    for entry in folder.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
 
 
 def _caption_all(args: argparse.Namespace, models, captioners, options, paths, progress: bool):
@@ -170,7 +112,7 @@ def main(argv: list[str]) -> int:
     from captioner.heatmaps import checkpoint_names, shared_vmax
     from captioner.image_files import collect_images
     from captioner.inference import open_captioner
-    from data_prep.files import atomic_write
+    from data_prep.files import atomic_write, check_output_folder, clear_folder
 
     try:
         models = checkpoint_names(args.ckpt)

@@ -162,3 +162,11 @@ def decoding_options(args: argparse.Namespace, model_options: DecodingOptions) -
     given = {f.name: getattr(args, f.name) for f in fields(DecodingOptions)
              if getattr(args, f.name, None) is not None}
     return replace(model_options, **given)
+
+
+def add_overwrite_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--overwrite``: replace the ``what`` of an earlier run in --out (see
+    :func:`check_output_folder`)."""
+    parser.add_argument("--overwrite", action="store_true",
+                        help=f"replace the {what} of an earlier run in --out, wholly (default: "
+                             "--out must be new or empty)")

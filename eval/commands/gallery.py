@@ -30,10 +30,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from captioner.commands.heatmaps import add_overwrite_argument
 from captioner.commands.options import (
     add_decoding_arguments,
     add_figure_arguments,
+    add_overwrite_argument,
     add_sample_arguments,
     check_sample_arguments,
     command_parser,
@@ -93,7 +93,7 @@ def _write_page(args: argparse.Namespace, images, models, earlier: bool) -> Path
     """Write the gallery into --out, first removing the ``earlier`` one (--overwrite) once the
     new one is known to be drawable: a gallery of only empty captions has no weight to scale
     colours by, and must not replace a good one by none. Returns the page's path."""
-    from captioner.commands.heatmaps import clear_folder
+    from data_prep.files import clear_folder
     from eval.gallery import build_gallery, gallery_scale
 
     gallery_scale(images, models, vmax=args.vmax, zero_style=args.zero_style)
@@ -109,9 +109,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     check_sample_arguments(parser, args, "IMAGE_OR_DIR", bool(args.inputs))
 
-    from captioner.commands.heatmaps import check_output_folder
     from captioner.heatmaps import checkpoint_names
     from captioner.inference import open_captioner
+    from data_prep.files import check_output_folder
     from eval.gallery import GALLERY_FORMAT, GalleryModel, caption_gallery
 
     try:

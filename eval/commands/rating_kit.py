@@ -18,10 +18,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from captioner.commands.heatmaps import add_overwrite_argument
 from captioner.commands.options import (
     add_decoding_arguments,
     add_figure_arguments,
+    add_overwrite_argument,
     add_sample_arguments,
     check_sample_arguments,
     command_parser,
@@ -108,7 +108,7 @@ def _write_kit(args: argparse.Namespace, images, models, key_path: Path, earlier
     """Write the kit into --out and its key to ``key_path``, first removing the ``earlier``
     kit (--overwrite) once the new one is known to be drawable, so that it is never replaced
     by none. Returns the `RatingKit`."""
-    from captioner.commands.heatmaps import clear_folder
+    from data_prep.files import clear_folder
     from eval.rating_kit import build_kit, kit_scale, write_key
 
     vmax = kit_scale(images, models)
@@ -133,9 +133,9 @@ def main(argv: list[str]) -> int:
     if key_path.resolve().is_relative_to(args.out.resolve()):
         parser.error(f"the key {key_path} must not be inside the kit folder {args.out}")
 
-    from captioner.commands.heatmaps import check_output_folder
     from captioner.heatmaps import checkpoint_names
     from captioner.inference import open_captioner
+    from data_prep.files import check_output_folder
     from eval.rating_kit import KIT_FORMAT, KitModel, sample_readable
 
     try:
