@@ -63,7 +63,9 @@ def test_karpathy_references_with_split(tmp_path, karpathy, capsys):
     assert rc == 0, err
     doc = json.loads(out.read_text())
     assert set(doc) == {"Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "REP", "per_image", "info"}
-    assert doc["per_image"]["5"]["REP"] == 2.0  # "dog dog": consecutive, absent from refs
+    # "dog dog": one consecutive repetition absent from the refs, weight 2, over the reference
+    # set closest in length (4 words; no brevity penalty for a 4-word caption): 100 * 2 / 4.
+    assert doc["per_image"]["5"]["REP"] == 50.0
     row = next(line for line in stdout.splitlines() if line.startswith("r "))
     assert row.split()[1] == "-"  # SPICE not requested: shown as '-', never silently dropped
 
