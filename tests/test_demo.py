@@ -93,6 +93,63 @@ def test_an_out_that_cannot_be_a_folder_is_one_line_before_any_work(tmp_path, ca
     assert taken.read_text() == "kept\n" and sorted(tmp_path.iterdir()) == [taken]
 
 
+def test_an_earlier_runs_results_are_neither_mixed_with_nor_replaced_unasked(tmp_path, capsys):
+    from eval.commands.demo import earlier_results, remove_results
+
+    out = tmp_path / "demo"
+    for folder in ("figures/img_1/softmax", "gallery", "runs/demo_tvmax/version_0",
+                   "synthetic-64-6-6-128px-seed0"):
+        (out / folder).mkdir(parents=True)
+    for name in ("results.json", "metrics.png", "softmax.ckpt", "captions_softmax.json",
+                 "figures/img_1/softmax/strip.png", "runs/demo_tvmax/version_0/config.yaml"):
+        (out / name).write_text("earlier")
+    assert main(["--quick", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"captioner demo: {out}: holds the results of an earlier demo run (captions_softmax.json, "
+        "figures, gallery, ...); choose another --out, or pass --overwrite to replace them (its "
+        "data, encoder and feature cache are reused)\n")
+    assert (out / "results.json").read_text() == "earlier"
+    earlier = earlier_results(out)
+    assert earlier == ["captions_softmax.json", "figures", "gallery", "metrics.png",
+                       "results.json", "softmax.ckpt"]
+    remove_results(out, earlier)  # what --overwrite does first
+    assert sorted(p.name for p in out.iterdir()) == ["runs", "synthetic-64-6-6-128px-seed0"]
+    assert (out / "runs/demo_tvmax/version_0/config.yaml").is_file()
+    (out / "notes.txt").write_text("mine")
+    assert main(["--quick", "--out", str(out), "--overwrite"]) == 2
+    assert "holds files that are not the demo's (notes.txt)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lam", ["nan", "inf", "0"])
+def test_a_lambda_grid_must_be_finite_and_positive(lam, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--quick", "--out", str(tmp_path / "demo"), "--lam-grid", "0.1", lam])
+    assert exit_info.value.code == 2
+    assert "--lam-grid values must be finite and positive" in capsys.readouterr().err
+
+
+def test_ctrl_c_while_a_captioner_trains_stops_the_demo(monkeypatch):
+    """Lightning ends an interrupted fit with exit(1): the demo stops as at Ctrl-C anywhere."""
+    from types import SimpleNamespace
+
+    import captioner.training_cli
+    from eval.commands import demo
+
+    def interrupted(model, datamodule):
+        raise SystemExit(1)
+
+    trainer = SimpleNamespace(max_epochs=1, fit=interrupted, interrupted=True)
+    monkeypatch.setattr(captioner.training_cli, "build_cli",
+                        lambda args, run: SimpleNamespace(trainer=trainer, model=None,
+                                                          datamodule=None))
+    monkeypatch.setattr(demo, "fit_arguments", lambda *args: [])
+    with pytest.raises(KeyboardInterrupt):
+        demo.train("tvmax", None, None, None, 0)
+    trainer.interrupted = False
+    with pytest.raises(SystemExit):
+        demo.train("tvmax", None, None, None, 0)
+
+
 @pytest.mark.slow
 def test_quick_demo_over_seeds_with_lambda_chosen_on_validation(tmp_path, capsys):
     out = tmp_path / "demo"

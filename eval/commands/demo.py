@@ -3,11 +3,13 @@
 1. Generates the synthetic shapes dataset (Karpathy JSON, PNG images, COCO instances) unless it
    is already in ``OUT/synthetic-*``.
 2. Pretrains the encoder on the training split (``captioner pretrain-encoder``): a ResNet-18 up
-   to its stage ``layer3`` learns which object covers each cell of its 16 x 16 grid (shape,
+   to its stage ``layer3`` learns which object covers each cell of its grid (16 x 16; 8 x 8
+   for the 128 px images of ``--quick``) (shape,
    colour, size), the offline stand-in for the paper's ImageNet encoder; its per-cell accuracy
    on the validation split is printed. Then every image is encoded once with it, frozen, and
    the float16 grid features are cached (``captioner prepare-features``). Both are made once
-   per dataset and reused by later runs; the same encoder serves all three mappings.
+   per dataset and reused by later runs into the same ``--out`` (``--overwrite`` replaces the
+   earlier results there); the same encoder serves all three mappings.
 3. Trains softmax, sparsemax and TVmax output-attention captioners through the same
    LightningCLI and configs as ``captioner fit`` (``configs/demo_*.yaml``; best epoch on
    val/CIDEr), into ``OUT/runs/demo_<mapping>/version_N/`` with the exact config of each run,
@@ -188,10 +190,50 @@ def train(mapping: str, data: DemoData, settings: DemoSettings, out: Path, seed:
     cli = build_cli(fit_arguments(mapping, data, settings, out, seed, extra), run=False)
     print(f"\n== training the {mapping} captioner, seed {seed} ({cli.trainer.max_epochs} "
           f"epochs) {' '.join(extra)}")
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    try:
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    except SystemExit:
+        # Lightning ends a fit stopped by Ctrl-C with exit(1) once it has shut it down.
+        if cli.trainer.interrupted:
+            raise KeyboardInterrupt from None
+        raise
     print(cli.run_summary())
     best = cli.best_callback
     return Path(best.best_model_path), float(best.best_model_score)
+
+
+# What a demo run writes into --out beside its data (OUT/synthetic-*) and OUT/runs (kept: run
+# versions add up, and each holds the config it trained with).
+RESULT_PATTERNS = ("results.json", "metrics.png", "gallery", "figures", "*.ckpt",
+                   "captions_*.json")
+
+
+def earlier_results(out: Path) -> list[str]:
+    """The names of the results of an earlier run in ``out``, sorted: a new run must not mix
+    its figures and gallery with them, nor replace them unasked.
+
+    Raises:
+        ValueError: ``out`` also holds files that are not the demo's (it is never emptied)."""
+    if not out.is_dir():
+        return []
+    names = sorted(entry.name for entry in out.iterdir())
+    ours = {name for name in names if any(Path(name).match(p) for p in RESULT_PATTERNS)}
+    foreign = [name for name in names
+               if name not in ours and name != "runs" and not name.startswith("synthetic-")]
+    if foreign:
+        raise ValueError(f"{out}: holds files that are not the demo's ({', '.join(foreign[:3])}"
+                         f"{', ...' if len(foreign) > 3 else ''}); choose a new or empty folder")
+    return sorted(ours)
+
+
+def remove_results(out: Path, names: list[str]) -> None:
+    """Remove the earlier results ``names`` of :func:`earlier_results` from ``out``."""
+    for name in names:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def seed_suffix(seed: int, seeds: list[int]) -> str:
@@ -349,24 +391,36 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--lam-grid", type=float, nargs="+", metavar="LAM",
                         help="choose TVmax's lambda among these on the validation split "
                         "(default: the config's)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the results of an earlier demo run in --out (its data, "
+                        "encoder and feature cache are kept and reused; default: refused)")
     args = parser.parse_args(argv)
     seeds = args.seeds or [args.seed]
     if min(args.seed, *seeds) < 0:
         parser.error(f"seeds must be >= 0, got {args.seed} {seeds}")
     if len(set(seeds)) != len(seeds):
         parser.error(f"--seeds are repeated: {seeds}")
-    if args.lam_grid and min(args.lam_grid) <= 0:
-        parser.error(f"--lam-grid values must be positive, got {args.lam_grid}")
+    if args.lam_grid and not all(math.isfinite(lam) and lam > 0 for lam in args.lam_grid):
+        parser.error(f"--lam-grid values must be finite and positive, got {args.lam_grid}")
     settings = replace(QUICK if args.quick else FULL, seed=args.seed)
     out = args.out.resolve()
     try:
         check_output_dir(out)
-    except ValueError as exc:  # data_prep.files.OutputPathError
+        earlier = earlier_results(out)
+        if earlier and not args.overwrite:
+            raise ValueError(
+                f"{out}: holds the results of an earlier demo run ({', '.join(earlier[:3])}"
+                f"{', ...' if len(earlier) > 3 else ''}); choose another --out, or pass "
+                "--overwrite to replace them (its data, encoder and feature cache are reused)")
+    except ValueError as exc:  # data_prep.files.OutputPathError among them
         return report_error("captioner demo", exc)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         return report_error("captioner demo", exc, f"cannot create the folder {out}")
+    if earlier:
+        print(f"replacing the earlier results in {out}: {', '.join(earlier)}")
+        remove_results(out, earlier)
     started = time.monotonic()
 
     metrics = available_metrics(settings.spice)
