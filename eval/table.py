@@ -52,6 +52,7 @@ SEED_TABLE_ROWS: tuple[tuple[str, str, float, int], ...] = (
     ("zero attention %", "zero_attention", 100.0, 1),
     ("JS consecutive words", "js_divergence", 1.0, 3),
     ("fused groups per word", "fused_groups", 1.0, 2),
+    ("non-zero cells per word", "support_size", 1.0, 1),
     ("attention precision %, shape word", "attention_precision", 100.0, 1),
     ("attention precision %, whole phrase", "attention_precision_phrase", 100.0, 1),
 )

@@ -43,3 +43,12 @@ def test_figure_is_a_png_with_a_panel_per_computed_metric(tmp_path):
     path = plot_seed_metrics(PER_SEED, tmp_path / "metrics.png", "test split")
     with Image.open(path) as image:
         assert image.format == "PNG" and image.width > image.height > 100
+
+
+def test_the_table_shows_the_non_zero_cells_beside_the_fused_groups():
+    # TVmax fuses its non-zero cells into fewer groups of one value; sparsemax cannot.
+    per_seed = {0: {"sparsemax": {"fused_groups": 15.8, "support_size": 15.8},
+                    "tvmax": {"fused_groups": 10.5, "support_size": 15.0}}}
+    lines = format_seed_table(per_seed).splitlines()
+    assert lines[1].split() == ["fused", "groups", "per", "word", "15.80", "10.50"]
+    assert lines[2].split() == ["non-zero", "cells", "per", "word", "15.8", "15.0"]

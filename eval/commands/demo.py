@@ -359,7 +359,7 @@ def available_metrics(spice: bool) -> tuple[str, ...]:
     try:
         locate_spice()
     except SpiceJarsError as exc:
-        print(f"notice: SPICE is skipped ({exc}); run 'captioner fetch-spice' to include it")
+        print(f"notice: SPICE is skipped: {exc}")  # the error says to run fetch-spice
         return tuple(m for m in ALL_METRICS if m != "SPICE")
     return ALL_METRICS
 
