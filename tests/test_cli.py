@@ -98,3 +98,18 @@ def test_ctrl_c_is_one_line_with_status_130(command, monkeypatch, capsys):
     monkeypatch.setattr(importlib.import_module(_commands()[command]), "main", interrupted)
     assert main([command, "--whatever"]) == SIGINT_STATUS == 130
     assert capsys.readouterr().err == f"captioner {command}: interrupted\n"
+
+
+def test_runs_says_what_a_run_without_readable_progress_holds(tmp_path, capsys):
+    from captioner.commands import runs
+
+    (tmp_path / "runs" / "a" / "version_0").mkdir(parents=True)
+    damaged = tmp_path / "runs" / "b" / "version_0" / "checkpoints"
+    damaged.mkdir(parents=True)
+    (damaged / "last.ckpt").write_bytes(b"")
+    (damaged / "progress.json").write_text("{not json")
+    assert runs.main(["--root", str(tmp_path / "runs")]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    assert rows[0].startswith("a ") and rows[0].endswith("(no checkpoint yet)")
+    assert rows[1].startswith("b ") and rows[1].endswith(
+        "(progress.json missing or unreadable; checkpoints: last.ckpt)")

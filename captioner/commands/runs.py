@@ -35,8 +35,11 @@ def main(argv: list[str]) -> int:
     for run in runs:
         progress = run.progress
         if progress is None:
-            print(f"{run.name:<24} version_{run.version:<2} {'-':>6} {'-':>8} {'-':>8}  "
-                  "(no checkpoint yet)")
+            # progress.json comes with the first checkpoint: without it, say what is there.
+            found = sorted(path.name for path in (run.folder / "checkpoints").glob("*.ckpt"))
+            note = (f"(progress.json missing or unreadable; checkpoints: {', '.join(found)})"
+                    if found else "(no checkpoint yet)")
+            print(f"{run.name:<24} version_{run.version:<2} {'-':>6} {'-':>8} {'-':>8}  {note}")
             continue
         score = progress.get("best_score")
         print(f"{run.name:<24} version_{run.version:<2} {progress['epochs_done']:>6} "
