@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--num-workers", type=int, default=min(2, len(os.sched_getaffinity(0))),
-        help="image-reading worker processes (default: 2, or 1 where only one CPU is usable)",
+        help="image-reading worker processes (1 where only one CPU is usable; default: 2)",
     )
     parser.add_argument("--device", default=None, help=DEVICE_HELP)
     parser.add_argument(
