@@ -102,6 +102,8 @@ def test_bench_fit_times_a_real_fit_against_the_model(tmp_path, capsys, steps, w
     assert len(values) == 7 and all(v > 0 for v in values)
     assert "COCO epoch: 566,747 caption pairs = 141,687 steps" in out
     assert f"steps {warmup + 1}-{steps} timed" in out
+    # Without --precision, the precision that the config gave the fit.
+    assert ", precision 32-true (the config's), loader workers 0, " in out
     # The data are written once and reused.
     settings = json.loads((tmp_path / "data" / "settings.json").read_text())
     assert settings == {"images": 12, "grid": 2, "channels": 2048, "vocab_size": 30, "seed": 0}

@@ -31,13 +31,19 @@ def test_bench_model_prints_ratios_to_softmax(capsys, tmp_path):
     assert all(row["train_step_ms"] > 0 and row["beam_search_ms"] > 0 for row in results.values())
 
 
-def test_bench_model_reports_a_failing_mapping_and_measures_the_rest(capsys):
-    assert bench.main([*TINY, "--mappings", "softmax,nope", "--clock", "cpu"]) == 1
-    printed = capsys.readouterr().out
-    failed = [line for line in printed.splitlines() if line.startswith("nope        error: ")]
-    assert len(failed) == 1 and "ValueError" in failed[0]
-    assert "unknown attention mapping 'nope'" in failed[0]
-    assert "softmax" in printed.splitlines()[3]
+def test_bench_model_reports_a_failing_mapping_and_measures_the_rest(capsys, monkeypatch):
+    from captioner.attention import Sparsemax
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("broken mapping")
+
+    monkeypatch.setattr(Sparsemax, "forward", broken)
+    assert bench.main([*TINY, "--mappings", "softmax,sparsemax", "--clock", "cpu"]) == 1
+    captured = capsys.readouterr()
+    failed = [line for line in captured.out.splitlines() if line.startswith("sparsemax   error: ")]
+    assert failed == ["sparsemax   error: RuntimeError: broken mapping"]
+    assert "softmax" in captured.out.splitlines()[3]
+    assert captured.err.endswith("failed: sparsemax\n")
 
 
 def test_bench_help_names_every_benchmark(capsys):
@@ -48,6 +54,9 @@ def test_bench_help_names_every_benchmark(capsys):
     for name, target in command._TARGETS.items():
         assert f"  {name} " in out and importlib.import_module(target).HELP in out
     assert command.main(["nope"]) == 2
+    assert capsys.readouterr().err == (
+        "captioner bench: unknown benchmark 'nope'; expected one of attention, model, fit\n")
+    assert command.main([]) == 2
     assert capsys.readouterr().err.startswith("usage: captioner bench")
 
 
@@ -55,7 +64,10 @@ def test_bench_attention_prints_ratios_on_smooth_scores(capsys):
     from captioner.benchmarks import attention
 
     assert attention.main(["--repeats", "1", "--threads", "1", "--scores", "smooth"]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
+    # Progress goes to stderr, so that a redirected table holds the table only.
+    assert "done" not in printed and "done 64x8x8\n" in captured.err
     assert "scores smooth N(0, 1)" in printed
     rows = [line.split() for line in printed.splitlines() if line.startswith("64x14x14 ")]
     # Columns: shape, mapping (may hold spaces), us/call, /softmax, /sparsemax, /entmax's.

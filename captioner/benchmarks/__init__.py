@@ -1,10 +1,18 @@
-"""Benchmarks run by ``captioner bench``; they time, they do not test."""
+"""Benchmarks run by ``captioner bench``; they time, they do not test.
+
+What they share: a parser whose usage errors are one line, and the option types that refuse a
+bad value (an unknown name, a device the machine lacks) while the options are parsed, so that
+no benchmark starts, or runs for minutes, before it fails on one of its own options.
+"""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 from collections.abc import Callable
 from typing import Any
+
+from captioner.commands.options import command_parser
 
 
 def counting_device_solver(run: Callable[[], Any]) -> tuple[Any, int, int]:
@@ -15,3 +23,44 @@ def counting_device_solver(run: Callable[[], Any]) -> tuple[Any, int, int]:
     grids, fallback = stats["grids"], stats["fallback"]
     result = run()
     return result, stats["grids"] - grids, stats["fallback"] - fallback
+
+
+def bench_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """:func:`~captioner.commands.options.command_parser` whose usage errors are one line,
+    ``prog: message``, with status 2, as :func:`~captioner.commands.options.report_error`
+    prints the other user errors: a benchmark's usage fills a screen, and the line that names
+    the option would scroll out of sight above it (``--help`` shows the usage)."""
+    parser = command_parser(prog, doc)
+    parser.error = lambda message: parser.exit(2, f"{prog}: {message}\n")
+    return parser
+
+
+def torch_device(name: str):
+    """An argparse ``type``: the torch device ``name`` as
+    :func:`captioner.inference.resolve_device` accepts it (cpu, cuda, cuda:N, present on this
+    machine); its refusal becomes the usage error, which names the value."""
+    from captioner.inference import resolve_device
+
+    try:
+        return resolve_device(name)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def names(check: Callable[[str], None]) -> Callable[[str], list[str]]:
+    """An argparse ``type``: a comma-separated list of at least one name, ``check(name)``
+    raising ValueError (its message the usage error) for a name that the benchmark cannot
+    run, so that a bad name is refused before the good ones are timed."""
+
+    def parse(text: str) -> list[str]:
+        listed = [name.strip() for name in text.split(",") if name.strip()]
+        if not listed:
+            raise argparse.ArgumentTypeError(f"{text!r} names no mapping")
+        try:
+            for name in listed:
+                check(name)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return listed
+
+    return parse

@@ -25,9 +25,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
+from captioner.benchmarks import bench_parser, torch_device
+from captioner.commands.options import at_least
+
+PROG = "captioner bench attention"
 HELP = "time forward+backward of softmax, sparsemax, entmax15 and TVmax (ratios printed)"
 
 SHAPES = {
@@ -39,35 +44,40 @@ SCORES = {"normal": "N(0, 1)", "smooth": "smooth N(0, 1), 3 x 3 mean rescaled to
 ROUND_SECONDS = 0.02  # each round repeats a call until it has run at least this long
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="captioner bench attention", description=HELP)
-    parser.add_argument("--repeats", type=int, default=15, help="timed rounds per mapping")
-    parser.add_argument(
-        "--threads", type=int, default=None, help="torch and numba threads (default: as is)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="random seed of the scores")
+def _parser() -> argparse.ArgumentParser:
+    parser = bench_parser(PROG, __doc__)
+    parser.add_argument("--repeats", type=at_least(1, int), default=15,
+                        help="timed rounds per mapping (default: %(default)s)")
+    parser.add_argument("--threads", type=at_least(1, int), default=None,
+                        help="torch and numba threads (default: as is)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed of the scores (default: %(default)s)")
     parser.add_argument(
         "--scores",
         choices=sorted(SCORES),
         default="normal",
         help="normal: N(0, 1) per cell; smooth: N(0, 1) averaged over 3 x 3 neighbourhoods, "
-        "rescaled to sd 1 (neighbours alike, as in trained models)",
+        "rescaled to sd 1 (neighbours alike, as in trained models) (default: %(default)s)",
     )
-    parser.add_argument("--device", choices=sorted(SHAPES), default="cpu")
+    parser.add_argument("--device", type=torch_device, default="cpu",
+                        help="torch device: cpu, cuda, cuda:1, ... (default: %(default)s)")
     parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
         default="wall",
         help="wall: elapsed time; cpu: CPU time of this process, all threads summed (steadier "
-        "than wall time on a machine busy with other work, but blind to parallel speed-up)",
+        "than wall time on a machine busy with other work, but blind to parallel speed-up) "
+        "(default: %(default)s)",
     )
+    return parser
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The options, each refused on one line (status 2) before anything is timed."""
+    parser = _parser()
     args = parser.parse_args(argv)
-    if args.device == "cuda" and args.clock == "cpu":
-        parser.error("--clock cpu only measures CPU devices")
-    if args.repeats < 1:
-        parser.error(f"--repeats must be >= 1, got {args.repeats}")
-    if args.threads is not None and args.threads < 1:
-        parser.error(f"--threads must be >= 1, got {args.threads}")
+    if args.device.type == "cuda" and args.clock == "cpu":
+        parser.error(f"--clock cpu only measures CPU devices, not --device {args.device}")
     return args
 
 
@@ -183,12 +193,12 @@ def main(argv: list[str]) -> int:
         torch.set_num_threads(args.threads)
         numba.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    mappings, fallbacks = _mappings(args.device)
+    mappings, fallbacks = _mappings(args.device.type)
     clock = time.perf_counter if args.clock == "wall" else time.process_time
-    synchronize = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    synchronize = torch.cuda.synchronize if args.device.type == "cuda" else (lambda: None)
     rows = []
     notes = []
-    for batch, height, width in SHAPES[args.device]:
+    for batch, height, width in SHAPES[args.device.type]:
         shape = f"{batch}x{height}x{width}"
         z = _scores(args.scores, (batch, height, width), args.device).requires_grad_()
         grad = torch.randn(batch, height, width, device=args.device)
@@ -202,8 +212,8 @@ def main(argv: list[str]) -> int:
         rows += [(shape, name, statistics.median(s)) for name, s in samples.items()]
         notes += [f"{shape} {name}: {left} of {grids} grids left to the CPU solver"
                   for name, (grids, left) in fallbacks.items() if grids]
-        print(f"done {shape}", flush=True)
-    where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+        print(f"done {shape}", file=sys.stderr, flush=True)  # progress, not the table
+    where = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "CPU"
     print(
         f"forward+backward, float32, scores {SCORES[args.scores]}, {where}, {args.clock} clock, "
         f"torch {torch.__version__}, "

@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
 
 from captioner import CONFIGS
+from captioner.benchmarks import bench_parser, names, torch_device
+from captioner.commands.options import at_least
+from data_prep.files import check_output_dir
 
+PROG = "captioner bench fit"
 HELP = "time a real fit on generated COCO-shaped data against the model's own training step"
 
 COCO_TRAIN_PAIRS = 566_747  # Karpathy train + restval: 113,287 images, their captions
@@ -29,45 +34,98 @@ PAPER_EPOCHS = 50
 CAPTIONS_PER_IMAGE = 5
 WORDS_PER_CAPTION = 15
 CHANNELS = 2048  # the paper configs' encoder: ResNet-101 up to layer4
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda")  # Lightning's names of the CPU and of CUDA
 
 
 def _parser() -> argparse.ArgumentParser:
     from captioner.training_cli import MATMUL_PRECISIONS
 
-    parser = argparse.ArgumentParser(prog="captioner bench fit", description=HELP)
-    parser.add_argument("--mappings", default="softmax,tvmax",
+    precisions = _precisions()
+    parser = bench_parser(PROG, __doc__)
+    parser.add_argument("--mappings", type=names(_check_config), default="softmax,tvmax",
                         help="output attention mappings, each trained with configs/coco_<name>"
                         ".yaml (default: %(default)s)")
-    parser.add_argument("--images", type=int, default=8000, help="training images")
-    parser.add_argument("--grid", type=int, default=8, help="feature grid side (COCO: 8)")
-    parser.add_argument("--vocab-size", type=int, default=10000, help="words in the captions")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=500, help="training steps per fit")
-    parser.add_argument("--warmup-steps", type=int, default=50, help="untimed steps first")
-    parser.add_argument("--num-workers", type=int, default=None,
-                        help="DataLoader workers (default: the config's)")
+    for flag, default, what in (("--images", 8000, "training images"),
+                                ("--grid", 8, "feature grid side, as on COCO"),
+                                ("--vocab-size", 10000, "words in the captions"),
+                                ("--batch-size", 64, "captions per training batch"),
+                                ("--steps", 500, "training steps per fit")):
+        parser.add_argument(flag, type=at_least(1, int), default=default,
+                            help=f"{what} (default: %(default)s)")
+    parser.add_argument("--warmup-steps", type=at_least(0, int), default=50,
+                        help="untimed steps first, fewer than --steps (default: %(default)s)")
+    parser.add_argument("--num-workers", type=at_least(0, int), default=None,
+                        help="DataLoader workers (default: the config's, at most the usable "
+                        "CPUs)")
     parser.add_argument("--preload-features", action="store_true",
                         help="hold the features in memory (data.preload_features)")
-    parser.add_argument("--precision", default=None,
-                        help="--trainer.precision of the fit, e.g. bf16-mixed")
+    parser.add_argument("--precision", choices=precisions, default=None, metavar="P",
+                        help="--trainer.precision of the fit: " + ", ".join(precisions)
+                        + " (default: the config's)")
     parser.add_argument("--float32-matmul-precision", default=MATMUL_PRECISIONS[0],
-                        choices=MATMUL_PRECISIONS)
-    parser.add_argument("--accelerator", default="auto")
+                        choices=MATMUL_PRECISIONS,
+                        help="torch.set_float32_matmul_precision (default: %(default)s)")
+    parser.add_argument("--accelerator", type=_accelerator, default="auto",
+                        help="--trainer.accelerator of the fit: " + ", ".join(ACCELERATORS)
+                        + " (default: %(default)s)")
     parser.add_argument("--data", type=Path, default=None,
                         help="folder for the generated data, kept and reused (default: a "
                         "temporary folder, deleted at the end)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the generated data and of the model step's batch "
+                        "(default: %(default)s)")
     return parser
 
 
-def _check(args: argparse.Namespace) -> None:
-    for name in ("images", "grid", "batch_size", "steps"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"captioner bench fit: --{name.replace('_', '-')} must be >= 1")
-    if not 0 <= args.warmup_steps < args.steps:
-        raise SystemExit("captioner bench fit: --warmup-steps must lie in [0, --steps)")
-    if args.vocab_size < 1:
-        raise SystemExit("captioner bench fit: --vocab-size must be >= 1")
+def _check_config(mapping: str) -> None:
+    """Refuse a mapping without a paper config (ValueError), before any data are written."""
+    config = CONFIGS / f"coco_{mapping}.yaml"
+    if not config.is_file():
+        raise ValueError(f"no config {config} for mapping {mapping!r}")
+
+
+def _precisions() -> tuple[str, ...]:
+    """The precisions that Lightning's Trainer takes, as its signature lists them (the list
+    the fit's own config parser checks ``--trainer.precision`` against), as strings."""
+    import typing
+
+    from lightning import Trainer
+
+    def literals(hint) -> list:
+        parts = typing.get_args(hint)
+        return [value for part in parts for value in literals(part)] if parts else [hint]
+
+    hint = typing.get_type_hints(Trainer.__init__)["precision"]
+    return tuple(dict.fromkeys(str(v) for v in literals(hint) if not isinstance(v, type)))
+
+
+def _accelerator(name: str) -> str:
+    """An argparse ``type``: a Lightning accelerator that captioner runs on (the CPU or CUDA,
+    as :func:`captioner.inference.resolve_device` says), present on this machine."""
+    if name not in ACCELERATORS:
+        raise argparse.ArgumentTypeError(
+            f"{name!r}: captioner runs on the CPU or on CUDA ({', '.join(ACCELERATORS)})")
+    if name in ("gpu", "cuda"):
+        try:
+            torch_device("cuda")
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(f"{name!r}: {exc}") from None
+    return name
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The options, each refused on one line (status 2) before any data are written."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.warmup_steps >= args.steps:
+        parser.error(f"--warmup-steps {args.warmup_steps} leaves no step of --steps "
+                     f"{args.steps} to time")
+    if args.data is not None:
+        try:
+            check_output_dir(args.data)
+        except ValueError as exc:
+            parser.error(f"--data {exc}")
+    return args
 
 
 def write_coco_shaped(folder: Path, *, images: int, grid: int, channels: int,
@@ -115,11 +173,8 @@ def _sentence(tokens: list[str]) -> dict:
 
 def _fit_arguments(mapping: str, args: argparse.Namespace, karpathy: Path, cache: Path,
                    runs: Path) -> list[str]:
-    config = CONFIGS / f"coco_{mapping}.yaml"
-    if not config.is_file():
-        raise SystemExit(f"captioner bench fit: no config {config} for mapping {mapping!r}")
     arguments = [
-        "--config", str(config), "--run_name", f"bench_{mapping}",
+        "--config", str(CONFIGS / f"coco_{mapping}.yaml"), "--run_name", f"bench_{mapping}",
         "--data.karpathy_json", str(karpathy), "--data.image_root", str(karpathy.parent),
         "--data.feature_cache", str(cache), "--data.min_count", "1",
         "--data.batch_size", str(args.batch_size),
@@ -192,6 +247,7 @@ def time_fit(mapping: str, args: argparse.Namespace, karpathy: Path, cache: Path
     from captioner.training_cli import build_cli
 
     cli = build_cli(_fit_arguments(mapping, args, karpathy, cache, runs), run=False)
+    workers = _loader_workers(cli.datamodule, args.num_workers)
     loader_ms = time_loader(cli.datamodule, min(args.steps, 200))
     timer = _step_timer(args.warmup_steps)
     cli.trainer.callbacks.append(timer)
@@ -201,7 +257,22 @@ def time_fit(mapping: str, args: argparse.Namespace, karpathy: Path, cache: Path
             "loader_ms": loader_ms,
             # Lightning moves the module back to the CPU when fit ends.
             "module": cli.model, "device": cli.trainer.strategy.root_device,
-            "grids": grids, "fallback": fallback}
+            "grids": grids, "fallback": fallback, "workers": workers,
+            "precision": cli.trainer.precision}
+
+
+def _loader_workers(datamodule, given: int | None) -> str:
+    """The fit's DataLoader workers, as the report says them: ``given`` (--num-workers,
+    already in the config), or else the config's, lowered to the usable CPUs where it asks for
+    more (they would only contend for the CPUs, and torch warns about them at length at every
+    epoch's start)."""
+    if given is not None:
+        return str(given)
+    config, usable = datamodule.hparams.num_workers, len(os.sched_getaffinity(0))
+    if config <= usable:
+        return f"{config} (the config's)"
+    datamodule.hparams.num_workers = usable  # read when the loaders are made, after this
+    return f"{usable} (the config's {config}, capped at the usable CPUs)"
 
 
 def time_model_step(module, args: argparse.Namespace, repeats: int = 30) -> float:
@@ -241,34 +312,35 @@ def time_model_step(module, args: argparse.Namespace, repeats: int = 30) -> floa
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    _check(args)
-    mappings = [name.strip() for name in args.mappings.split(",") if name.strip()]
+    args = _parse(argv)
     with tempfile.TemporaryDirectory(prefix="captioner-bench-fit-") as scratch:
         data = args.data or Path(scratch) / "data"
         karpathy, cache = write_coco_shaped(
             data, images=args.images, grid=args.grid, channels=CHANNELS,
             vocab_size=args.vocab_size, seed=args.seed)
         rows = {}
-        for mapping in mappings:
+        for mapping in args.mappings:
             fit = time_fit(mapping, args, karpathy, cache, Path(scratch) / "runs")
             model_ms = time_model_step(fit["module"].to(fit["device"]), args)
             rows[mapping] = {"fit_ms": fit["fit_ms"], "model_ms": model_ms,
                              "loader_ms": fit["loader_ms"],
                              "device": str(fit["device"]), "steps": fit["steps"],
-                             "grids": fit["grids"], "fallback": fit["fallback"]}
+                             "grids": fit["grids"], "fallback": fit["fallback"],
+                             "workers": fit["workers"], "precision": fit["precision"]}
     print(_report(rows, args))
     return 0
 
 
 def _report(rows: dict[str, dict], args: argparse.Namespace) -> str:
     steps_per_epoch = -(-COCO_TRAIN_PAIRS // args.batch_size)
-    device = next(iter(rows.values()))["device"] if rows else "?"
+    first = next(iter(rows.values()))  # the mappings share the paper configs' settings
+    precision = args.precision or f"{first['precision']} (the config's)"
     lines = [
         f"{args.images} images x {CAPTIONS_PER_IMAGE} captions, features {args.grid}x{args.grid}"
-        f"x{CHANNELS} float16, batch {args.batch_size}, device {device}, precision "
-        f"{args.precision or 'config'}, float32 matmul {args.float32_matmul_precision}, "
-        f"preload {args.preload_features}; steps {args.warmup_steps + 1}-{args.steps} timed",
+        f"x{CHANNELS} float16, batch {args.batch_size}, device {first['device']}, precision "
+        f"{precision}, loader workers {first['workers']}, float32 matmul "
+        f"{args.float32_matmul_precision}, preload {args.preload_features}; "
+        f"steps {args.warmup_steps + 1}-{args.steps} timed",
         f"{'mapping':<10}{'loader it/s':>12}{'fit it/s':>10}{'fit ms':>9}{'model ms':>10}"
         f"{'fit/model':>11}{'COCO epoch min':>16}{f'{PAPER_EPOCHS} epochs h':>13}",
     ]

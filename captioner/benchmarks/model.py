@@ -13,21 +13,25 @@ the medians). Two timings per mapping:
 * inference: batched beam search over the whole batch (all images x beams in one tensor).
 
 The paper reports inference 1.1x (sparsemax) and 1.3x (TVmax) slower than softmax (Sec. 4).
-A mapping that fails (for example, one whose module is not installed) gets its error in its
-row; the others are still measured.
+A mapping that fails while it runs gets its error in its row; the others are still measured.
+An unknown mapping, like any other bad option, is refused before anything is timed.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from captioner.benchmarks import bench_parser, names, torch_device
+from captioner.commands.options import at_least
+from data_prep.files import check_output_file, write_json
+
+PROG = "captioner bench model"
 HELP = "time a training step and batched beam search per attention mapping, as ratios"
 
 DEFAULT_MAPPINGS = ("softmax", "sparsemax", "tvmax")
@@ -36,60 +40,78 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="captioner bench model", description=__doc__.split("\n")[0].replace("`", "")
-    )
+    from captioner.attention.registry import MAPPINGS, mapping_class
+
+    parser = bench_parser(PROG, __doc__)
     parser.add_argument(
         "--mappings",
+        type=names(mapping_class),
         default=",".join(DEFAULT_MAPPINGS),
         help="comma-separated output attention mappings (default: %(default)s)",
     )
     parser.add_argument(
         "--input-attention",
+        choices=(*MAPPINGS, "same"),
         default="softmax",
-        help="input attention mapping of every decoder (default: %(default)s)",
+        help="input attention mapping of every decoder; same: the output mapping "
+        "(default: %(default)s)",
     )
-    parser.add_argument("--lam", type=float, default=0.01, help="TVmax lambda (default: 0.01)")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--grid", type=int, default=8, help="feature grid side (default: 8)")
-    parser.add_argument(
-        "--channels",
-        type=int,
-        default=2048,
-        help="feature channels: 2048 (ResNet-50/101/152) or 512 (ResNet-18/34)",
-    )
-    parser.add_argument("--vocab-size", type=int, default=10000)
-    parser.add_argument(
-        "--caption-length",
-        type=int,
-        default=16,
-        help="teacher-forced caption length, start token included",
-    )
-    parser.add_argument("--beam-size", type=int, default=3)
-    parser.add_argument("--max-length", type=int, default=16, help="beam search max words")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per measurement")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
-    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--lam", type=at_least(0, float), default=0.01,
+                        help="TVmax lambda (default: %(default)s)")
+    _sizes(parser)
+    parser.add_argument("--repeats", type=at_least(1, int), default=5,
+                        help="timed runs per measurement (default: %(default)s)")
+    parser.add_argument("--warmup", type=at_least(0, int), default=1,
+                        help="untimed rounds first (default: %(default)s)")
+    parser.add_argument("--device", type=torch_device, default="cpu",
+                        help="torch device: cpu, cuda, cuda:1, ... (default: %(default)s)")
+    parser.add_argument("--threads", type=at_least(1, int), default=None,
+                        help="torch CPU threads (default: as is)")
     parser.add_argument(
         "--clock",
         choices=sorted(CLOCKS),
         default="wall",
         help="wall: elapsed time; cpu: CPU time of this process (all its threads), steadier "
-        "than wall time on a machine shared with other work, CPU devices only",
+        "than wall time on a machine shared with other work, CPU devices only "
+        "(default: %(default)s)",
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the batch and the decoders (default: %(default)s)")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="also write the results here (checked before anything is timed)")
     return parser
 
 
-def _positive(args: argparse.Namespace, *names: str) -> None:
-    for name in names:
-        value = getattr(args, name)
-        if value < 1:
-            raise SystemExit(
-                f"captioner bench model: --{name.replace('_', '-')} must be >= 1, got {value}"
-            )
+def _sizes(parser: argparse.ArgumentParser) -> None:
+    """The options that size the batch, the model and the beam search, each with its least
+    value (the vocabulary holds the 4 special tokens, a caption its start token and a word)."""
+    for flag, low, default, what in (
+        ("--batch-size", 1, 64, "images per batch"),
+        ("--grid", 1, 8, "feature grid side"),
+        ("--channels", 1, 2048, "feature channels: 2048 (ResNet-50/101/152) or 512 "
+         "(ResNet-18/34)"),
+        ("--vocab-size", 4, 10000, "words, the 4 special tokens included"),
+        ("--caption-length", 2, 16, "teacher-forced caption length, start token included"),
+        ("--beam-size", 1, 3, "beams per image"),
+        ("--max-length", 1, 16, "beam search max words"),
+    ):
+        parser.add_argument(flag, type=at_least(low, int), default=default,
+                            help=f"{what} (default: %(default)s)")
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The options, each refused on one line (status 2) before anything runs, the ``--json``
+    path included: a run must not be lost to its output file after it has been timed."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.clock == "cpu" and args.device.type != "cpu":
+        parser.error(f"--clock cpu only measures CPU devices, not --device {args.device}")
+    if args.json is not None:
+        try:
+            check_output_file(args.json)
+        except ValueError as exc:
+            parser.error(f"--json {exc}")
+    return args
 
 
 def train_step(model, optimizer, inputs, captions, *, output_mapping: str = "softmax",
@@ -231,31 +253,13 @@ def _table(results: dict[str, dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    _positive(
-        args,
-        "batch_size",
-        "grid",
-        "channels",
-        "vocab_size",
-        "caption_length",
-        "beam_size",
-        "max_length",
-        "repeats",
-    )
-    if args.caption_length < 2:
-        raise SystemExit("captioner bench model: --caption-length must be >= 2")
-    if args.vocab_size < 4:
-        raise SystemExit("captioner bench model: --vocab-size must be >= 4 (special tokens)")
-    mappings = [name.strip() for name in args.mappings.split(",") if name.strip()]
+    args = _parse(argv)
 
     import torch
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    if args.clock == "cpu" and device.type != "cpu":
-        raise SystemExit("captioner bench model: --clock cpu only measures CPU devices")
+    device = args.device
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     generator = torch.Generator().manual_seed(args.seed)
     features = (
@@ -277,14 +281,14 @@ def main(argv: list[str]) -> int:
         f"{device}, {torch.get_num_threads()} CPU threads; {args.clock} clock, fastest of "
         f"{args.repeats} runs"
     )
-    results = _run_all(mappings, args, features, captions, synchronize)
+    results = _run_all(args.mappings, args, features, captions, synchronize)
     print(_table(results))
     stats = importlib.import_module("captioner.attention.tvmax").DEVICE_STATS
     if stats["grids"]:
         print(f"TVmax device solver: {stats['fallback']} of {stats['grids']} grids left to the "
               "CPU solver by its certificate")
     if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        write_json(args.json, results, indent=2)
     failed = [name for name, row in results.items() if "error" in row]
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)

@@ -22,7 +22,11 @@ def main(argv: list[str]) -> int:
                  for name, target in _TARGETS.items()]
         print("\n".join([usage, "", *lines, "", "captioner bench NAME --help: its options"]))
         return 0
-    if not argv or argv[0] not in _TARGETS:
+    if not argv:
         print(usage, file=sys.stderr)
+        return 2
+    if argv[0] not in _TARGETS:
+        print(f"captioner bench: unknown benchmark {argv[0]!r}; expected one of "
+              f"{', '.join(_TARGETS)}", file=sys.stderr)
         return 2
     return int(importlib.import_module(_TARGETS[argv[0]]).main(argv[1:]) or 0)

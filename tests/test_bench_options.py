@@ -1,0 +1,107 @@
+"""``captioner bench attention|model|fit``: every bad option (a device the machine lacks, a
+value out of range, an unknown mapping, an output path that cannot be written) is refused on
+one line with status 2 before any work starts, and ``--help`` says every default once."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from captioner.benchmarks import attention, fit
+from captioner.benchmarks import model as bench_model
+
+REFUSED = [
+    (attention, ["--device", "cuda:99"], "argument --device: device 'cuda:99': "),
+    (attention, ["--device", "tpu"], "argument --device: unknown device 'tpu'"),
+    (attention, ["--repeats", "0"], "argument --repeats: must be >= 1, got 0"),
+    (attention, ["--threads", "0"], "argument --threads: must be >= 1, got 0"),
+    (bench_model, ["--device", "cuda:99"], "argument --device: device 'cuda:99': "),
+    (bench_model, ["--device", "tpu"], "argument --device: unknown device 'tpu'"),
+    (bench_model, ["--warmup", "-1"], "argument --warmup: must be >= 0, got -1"),
+    (bench_model, ["--threads", "0"], "argument --threads: must be >= 1, got 0"),
+    (bench_model, ["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
+    (bench_model, ["--vocab-size", "3"], "argument --vocab-size: must be >= 4, got 3"),
+    (bench_model, ["--lam", "-1"], "argument --lam: must be >= 0, got -1"),
+    (bench_model, ["--mappings", ""], "argument --mappings: '' names no mapping"),
+    (bench_model, ["--mappings", "softmax,nope"],
+     "argument --mappings: unknown attention mapping 'nope'; valid names: softmax,"),
+    (bench_model, ["--input-attention", "nope"], "argument --input-attention: invalid choice"),
+    (bench_model, ["--json", "{tmp}"], "--json {tmp}: is a folder, expected a file name"),
+    (bench_model, ["--json", "/proc/x.json"], "--json /proc/x.json: cannot write to the folder"),
+    (fit, ["--accelerator", "tpu"], "argument --accelerator: 'tpu': captioner runs on the CPU"),
+    (fit, ["--num-workers", "-1"], "argument --num-workers: must be >= 0, got -1"),
+    (fit, ["--precision", "bogus"], "argument --precision: invalid choice: 'bogus'"),
+    (fit, ["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
+    (fit, ["--warmup-steps", "5", "--steps", "5"],
+     "--warmup-steps 5 leaves no step of --steps 5 to time"),
+    (fit, ["--mappings", ""], "argument --mappings: '' names no mapping"),
+    (fit, ["--mappings", "softmax,nope"], "argument --mappings: no config "),
+    (fit, ["--data", "/proc/nope"], "--data /proc/nope: cannot write to the folder /proc"),
+    (fit, ["--data", "{tmp}/file"], "--data {tmp}/file: exists and is not a folder"),
+]
+if not torch.cuda.is_available():
+    REFUSED += [
+        (attention, ["--device", "cuda"], "argument --device: device 'cuda': CUDA is not "
+         "available on this machine"),
+        (bench_model, ["--device", "cuda:1"], "argument --device: device 'cuda:1': CUDA is not "
+         "available on this machine"),
+        (fit, ["--accelerator", "gpu"], "argument --accelerator: 'gpu': device 'cuda': CUDA is "
+         "not available on this machine"),
+    ]
+
+# What each benchmark does first once its options are accepted.
+_WORK = {attention: "_mappings", bench_model: "_run_all", fit: "write_coco_shaped"}
+
+
+@pytest.mark.parametrize(("module", "argv", "message"), REFUSED,
+                         ids=[f"{m.__name__.split('.')[-1]} {' '.join(a)}" for m, a, _ in REFUSED])
+def test_a_bad_option_is_one_line_with_status_2_before_any_work(module, argv, message,
+                                                                 tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("")
+
+    def work(*args, **kwargs):
+        raise AssertionError("the benchmark started before its options were checked")
+
+    monkeypatch.setattr(module, _WORK[module], work)
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
+    with pytest.raises(SystemExit) as exited:
+        module.main(argv)
+    captured = capsys.readouterr()
+    assert exited.value.code == 2 and captured.out == ""
+    prog = f"captioner bench {module.__name__.split('.')[-1]}: "
+    assert captured.err.startswith(prog + message.replace("{tmp}", str(tmp_path)))
+    assert captured.err.count("\n") == 1
+
+
+@pytest.mark.parametrize("module", [attention, bench_model, fit])
+def test_help_says_each_default_once(module):
+    parser = module._parser()
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if action.default in (None, False, argparse.SUPPRESS):
+            continue
+        text = " ".join(formatter._expand_help(action).split())
+        assert text.count("(default:") == 1, (action.option_strings, text)
+        assert f"(default: {action.default})" in text, (action.option_strings, text)
+
+
+def test_the_fit_lowers_the_configs_workers_to_the_usable_cpus(monkeypatch):
+    """More workers than CPUs only contend for them (and torch warns at length)."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+
+    def datamodule(workers):
+        return SimpleNamespace(hparams=SimpleNamespace(num_workers=workers))
+
+    four = datamodule(4)
+    assert fit._loader_workers(four, None) == "2 (the config's 4, capped at the usable CPUs)"
+    assert four.hparams.num_workers == 2
+    one = datamodule(1)
+    assert fit._loader_workers(one, None) == "1 (the config's)"
+    assert one.hparams.num_workers == 1
+    given = datamodule(4)  # --num-workers 3 is in the fit's own arguments already
+    assert fit._loader_workers(given, 3) == "3" and given.hparams.num_workers == 4
+
