@@ -21,7 +21,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -235,11 +235,12 @@ def _holds(path: Path, tag: str) -> bool:
         return False
 
 
-def clear_folder(folder: Path) -> None:
-    """Remove everything inside ``folder`` (an earlier result that --overwrite replaces), not
-    the folder itself, which may be a link or a mount point the user made; links inside are
-    removed, never followed."""
-    for entry in folder.iterdir():
+def clear_folder(folder: Path, names: Iterable[str] | None = None) -> None:
+    """Remove everything inside ``folder`` (an earlier result that --overwrite replaces), or
+    only its entries ``names``; not the folder itself, which may be a link or a mount point
+    the user made; links inside are removed, never followed."""
+    entries = folder.iterdir() if names is None else (folder / name for name in names)
+    for entry in entries:
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
         else:

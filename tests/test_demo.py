@@ -94,7 +94,8 @@ def test_an_out_that_cannot_be_a_folder_is_one_line_before_any_work(tmp_path, ca
 
 
 def test_an_earlier_runs_results_are_neither_mixed_with_nor_replaced_unasked(tmp_path, capsys):
-    from eval.commands.demo import earlier_results, remove_results
+    from data_prep.files import clear_folder
+    from eval.commands.demo import earlier_results
 
     out = tmp_path / "demo"
     for folder in ("figures/img_1/softmax", "gallery", "runs/demo_tvmax/version_0",
@@ -112,7 +113,7 @@ def test_an_earlier_runs_results_are_neither_mixed_with_nor_replaced_unasked(tmp
     earlier = earlier_results(out)
     assert earlier == ["captions_softmax.json", "figures", "gallery", "metrics.png",
                        "results.json", "softmax.ckpt"]
-    remove_results(out, earlier)  # what --overwrite does first
+    clear_folder(out, earlier)  # what --overwrite does first
     assert sorted(p.name for p in out.iterdir()) == ["runs", "synthetic-64-6-6-128px-seed0"]
     assert (out / "runs/demo_tvmax/version_0/config.yaml").is_file()
     (out / "notes.txt").write_text("mine")

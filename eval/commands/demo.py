@@ -42,7 +42,7 @@ from pathlib import Path
 from captioner import CONFIGS
 from captioner.commands.options import command_parser, report_error
 from captioner.encoder_pretraining import PretrainingSettings
-from data_prep.files import check_output_dir, write_json
+from data_prep.files import check_output_dir, clear_folder, write_json
 from data_prep.synthetic import SyntheticDataset
 
 HELP = "train softmax / sparsemax / TVmax captioners on synthetic shapes and compare them"
@@ -209,8 +209,9 @@ RESULT_PATTERNS = ("results.json", "metrics.png", "gallery", "figures", "*.ckpt"
 
 
 def earlier_results(out: Path) -> list[str]:
-    """The names of the results of an earlier run in ``out``, sorted: a new run must not mix
-    its figures and gallery with them, nor replace them unasked.
+    """The names of the results of an earlier run in ``out``, sorted (``--overwrite`` removes
+    them with :func:`data_prep.files.clear_folder`): a new run must not mix its figures and
+    gallery with them, nor replace them unasked.
 
     Raises:
         ValueError: ``out`` also holds files that are not the demo's (it is never emptied)."""
@@ -224,16 +225,6 @@ def earlier_results(out: Path) -> list[str]:
         raise ValueError(f"{out}: holds files that are not the demo's ({', '.join(foreign[:3])}"
                          f"{', ...' if len(foreign) > 3 else ''}); choose a new or empty folder")
     return sorted(ours)
-
-
-def remove_results(out: Path, names: list[str]) -> None:
-    """Remove the earlier results ``names`` of :func:`earlier_results` from ``out``."""
-    for name in names:
-        path = out / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
 
 
 def seed_suffix(seed: int, seeds: list[int]) -> str:
@@ -420,7 +411,7 @@ def main(argv: list[str]) -> int:
         return report_error("captioner demo", exc, f"cannot create the folder {out}")
     if earlier:
         print(f"replacing the earlier results in {out}: {', '.join(earlier)}")
-        remove_results(out, earlier)
+        clear_folder(out, earlier)
     started = time.monotonic()
 
     metrics = available_metrics(settings.spice)
