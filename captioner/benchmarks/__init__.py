@@ -35,6 +35,18 @@ def bench_parser(prog: str, doc: str) -> argparse.ArgumentParser:
     return parser
 
 
+def refuse_unwritable(parser: argparse.ArgumentParser, option: str, path, check) -> None:
+    """A usage error ``OPTION PATH: reason`` when ``check(path)`` (``check_output_file`` or
+    ``check_output_dir`` of :mod:`data_prep.files`) refuses the output ``path`` (None: not
+    given): checked before the benchmark runs, so that its results are not lost to it."""
+    if path is None:
+        return
+    try:
+        check(path)
+    except ValueError as exc:
+        parser.error(f"{option} {exc}")
+
+
 def torch_device(name: str):
     """An argparse ``type``: the torch device ``name`` as
     :func:`captioner.inference.resolve_device` accepts it (cpu, cuda, cuda:N, present on this

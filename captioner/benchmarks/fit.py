@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from captioner import CONFIGS
-from captioner.benchmarks import bench_parser, names, torch_device
+from captioner.benchmarks import bench_parser, names, refuse_unwritable, torch_device
 from captioner.commands.options import at_least
 from data_prep.files import check_output_dir
 
@@ -120,11 +120,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if args.warmup_steps >= args.steps:
         parser.error(f"--warmup-steps {args.warmup_steps} leaves no step of --steps "
                      f"{args.steps} to time")
-    if args.data is not None:
-        try:
-            check_output_dir(args.data)
-        except ValueError as exc:
-            parser.error(f"--data {exc}")
+    refuse_unwritable(parser, "--data", args.data, check_output_dir)
     return args
 
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from captioner.benchmarks import bench_parser, names, torch_device
+from captioner.benchmarks import bench_parser, names, refuse_unwritable, torch_device
 from captioner.commands.options import at_least
 from data_prep.files import check_output_file, write_json
 
@@ -106,11 +106,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.clock == "cpu" and args.device.type != "cpu":
         parser.error(f"--clock cpu only measures CPU devices, not --device {args.device}")
-    if args.json is not None:
-        try:
-            check_output_file(args.json)
-        except ValueError as exc:
-            parser.error(f"--json {exc}")
+    refuse_unwritable(parser, "--json", args.json, check_output_file)
     return args
 
 
