@@ -216,7 +216,7 @@ class CaptionerCLI(LightningCLI):
         parser = self._subcommand_parsers[subcommand]
         given: dict[str, str | None] = {}
         for kind, value in _config_and_model_options(self._args):
-            if kind == "config":
+            if kind == "value":
                 keys = parser.parse_path(value, defaults=False).keys()
                 given.update({key: f"--config {value}" for key in keys
                               if key.startswith("model.") and key not in _LINKED_MODEL_KEYS})
@@ -373,20 +373,34 @@ def _log_beside_the_run(init_args, checkpoint: Path, subcommand: str) -> None:
 
 def config_files(args: list[str]) -> list[str]:
     """The values of the ``--config`` / ``-c`` options of ``args``, in order."""
-    return [value for kind, value in _config_and_model_options(args) if kind == "config"]
+    return option_values(args, "--config", "-c")
+
+
+def option_values(args: list[str], *spellings: str) -> list[str]:
+    """The values that ``args`` gives the option of these ``spellings``, in order
+    (``--option VALUE`` or ``--option=VALUE``)."""
+    return [value for kind, value in _given_options(args, spellings) if kind == "value"]
 
 
 def _config_and_model_options(args: list[str]) -> list[tuple[str, str]]:
-    """``("config", FILE)`` for each ``--config`` / ``-c`` option of ``args`` and
+    """``("value", FILE)`` for each ``--config`` / ``-c`` option of ``args`` and
     ``("model", KEY)`` for each ``--model.KEY[=VALUE]`` option (KEY dotted), in order."""
+    return _given_options(args, ("--config", "-c"), keys_of="--model.")
+
+
+def _given_options(args: list[str], spellings: tuple[str, ...],
+                   keys_of: str | None = None) -> list[tuple[str, str]]:
+    """``("value", VALUE)`` for each option of ``spellings`` in ``args`` and, with ``keys_of``
+    (``--model.``), ``("model", KEY)`` for each ``--model.KEY[=VALUE]`` option, in order."""
     found = []
     for index, arg in enumerate(args):
-        if arg in ("--config", "-c") and index + 1 < len(args):
-            found.append(("config", args[index + 1]))
-        elif arg.startswith("--config="):
-            found.append(("config", arg.split("=", 1)[1]))
-        elif arg.startswith("--model."):
-            found.append(("model", arg[2:].split("=", 1)[0]))
+        name, equals, value = arg.partition("=")
+        if arg in spellings and index + 1 < len(args):
+            found.append(("value", args[index + 1]))
+        elif equals and name in spellings and name.startswith("--"):
+            found.append(("value", value))
+        elif keys_of is not None and arg.startswith(keys_of):
+            found.append(("model", name[2:]))
     return found
 
 

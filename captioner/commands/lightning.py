@@ -96,25 +96,16 @@ def _from_config_files(message: str, argv: list[str]) -> bool:
     if any(words in message for words in ("does not accept option", "Problems parsing config",
                                           "Unable to load config")):
         return True
+    from captioner.training_cli import option_values
+
     key = re.search(r'Parser key "([^"]+)"', message)
     if key is None:
         return False
     if key.group(1) == "config":
         return True
     got = re.search(r"Got value: (.*)$", message)
-    given = _command_line_values(argv, f"--{key.group(1)}")
+    given = option_values(argv, f"--{key.group(1)}")
     return not given or (got is not None and got.group(1) not in given)
-
-
-def _command_line_values(argv: list[str], option: str) -> list[str]:
-    """The values ``argv`` gives ``option`` (``--option VALUE`` or ``--option=VALUE``)."""
-    values = []
-    for index, arg in enumerate(argv):
-        if arg == option and index + 1 < len(argv):
-            values.append(argv[index + 1])
-        elif arg.startswith(f"{option}="):
-            values.append(arg.split("=", 1)[1])
-    return values
 
 
 def _reads_as_yaml(path: str) -> bool:
