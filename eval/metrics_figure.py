@@ -33,8 +33,8 @@ def plot_seed_metrics(per_seed: Mapping[int, Mapping[str, Mapping[str, float]]],
         for x, (mapping, seeds) in enumerate(values.items()):
             mean, sd = mean_and_sd(seeds)
             colour = COLOURS.get(mapping, "#8c8c8c")
-            ax.bar(x, mean * scale, color=colour, alpha=0.75, yerr=sd * scale if len(seeds) > 1
-                   else None, capsize=4)
+            ax.bar(x, mean * scale, color=colour, alpha=0.75, yerr=None if math.isnan(sd)
+                   else sd * scale, capsize=4)
             ax.plot([x] * len(seeds), [v * scale for v in seeds], "o", color="black",
                     markersize=3)
         ax.set_xticks(range(len(values)), list(values), fontsize=8)

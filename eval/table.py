@@ -59,15 +59,33 @@ SEED_TABLE_ROWS: tuple[tuple[str, str, float, int], ...] = (
 
 
 def mean_and_sd(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (n - 1; 0 for a single value) of the finite
-    ``values``; (nan, nan) when none is finite."""
+    """Mean and sample standard deviation (n - 1) of the finite ``values``: the sd is nan
+    (undefined, ``null`` in JSON) for a single value, and both are nan when none is
+    finite."""
     finite = [v for v in values if not math.isnan(v)]
     if not finite:
         return math.nan, math.nan
     mean = sum(finite) / len(finite)
     if len(finite) == 1:
-        return mean, 0.0
+        return mean, math.nan
     return mean, math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
+
+
+def undefined_for_some_seeds(per_seed: Mapping[int, Mapping[str, Mapping[str, float]]]
+                             ) -> list[str]:
+    """One line per (mapping, metric) that is nan for some seeds but not all, naming them:
+    its mean and sd are over the other seeds only, which a reader of the table must know."""
+    mappings = next(iter(per_seed.values()))
+    keys = sorted({k for by_mapping in per_seed.values() for m in by_mapping.values() for k in m})
+    lines = []
+    for mapping in mappings:
+        for key in keys:
+            undefined = [s for s in per_seed if math.isnan(per_seed[s][mapping].get(key, math.nan))]
+            if undefined and len(undefined) < len(per_seed):
+                lines.append(f"{key} of {mapping} is undefined for seed(s) "
+                             f"{', '.join(map(str, undefined))}; its mean and sd are over the "
+                             "other seeds")
+    return lines
 
 
 def per_mapping_values(per_seed: Mapping[int, Mapping[str, Mapping[str, float]]],
@@ -99,6 +117,7 @@ def format_seed_table(per_seed: Mapping[int, Mapping[str, Mapping[str, float]]])
         for mapping in mappings:
             mean, sd = mean_and_sd(values[mapping])
             cell = f"{mean * scale:.{decimals}f}"
-            cells.append(f"{cell} ± {sd * scale:.{decimals}f}" if several else cell)
+            cells.append(f"{cell} ± {sd * scale:.{decimals}f}" if several and not math.isnan(sd)
+                         else cell)
         lines.append(f"{title:<{title_width}}" + "".join(f"{c:>{width}}" for c in cells))
     return "\n".join(lines)

@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from eval.metrics_figure import plot_seed_metrics
-from eval.table import format_seed_table, mean_and_sd
+from eval.table import format_seed_table, mean_and_sd, undefined_for_some_seeds
 
 
 def _run(cider: float, recall: float) -> dict[str, float]:
@@ -24,7 +24,8 @@ PER_SEED = {
 
 def test_mean_and_sd_by_hand():
     assert mean_and_sd([1.0, 1.2, 1.4]) == pytest.approx((1.2, 0.2))  # sample sd (n - 1)
-    assert mean_and_sd([2.0]) == (2.0, 0.0)
+    mean, sd = mean_and_sd([2.0])
+    assert mean == 2.0 and math.isnan(sd)  # a single value has no sample sd
     assert mean_and_sd([0.8, math.nan, 0.84]) == pytest.approx((0.82, math.sqrt(0.0008)))
     assert all(math.isnan(v) for v in mean_and_sd([math.nan]))
 
@@ -37,6 +38,20 @@ def test_seed_table_rows_are_metrics_and_cells_mean_plus_minus_sd():
     assert len(lines) == 3  # metrics nobody computed (SPICE, ...) are left out
     single = format_seed_table({0: PER_SEED[0]}).splitlines()
     assert single[1].split() == ["CIDEr", "1.000", "1.200"]  # one seed: no spread shown
+
+
+def test_a_metric_undefined_for_some_seeds_is_named_and_shows_no_spread_of_one_value():
+    per_seed = {0: {"tvmax": _run(1.2, math.nan)}, 1: {"tvmax": _run(1.5, 0.84)}}
+    assert format_seed_table(per_seed).splitlines()[2].split() == [
+        "object", "recall", "%", "84.0"]
+    assert undefined_for_some_seeds(per_seed) == [
+        "object_recall of tvmax is undefined for seed(s) 0; its mean and sd are over the "
+        "other seeds"]
+    assert undefined_for_some_seeds(PER_SEED) == [
+        "object_recall of tvmax is undefined for seed(s) 2; its mean and sd are over the "
+        "other seeds"]
+    # Undefined for every seed: the table leaves the row out, nothing to point out.
+    assert undefined_for_some_seeds({0: {"tvmax": _run(1.2, math.nan)}}) == []
 
 
 def test_figure_is_a_png_with_a_panel_per_computed_metric(tmp_path):

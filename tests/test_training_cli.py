@@ -22,7 +22,7 @@ from captioner.checkpointing import load_safely, save_atomically
 from captioner.commands.lightning import main as lightning_main
 from captioner.feature_extraction import extract_features
 from data_prep.features import FeatureCache
-from eval.commands.demo import ENCODER_LAYER as DEMO_LAYER
+from eval.demo import ENCODER_LAYER as DEMO_LAYER
 
 REPO = Path(__file__).resolve().parents[1]
 MAPPINGS = ("softmax", "sparsemax", "tvmax")
@@ -64,7 +64,7 @@ def test_paper_configs_parse_with_the_paper_settings(name, capsys):
 def test_demo_configs_read_what_the_default_demo_writes(mapping, capsys):
     """configs/demo_*.yaml train on the default demo's data (the demo itself trains with
     them, overriding only the paths of its own run)."""
-    from eval.commands.demo import FULL, dataset_dir, encoder_path, feature_cache_path
+    from eval.demo import FULL, dataset_dir, encoder_path, feature_cache_path
 
     config = _print_config(REPO / "configs" / f"demo_{mapping}.yaml", capsys)
     root = dataset_dir(Path("demo_out"), FULL)
