@@ -38,6 +38,11 @@ REFUSED = [
     (fit, ["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
     (fit, ["--warmup-steps", "5", "--steps", "5"],
      "--warmup-steps 5 leaves no step of --steps 5 to time"),
+    (fit, ["--images", "10", "--batch-size", "64"],
+     "--images 10 give 50 training captions, one batch of --batch-size 64; timing the loader "
+     "needs two: give --images 13 or more"),
+    (fit, ["--images", "1", "--batch-size", "5"],
+     "--images 1 give 5 training captions, one batch of --batch-size 5; "),
     (fit, ["--mappings", ""], "argument --mappings: '' names no mapping"),
     (fit, ["--mappings", "softmax,nope"], "argument --mappings: no config "),
     (fit, ["--data", "/proc/nope"], "--data /proc/nope: cannot write to the folder /proc"),
@@ -105,3 +110,31 @@ def test_the_fit_lowers_the_configs_workers_to_the_usable_cpus(monkeypatch):
     given = datamodule(4)  # --num-workers 3 is in the fit's own arguments already
     assert fit._loader_workers(given, 3) == "3" and given.hparams.num_workers == 4
 
+
+
+@pytest.mark.parametrize("batch_size", [1, 5, 64])
+def test_the_fewest_images_bench_fit_takes_fill_two_loader_batches(batch_size, tmp_path):
+    """The option check's bound is the fit loader's own count: at ``min_images`` the training
+    captions fill two batches or more, one image fewer (when there is one) a single batch."""
+    from captioner.data import CaptionDataModule
+
+    def loader_batches(images: int) -> int:
+        karpathy, cache = fit.write_coco_shaped(tmp_path / str(images), images=images, grid=1,
+                                                channels=4, vocab_size=20, seed=0)
+        data = CaptionDataModule(karpathy, karpathy.parent, cache, min_count=1,
+                                 batch_size=batch_size, num_workers=0, pin_memory=False)
+        data.setup("fit")
+        return len(data.train_dataloader())
+
+    fewest = fit.min_images(batch_size)
+    assert loader_batches(fewest) >= 2
+    assert fewest == 1 or loader_batches(fewest - 1) == 1
+
+
+def test_the_smallest_accepted_images_reach_the_benchmark(monkeypatch):
+    def work(*args, **kwargs):
+        raise RuntimeError("started")
+
+    monkeypatch.setattr(fit, "write_coco_shaped", work)
+    with pytest.raises(RuntimeError, match="started"):
+        fit.main(["--images", "13", "--batch-size", "64"])

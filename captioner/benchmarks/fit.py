@@ -120,8 +120,20 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if args.warmup_steps >= args.steps:
         parser.error(f"--warmup-steps {args.warmup_steps} leaves no step of --steps "
                      f"{args.steps} to time")
+    if args.images < min_images(args.batch_size):
+        parser.error(f"--images {args.images} give {args.images * CAPTIONS_PER_IMAGE} training "
+                     f"captions, one batch of --batch-size {args.batch_size}; timing the loader "
+                     f"needs two: give --images {min_images(args.batch_size)} or more")
     refuse_unwritable(parser, "--data", args.data, check_output_dir)
     return args
+
+
+def min_images(batch_size: int) -> int:
+    """The fewest ``--images`` whose training captions fill more than one batch of
+    ``batch_size``: :func:`write_coco_shaped` gives every training image
+    ``CAPTIONS_PER_IMAGE`` captions, the fit's loader keeps the last, partial batch, and
+    :func:`time_loader` times the batches after the first of an epoch."""
+    return batch_size // CAPTIONS_PER_IMAGE + 1
 
 
 def write_coco_shaped(folder: Path, *, images: int, grid: int, channels: int,
@@ -221,13 +233,17 @@ def _step_timer(warmup_steps: int):
 
 def time_loader(datamodule, batches: int) -> float:
     """Milliseconds per training batch of the input pipeline alone (no model), after one
-    batch to start the workers; at most ``batches``, and no more than one epoch holds."""
+    batch to start the workers; at most ``batches``, and no more than one epoch holds.
+
+    Raises:
+        ValueError: an epoch of one batch (:func:`min_images` says how many images avoid it).
+    """
     datamodule.setup("fit")
     loader = datamodule.train_dataloader()
+    if len(loader) < 2:
+        raise ValueError(f"one epoch holds {len(loader)} training batch; timing the loader "
+                         "needs two")
     batches = min(batches, len(loader) - 1)
-    if batches < 1:
-        raise SystemExit("captioner bench fit: one epoch holds too few batches to time the "
-                         "loader; raise --images")
     loader = iter(loader)
     next(loader)
     start = time.perf_counter()
