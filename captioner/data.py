@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from data_prep.features import FeatureCache
+from data_prep.files import first_names
 from data_prep.images import imagenet_transform, load_image
 from data_prep.karpathy import ImageEntry, KarpathyDataset, load_karpathy
 from data_prep.vocab import Vocabulary
@@ -331,11 +332,9 @@ class CaptionDataModule(L.LightningDataModule):
                     f"made: files and reasons in {skipped_images_path(self.feature_cache)})"
                 )
         if missing:
-            shown = ", ".join(missing[:_MISSING_SHOWN])
-            extra = len(missing) - _MISSING_SHOWN
-            more = f" and {extra} more" if extra > 0 else ""
             raise FileNotFoundError(
-                f"{self.karpathy_json}: {len(missing)} {what} missing: {shown}{more}{note}"
+                f"{self.karpathy_json}: {len(missing)} {what} missing: "
+                f"{first_names(missing, _MISSING_SHOWN)}{note}"
             )
 
     def _loader(self, split: str, *, train: bool) -> DataLoader:

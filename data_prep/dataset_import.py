@@ -54,7 +54,13 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path, PurePosixPath
 
-from data_prep.files import OutputPathError, atomic_write, check_output_file, require_file
+from data_prep.files import (
+    OutputPathError,
+    atomic_write,
+    check_output_file,
+    first_names,
+    require_file,
+)
 from data_prep.images import IMAGE_SUFFIXES, ImageLoadError, load_image
 from data_prep.karpathy import tokenize
 
@@ -862,9 +868,3 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
         left_out=left_out,
         uncaptioned=uncaptioned_images(images, listed),
     )
-
-
-def first_names(names: list[str], limit: int = 10) -> str:
-    """``a, b, c`` or ``a, ..., j and 5 more`` when there are more than ``limit``."""
-    shown = ", ".join(names[:limit])
-    return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"

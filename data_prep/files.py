@@ -9,7 +9,8 @@ failed write leaves the previous file (or none), never a truncated one, and no t
 :func:`check_output_file` and :func:`check_output_dir` run before a command starts its work, so
 that hours of captioning or encoding are not lost to an output path that cannot be written.
 :func:`check_input_file` refuses FIFOs, devices and sockets by name before anything opens them
-(opening a FIFO for reading blocks until a writer appears).
+(opening a FIFO for reading blocks until a writer appears). :func:`first_names` shortens the
+list of files (or other items) that a one-line message names.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -199,6 +200,14 @@ def require_file(path: str | Path, what: str) -> Path:
     return path
 
 
+def first_names(names: Sequence[str], limit: int = 10, separator: str = ", ") -> str:
+    """The first ``limit`` of ``names`` joined by ``separator``, then how many are left out:
+    ``a, b, c`` or ``a, b, c and 7 more``, as a one-line message lists files or problems
+    (``separator="; "`` where the names hold commas)."""
+    shown = separator.join(names[:limit])
+    return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
+
+
 def check_output_folder(folder: Path, what: str, marker: str, tag: str, overwrite: bool) -> bool:
     """Check, before any work, that ``folder`` can take a whole new result of a command that
     writes a folder (heatmaps, gallery, rating kit): it is new or empty, or, with
@@ -218,9 +227,8 @@ def check_output_folder(folder: Path, what: str, marker: str, tag: str, overwrit
         return False
     if not _holds(folder / marker, tag):
         raise OutputPathError(
-            f"{folder}: folder is not empty ({', '.join(entries[:3])}"
-            f"{', ...' if len(entries) > 3 else ''}) and holds no {what} of an earlier run; "
-            "choose a new or empty folder"
+            f"{folder}: folder is not empty ({first_names(entries, 3)}) and holds no {what} "
+            "of an earlier run; choose a new or empty folder"
         )
     if not overwrite:
         raise OutputPathError(f"{folder}: holds the {what} of an earlier run ({folder / marker}); "

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from captioner import CONFIGS
 from captioner.encoder_pretraining import PretrainingSettings
-from data_prep.files import write_json
+from data_prep.files import first_names, write_json
 from data_prep.synthetic import SyntheticDataset
 
 MAPPINGS = ("softmax", "sparsemax", "tvmax")
@@ -195,8 +195,8 @@ def earlier_results(out: Path) -> list[str]:
     foreign = [name for name in names
                if name not in ours and name != "runs" and not name.startswith("synthetic-")]
     if foreign:
-        raise ValueError(f"{out}: holds files that are not the demo's ({', '.join(foreign[:3])}"
-                         f"{', ...' if len(foreign) > 3 else ''}); choose a new or empty folder")
+        raise ValueError(f"{out}: holds files that are not the demo's "
+                         f"({first_names(foreign, 3)}); choose a new or empty folder")
     return sorted(ours)
 
 

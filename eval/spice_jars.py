@@ -34,6 +34,8 @@ from pathlib import Path
 
 import pycocoevalcap.spice as _pycocoevalcap_spice
 
+from data_prep.files import first_names
+
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
 SPICE_JAR_NAME = "spice-1.0.jar"
 PYCOCOEVALCAP_SPICE_DIR = Path(_pycocoevalcap_spice.__file__).parent
@@ -232,11 +234,9 @@ def locate_spice(cache_dir: str | os.PathLike[str] | None = None) -> SpiceInstal
         if not target.is_file() or target.stat().st_size != source.stat().st_size:
             problems.append(f"{target}: missing or not a copy of {source}")
     if problems:
-        shown = "; ".join(problems[:SHOWN_PROBLEMS])
-        hidden = len(problems) - SHOWN_PROBLEMS
-        more = f"; and {hidden} more" if hidden > 0 else ""
+        shown = first_names(problems, SHOWN_PROBLEMS, separator="; ")  # the problems hold commas
         raise SpiceJarsError(
-            f"SPICE's jars are not installed in {install.root}; {FETCH_HINT} ({shown}{more})"
+            f"SPICE's jars are not installed in {install.root}; {FETCH_HINT} ({shown})"
         )
     return install
 

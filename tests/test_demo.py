@@ -108,8 +108,8 @@ def test_an_earlier_runs_results_are_neither_mixed_with_nor_replaced_unasked(tmp
     assert main(["--quick", "--out", str(out)]) == 2
     assert capsys.readouterr().err == (
         f"captioner demo: {out}: holds the results of an earlier demo run (captions_softmax.json, "
-        "figures, gallery, ...); choose another --out, or pass --overwrite to replace them (its "
-        "data, encoder and feature cache are reused)\n")
+        "figures, gallery and 3 more); choose another --out, or pass --overwrite to replace "
+        "them (its data, encoder and feature cache are reused)\n")
     assert (out / "results.json").read_text() == "earlier"
     earlier = earlier_results(out)
     assert earlier == ["captions_softmax.json", "figures", "gallery", "metrics.png",

@@ -128,7 +128,7 @@ def test_spice_without_jars_names_fetch_spice(tmp_path, karpathy, capsys, monkey
     assert rc == 2
     assert len(err.splitlines()) == 1 and err.startswith("captioner score: ")
     assert "captioner fetch-spice" in err
-    assert re.search(r"\(\S+: missing; \S+: missing; \S+: missing; and \d+ more\)", err)
+    assert re.search(r"\(\S+: missing; \S+: missing; \S+: missing and \d+ more\)", err)
     assert "or score without SPICE: --metrics Bleu" in err
 
 

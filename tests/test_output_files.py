@@ -17,6 +17,8 @@ from data_prep.files import (
     check_input_file,
     check_output_dir,
     check_output_file,
+    check_output_folder,
+    first_names,
     write_json,
 )
 
@@ -74,6 +76,25 @@ def test_output_paths_are_checked(tmp_path):
     for path in ("/proc/metrics.json", "/sys/new/metrics.json"):
         with pytest.raises(OutputPathError, match="kernel's pseudo-filesystems"):
             check_output_file(path)
+
+
+def test_a_long_list_in_a_message_names_its_first_items_and_counts_the_rest():
+    assert first_names(["a", "b", "c"], 3) == "a, b, c"
+    assert first_names(["a", "b", "c", "d", "e"], 3) == "a, b, c and 2 more"
+    assert first_names([]) == ""
+    assert first_names([f"p{i}" for i in range(12)]) == ", ".join(
+        f"p{i}" for i in range(10)) + " and 2 more"
+    assert first_names(["x: 1, 2", "y: 3", "z"], 2, separator="; ") == "x: 1, 2; y: 3 and 1 more"
+
+
+def test_a_folder_of_other_files_names_three_and_counts_the_rest(tmp_path):
+    for name in "abcde":
+        (tmp_path / name).write_text("")
+    with pytest.raises(OutputPathError) as refused:
+        check_output_folder(tmp_path, "heatmaps", "index.json", '"vmax_rule"', False)
+    assert str(refused.value) == (f"{tmp_path}: folder is not empty (a, b, c and 2 more) and "
+                                  "holds no heatmaps of an earlier run; choose a new or empty "
+                                  "folder")
 
 
 def test_a_symbolic_link_stays_a_link_and_its_file_is_written(tmp_path):

@@ -65,9 +65,9 @@ def main(argv: list[str]) -> int:
         REASONS,
         DatasetImportError,
         ImportOptions,
-        first_names,
         import_dataset,
     )
+    from data_prep.files import first_names
 
     options = ImportOptions(
         captions=args.captions, images=args.images, out=args.out, fmt=args.format,

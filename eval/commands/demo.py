@@ -36,7 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from captioner.commands.options import command_parser, report_error
-from data_prep.files import check_output_dir, clear_folder
+from data_prep.files import check_output_dir, clear_folder, first_names
 from eval.demo import FULL, QUICK, earlier_results, run_demo
 
 HELP = "train softmax / sparsemax / TVmax captioners on synthetic shapes and compare them"
@@ -74,8 +74,8 @@ def main(argv: list[str]) -> int:
         earlier = earlier_results(out)
         if earlier and not args.overwrite:
             raise ValueError(
-                f"{out}: holds the results of an earlier demo run ({', '.join(earlier[:3])}"
-                f"{', ...' if len(earlier) > 3 else ''}); choose another --out, or pass "
+                f"{out}: holds the results of an earlier demo run "
+                f"({first_names(earlier, 3)}); choose another --out, or pass "
                 "--overwrite to replace them (its data, encoder and feature cache are reused)")
     except ValueError as exc:  # data_prep.files.OutputPathError among them
         return report_error("captioner demo", exc)
