@@ -118,3 +118,42 @@ def test_a_checkpoint_given_twice_is_refused(tiny_checkpoint, tmp_path, capsys, 
         f"captioner heatmaps: checkpoint {tiny_checkpoint.name} is given twice (also as "
         f"{tiny_checkpoint}); give each checkpoint once\n")
     assert not out.exists()
+
+
+def test_write_figures_draws_each_image_into_its_given_folder_for_every_model(tmp_path):
+    """The figures of a run: one folder per (model, image), named as the caller says (after
+    every input path, so a skipped image renames none), indexed in input order."""
+    import argparse
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import torch
+
+    from captioner.inference import Caption
+
+    paths = [tmp_path / "a.png", tmp_path / "b.png"]
+    for shade, path in enumerate(paths):
+        Image.new("RGB", (24, 16), (40 * shade, 90, 30)).save(path)
+    attention = torch.zeros(2, 2, 2)
+    attention[0, 0, 0], attention[1, 1, 1] = 1.0, 0.5
+    models = [command._Model(name, Path(f"{name}.ckpt"),
+                             SimpleNamespace(output_attention_name=mapping), None)
+              for name, mapping in (("soft", "softmax"), ("tv", "tvmax"))]
+    captions = {(model.name, path): Caption(f"a {model.name}", ["a", model.name], attention,
+                                            attention, 0.0, str(path))
+                for model in models for path in paths}
+    args = argparse.Namespace(out=tmp_path / "out", vmax=None, zero_style="white",
+                              upsample="nearest", size=48)
+    index = command._write_figures(args, models, captions, [(paths[1], "second")], 1.0, False)
+
+    assert {key: index[key] for key in ("vmax", "vmax_rule", "zero_style", "upsample")} == {
+        "vmax": 1.0, "vmax_rule": "maximum weight of the run", "zero_style": "white",
+        "upsample": "nearest"}
+    assert [(e["image"], e["model"], e["checkpoint"], e["mapping"], e["caption"])
+            for e in index["images"]] == [(str(paths[1]), "soft", "soft.ckpt", "softmax", "a soft"),
+                                          (str(paths[1]), "tv", "tv.ckpt", "tvmax", "a tv")]
+    assert index["images"][1]["files"] == [
+        "tv/second/00_a.png", "tv/second/01_tv.png", "tv/second/strip.png",
+        "tv/second/attention.npz", "tv/second/attention.json"]
+    assert sorted(p.name for p in args.out.iterdir()) == ["soft", "tv"]
+    assert AttentionRecord.load(args.out / "tv" / "second" / "attention.npz").mapping == "tvmax"

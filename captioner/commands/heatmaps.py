@@ -32,6 +32,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 from captioner.commands.options import (
     add_decoding_arguments,
@@ -41,6 +42,10 @@ from captioner.commands.options import (
     decoding_options,
     report_error,
 )
+
+if TYPE_CHECKING:
+    from captioner.decoding_options import DecodingOptions
+    from captioner.inference import Captioner
 
 HELP = "per-word attention heatmaps, caption strips and raw weights for images"
 # What marks a folder as an earlier run's output: the key that every index.json of
@@ -60,47 +65,56 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _caption_all(args: argparse.Namespace, models, captioners, options, paths, progress: bool):
-    """Every model's caption of every path, keyed (model, path), and the error of each path
-    that some model could not read."""
+class _Model(NamedTuple):
+    """One --ckpt of the run, as captioning and drawing use it."""
+
+    name: str  # its folder under --out (captioner.heatmaps.checkpoint_names)
+    checkpoint: Path
+    captioner: Captioner
+    decoding: DecodingOptions  # the checkpoint's, with the command line's decoding options
+
+
+def _caption_all(args: argparse.Namespace, models: list[_Model], paths: list[Path],
+                 progress: bool):
+    """Every model's caption of every path, keyed (model name, path), and the error of each
+    path that some model could not read."""
     captions = {}
     failed: dict[Path, str] = {}
-    for model, captioner, decoding in zip(models, captioners, options, strict=True):
-        for result, caption in captioner.caption_files(
-            paths, decoding, batch_size=args.batch_size, progress=progress
+    for model in models:
+        for result, caption in model.captioner.caption_files(
+            paths, model.decoding, batch_size=args.batch_size, progress=progress
         ):
             if caption is None:
                 failed[result.path] = result.error
             else:
-                captions[model, result.path] = caption
+                captions[model.name, result.path] = caption
     return captions, failed
 
 
-def _write_figures(args: argparse.Namespace, models, captioners, captions, paths, good,
-                   vmax: float, progress: bool) -> dict:
-    """Draw the figures of the readable images ``good`` of ``paths`` into --out (folders named
-    after ``paths``, so that a skipped image does not rename the others); returns the index of
-    the run."""
+def _write_figures(args: argparse.Namespace, models: list[_Model], captions,
+                   images: list[tuple[Path, str]], vmax: float, progress: bool) -> dict:
+    """Draw the figures of ``images`` (path, folder name) into ``OUT/MODEL/FOLDER/`` of --out,
+    with ``captions`` keyed (model name, path); returns the index of the run."""
     from tqdm import tqdm
 
-    from captioner.heatmaps import AttentionRecord, unique_stems, write_heatmaps
+    from captioner.heatmaps import AttentionRecord, write_heatmaps
     from data_prep.images import load_image
 
-    stems = dict(zip(paths, unique_stems(paths), strict=True))
     index = {"vmax": vmax, "vmax_rule": "--vmax" if args.vmax else "maximum weight of the run",
              "zero_style": args.zero_style, "upsample": args.upsample, "images": []}
-    for path in tqdm(good, desc="figures", unit="image", disable=not progress, file=sys.stderr):
+    for path, folder in tqdm(images, desc="figures", unit="image", disable=not progress,
+                             file=sys.stderr):
         image = load_image(path)
-        for model, checkpoint, captioner in zip(models, args.ckpt, captioners, strict=True):
-            caption = captions[model, path]
+        for model in models:
+            caption = captions[model.name, path]
             record = AttentionRecord(str(path), caption.text, list(caption.tokens),
                                      caption.attention.float().numpy(),
-                                     captioner.output_attention_name, vmax)
-            files = write_heatmaps(args.out / model / stems[path], image, record,
+                                     model.captioner.output_attention_name, vmax)
+            files = write_heatmaps(args.out / model.name / folder, image, record,
                                    zero_style=args.zero_style, upsample=args.upsample,
                                    max_side=args.size)
             index["images"].append({
-                "image": str(path), "model": model, "checkpoint": str(checkpoint),
+                "image": str(path), "model": model.name, "checkpoint": str(model.checkpoint),
                 "mapping": record.mapping, "caption": caption.text,
                 "files": [str(f.relative_to(args.out)) for f in files],
             })
@@ -109,40 +123,43 @@ def _write_figures(args: argparse.Namespace, models, captioners, captions, paths
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    from captioner.heatmaps import checkpoint_names, shared_vmax
+    from captioner.heatmaps import checkpoint_names, shared_vmax, unique_stems
     from captioner.image_files import collect_images
     from captioner.inference import open_captioner
     from data_prep.files import atomic_write, check_output_folder, clear_folder
 
     try:
-        models = checkpoint_names(args.ckpt)
+        names = checkpoint_names(args.ckpt)
         earlier = check_output_folder(args.out, "heatmaps", "index.json", INDEX_TAG,
                                       args.overwrite)
         paths = collect_images(args.inputs)
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
-        options = [decoding_options(args, captioner.decoding) for captioner in captioners]
+        models = [_Model(name, path, captioner, decoding_options(args, captioner.decoding))
+                  for name, path, captioner in zip(names, args.ckpt, captioners, strict=True)]
     except (OSError, ValueError) as exc:
         return report_error("captioner heatmaps", exc)
 
     progress = not args.no_progress and len(paths) > 1
-    captions, failed = _caption_all(args, models, captioners, options, paths, progress)
+    captions, failed = _caption_all(args, models, paths, progress)
     for error in failed.values():
         print(f"captioner heatmaps: skipped {error}", file=sys.stderr)
     if not captions:
         print("captioner heatmaps: no image could be captioned", file=sys.stderr)
         return 1
-    good = [p for p in paths if p not in failed]
+    # Folders are named after every path, so that a skipped image does not rename the others.
+    images = [(path, folder) for path, folder in zip(paths, unique_stems(paths), strict=True)
+              if path not in failed]
     try:
         # Before an earlier result goes: only empty captions leave no weight to scale by.
         vmax = args.vmax or shared_vmax(c.attention.float().numpy() for c in captions.values())
         if earlier:
             clear_folder(args.out)
-        index = _write_figures(args, models, captioners, captions, paths, good, vmax, progress)
+        index = _write_figures(args, models, captions, images, vmax, progress)
         with atomic_write(args.out / "index.json") as handle:
             json.dump(index, handle, indent=1, ensure_ascii=False)
     except (OSError, ValueError) as exc:
         return report_error("captioner heatmaps", exc, status=1)
-    print(f"wrote heatmaps of {len(good)} images x {len(models)} models to {args.out} "
+    print(f"wrote heatmaps of {len(images)} images x {len(models)} models to {args.out} "
           f"(colour scale 0..{vmax:.4g})")
     if failed:
         print(f"captioner heatmaps: {len(failed)} of {len(paths)} images could not be read",
