@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import email.message
+import enum
+import hashlib
 import os
 import urllib.error
+import urllib.response
 
 import pytest
 import torch
@@ -18,10 +22,10 @@ def hub_dir(tmp_path, monkeypatch):
     previous = torch.hub.get_dir()
     torch.hub.set_dir(str(tmp_path / "hub"))
 
-    def offline(url, *args, **kwargs):
+    def offline(request, *args, **kwargs):
         raise urllib.error.URLError("network is unreachable")
 
-    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
+    monkeypatch.setattr(torch.hub, "urlopen", offline)
     yield tmp_path / "hub"
     torch.hub.set_dir(previous)
 
@@ -114,16 +118,68 @@ def test_named_weights_come_from_the_hub_cache(hub_dir):
         torch.testing.assert_close(encoder.trunk[0].weight, state["conv1.weight"])
 
 
-def test_offline_without_cache_says_where_to_put_the_file(hub_dir):
+def test_offline_without_cache_says_where_to_put_the_file(hub_dir, capfd):
     url = torchvision.models.ResNet18_Weights.IMAGENET1K_V1.url
     expected_path = hub_dir / "checkpoints" / os.path.basename(url)
     with pytest.raises(EncoderWeightsError) as error:
         build_encoder("resnet18", weights="ResNet18_Weights.IMAGENET1K_V1")
+    assert capfd.readouterr() == ("", "")  # no "Downloading: ..." before the error
+    assert sorted(expected_path.parent.iterdir()) == []  # no partial download left
     message = str(error.value)
     assert str(expected_path) in message
     assert url in message
     assert "local state_dict file" in message
     assert "network is unreachable" in message
+
+
+class _ServedWeights(enum.Enum):
+    """A weights enum whose file is served by :func:`_serve` (``url`` set by the test)."""
+
+    IMAGENET1K_V1 = "served"
+
+    @property
+    def url(self) -> str:
+        return _ServedWeights.served_url
+
+
+def _serve(monkeypatch, tmp_path, state: dict, name_hash: str | None = None) -> list[str]:
+    """Serve ``state`` as resnet18's weights, named with the SHA-256 prefix of its bytes (or
+    ``name_hash``); returns the list of URLs requested."""
+    served = tmp_path / "served.pth"
+    torch.save(state, served)
+    digest = name_hash or hashlib.sha256(served.read_bytes()).hexdigest()[:8]
+    _ServedWeights.served_url = f"https://weights.example/resnet18-{digest}.pth"
+    requested = []
+
+    def online(request, *args, **kwargs):
+        requested.append(request.full_url)
+        return urllib.response.addinfourl(open(served, "rb"), email.message.Message(),
+                                          request.full_url, 200)
+
+    monkeypatch.setattr(torch.hub, "urlopen", online)
+    monkeypatch.setattr(torchvision.models, "get_model_weights", lambda arch: _ServedWeights)
+    return requested
+
+
+def test_online_named_weights_are_downloaded_into_the_hub_cache(hub_dir, monkeypatch, tmp_path):
+    state = resnet18_state(seed=7)
+    requested = _serve(monkeypatch, tmp_path, state)
+    encoder = build_encoder("resnet18", weights="IMAGENET1K_V1")
+    assert requested == [_ServedWeights.served_url]
+    torch.testing.assert_close(encoder.trunk[0].weight, state["conv1.weight"])
+    cached = hub_dir / "checkpoints" / os.path.basename(_ServedWeights.served_url)
+    assert cached.read_bytes() == (tmp_path / "served.pth").read_bytes()
+    requested.clear()
+    build_encoder("resnet18", weights="IMAGENET1K_V1")  # from the cache now
+    assert requested == []
+
+
+def test_a_download_that_does_not_match_the_hash_in_its_name_is_refused(
+        hub_dir, monkeypatch, tmp_path):
+    _serve(monkeypatch, tmp_path, resnet18_state(seed=7), name_hash="00000000")
+    with pytest.raises(EncoderWeightsError, match="invalid hash value"):
+        build_encoder("resnet18", weights="IMAGENET1K_V1")
+    assert list((hub_dir / "checkpoints").iterdir()) == []  # nothing left in the cache
 
 
 def test_unknown_names_are_rejected():

@@ -166,9 +166,13 @@ def _named_state_dict(arch: str, name: str) -> tuple[dict[str, Tensor], str]:
     if cached.is_file():
         return _read_state_dict(cached), str(cached)
     try:
-        state_dict = torch.hub.load_state_dict_from_url(
-            url, map_location="cpu", progress=True, weights_only=True
-        )
+        # Into the hub cache, as torch.hub.load_state_dict_from_url would, but without its
+        # "Downloading: ..." line, printed before it connects: offline, our error stands alone.
+        # The SHA-256 prefix in the file name is checked, as torchvision's builders do.
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        digest = torch.hub.HASH_REGEX.search(cached.name)
+        torch.hub.download_url_to_file(url, str(cached), digest and digest.group(1),
+                                       progress=True)
     except Exception as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise EncoderWeightsError(
@@ -179,7 +183,7 @@ def _named_state_dict(arch: str, name: str) -> tuple[dict[str, Tensor], str]:
             "initialization (prepare-features --weights none saves it beside the cache as "
             "NAME.encoder.pt, the file to train with as model.encoder_weights)"
         ) from exc
-    return state_dict, url
+    return _read_state_dict(cached), str(cached)
 
 
 def _trunk_keys(resnet: nn.Module) -> set[str]:
