@@ -24,6 +24,10 @@ import warnings
 from pathlib import Path
 
 import torch
+
+# Private, but the one way to parse a config file without applying links (jsonargparse 4.x,
+# as its parse methods' _skip_validation).
+from jsonargparse._link_arguments import skip_apply_links
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
@@ -217,7 +221,12 @@ class CaptionerCLI(LightningCLI):
         given: dict[str, str | None] = {}
         for kind, value in _config_and_model_options(self._args):
             if kind == "value":
-                keys = parser.parse_path(value, defaults=False).keys()
+                # Neither validated nor linked (data -> model): one config file of a command
+                # line need not hold the required or linked data keys. --config also takes a
+                # YAML string.
+                parse = parser.parse_path if Path(value).is_file() else parser.parse_string
+                with skip_apply_links():
+                    keys = parse(value, defaults=False, _skip_validation=True).keys()
                 given.update({key: f"--config {value}" for key in keys
                               if key.startswith("model.") and key not in _LINKED_MODEL_KEYS})
             else:
@@ -393,12 +402,15 @@ def _given_options(args: list[str], spellings: tuple[str, ...],
     """``("value", VALUE)`` for each option of ``spellings`` in ``args`` and, with ``keys_of``
     (``--model.``), ``("model", KEY)`` for each ``--model.KEY[=VALUE]`` option, in order."""
     found = []
+    short = [spelling for spelling in spellings if not spelling.startswith("--")]
     for index, arg in enumerate(args):
         name, equals, value = arg.partition("=")
         if arg in spellings and index + 1 < len(args):
             found.append(("value", args[index + 1]))
-        elif equals and name in spellings and name.startswith("--"):
+        elif equals and name in spellings:
             found.append(("value", value))
+        elif any(arg.startswith(flag) and not arg.startswith("--") for flag in short):
+            found.append(("value", arg[2:]))  # -cFILE
         elif keys_of is not None and arg.startswith(keys_of):
             found.append(("model", name[2:]))
     return found
@@ -432,7 +444,9 @@ def build_cli(args: list[str] | None, *, run: bool = True) -> CaptionerCLI:
         save_config_callback=SaveConfigOnceRestored,
         save_config_kwargs={"overwrite": True},
         # Errors in arguments and configs are raised (one line from the command), not printed
-        # after the whole usage.
-        parser_kwargs={"prog": "captioner", "exit_on_error": False},
+        # after the whole usage. No abbreviated options (--conf for --config; the sub-commands
+        # inherit it): the scan of the command line that names the run and compares a config's
+        # model keys with a checkpoint reads full names.
+        parser_kwargs={"prog": "captioner", "exit_on_error": False, "allow_abbrev": False},
     )
 

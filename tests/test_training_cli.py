@@ -583,6 +583,21 @@ def test_a_checkpoint_keeps_its_hyperparameters_and_takes_decoding_options(
     config = last.parents[1] / "config.yaml"
     assert lightning_main(["test", "--config", str(config), "--ckpt_path", str(last),
                            "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")]) == 0
+    # A config of model settings alone (no data keys for the data -> model links), given as
+    # -cFILE or as a YAML string: compared all the same.
+    same = tmp_path / "hidden_32.yaml"
+    same.write_text("model:\n  hidden_dim: 32\n")
+    other = tmp_path / "hidden_16.yaml"
+    other.write_text("model:\n  hidden_dim: 16\n")
+    for config, code in ((f"-c{same}", 0), (f"-c{other}", 2),
+                         ("model: {hidden_dim: 16}", 2)):
+        given = [config] if config.startswith("-c") else ["--config", config]
+        assert lightning_main(["test", *args, *given, "--ckpt_path", str(last)]) == code, config
+        err = capsys.readouterr().err
+        assert (code == 0) == ("sets model.hidden_dim: 16, but" not in err), err
+    # An abbreviated option would escape that scan: refused.
+    assert lightning_main(["test", "--conf", str(other), *args, "--ckpt_path", str(last)]) == 2
+    assert "--conf" in capsys.readouterr().err
 
 
 def test_missing_cache_key_is_an_error_naming_it(synthetic_data, tiny_cache, tmp_path, capsys):
