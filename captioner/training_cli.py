@@ -417,8 +417,9 @@ def _given_options(args: list[str], spellings: tuple[str, ...],
 
 
 def _first_config(args: list[str]) -> str | None:
-    """The value of the first ``--config`` / ``-c`` option of ``args``."""
-    return next(iter(config_files(args)), None)
+    """The first ``--config`` / ``-c`` option of ``args`` that names a file (not a YAML
+    string, which names no run)."""
+    return next((config for config in config_files(args) if Path(config).is_file()), None)
 
 
 def end_distributed() -> None:

@@ -700,3 +700,18 @@ def test_float32_matmul_precision_is_set_before_training(synthetic_data, tiny_ca
         assert torch.get_float32_matmul_precision() == "highest"  # the default, exact float32
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_the_configs_of_a_command_line_in_every_spelling(tmp_path):
+    from captioner.training_cli import _first_config, config_files
+
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    for path in (first, second):
+        path.write_text("model: {}\n")
+    args = ["--config", "model: {hidden_dim: 8}", f"-c{first}", "-c", str(second),
+            f"--config={second}", f"-c={first}", "--model.hidden_dim", "8"]
+    assert config_files(args) == ["model: {hidden_dim: 8}", str(first), str(second),
+                                  str(second), str(first)]
+    # The run is named after the first config file: a YAML string names none.
+    assert _first_config(args) == str(first)
+    assert _first_config(["--config", "model: {}"]) is None
