@@ -122,6 +122,23 @@ def test_deferred_checks_raise_the_first_failure_when_read():
     checks.raise_first()  # the queue was emptied
 
 
+@pytest.mark.parametrize("order", ["flag first", "value first"])
+def test_deferred_flags_and_values_fail_in_the_order_they_were_queued(order):
+    """A floating verdict fails unless finite (its test is made when the checks are read)."""
+    checks = att.DeferredChecks()
+    checks.add(torch.tensor(2.0, dtype=torch.float64), lambda: "a finite value never fails")
+    checks.add(torch.tensor(False), lambda: "a False flag never fails")
+    queued = [(torch.tensor(True), "the flag"), (torch.tensor(float("inf")), "the value")]
+    for verdict, message in queued if order == "flag first" else queued[::-1]:
+        checks.add(verdict, lambda message=message: message)
+    first = "the flag" if order == "flag first" else "the value"
+    with pytest.raises(ValueError, match=f"^{first}$"):
+        checks.raise_first()
+    checks.add(torch.tensor(float("nan")), lambda: "nan fails")
+    with pytest.raises(ValueError, match="^nan fails$"):
+        checks.raise_first()
+
+
 def test_a_deferred_failure_that_proves_harmless_raises_nothing():
     # checked_max's first test is coarse (the float64 sum of row maxima); when its closer look
     # finds nothing wrong, the description says so with None.

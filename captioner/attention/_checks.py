@@ -60,17 +60,29 @@ class DeferredChecks:
     def __exit__(self, *exc_info) -> None:
         _COLLECTOR.reset(self._tokens.pop())
 
-    def add(self, failed: Tensor, describe: Callable[[], str | None]) -> None:
-        self._failed.append((failed.reshape(()), describe))
+    def add(self, verdict: Tensor, describe: Callable[[], str | None]) -> None:
+        """Queue a check: ``verdict`` is a bool (True = failed) or a floating value (failed
+        unless finite), one element each."""
+        self._failed.append((verdict.reshape(()), describe))
 
     def raise_first(self) -> None:
         """Raise ValueError(describe()) for the first failed check since the last call."""
         pending, self._failed = self._failed, []
         if not pending:
             return
-        flags = torch.stack([failed for failed, _ in pending]).tolist()  # the one sync
-        for flag, (_, describe) in zip(flags, pending, strict=True):
-            message = describe() if flag else None
+        # The finiteness of every floating verdict is tested here at once, not per check.
+        is_flag = [verdict.dtype == torch.bool for verdict, _ in pending]
+        flags = [verdict for (verdict, _), flag in zip(pending, is_flag, strict=True) if flag]
+        values = [verdict.double() for (verdict, _), flag in zip(pending, is_flag, strict=True)
+                  if not flag]
+        parts = [torch.stack(flags)] if flags else []
+        if values:
+            parts.append(~torch.isfinite(torch.stack(values)))
+        verdicts = torch.cat(parts).tolist()  # the one sync
+        failed_flags, failed_values = iter(verdicts[:len(flags)]), iter(verdicts[len(flags):])
+        for flag, (_, describe) in zip(is_flag, pending, strict=True):
+            failed = next(failed_flags if flag else failed_values)
+            message = describe() if failed else None
             if message is not None:
                 raise ValueError(message)
 
@@ -86,6 +98,20 @@ def fail_if(failed: Tensor, describe: Callable[[], str | None]) -> None:
         collector.add(failed, describe)
         return
     if bool(failed):
+        message = describe()
+        if message is not None:
+            raise ValueError(message)
+
+
+def fail_unless_finite(value: Tensor, describe: Callable[[], str | None]) -> None:
+    """Raise ValueError(describe()) if the one-element floating tensor ``value`` is NaN or
+    infinite. Inside a :class:`DeferredChecks` a device tensor is only queued, and tested
+    with the others when they are read: no kernel beyond the one that made ``value``."""
+    collector = _COLLECTOR.get()
+    if collector is not None and value.device.type != "cpu":
+        collector.add(value, describe)
+        return
+    if not math.isfinite(float(value)):
         message = describe()
         if message is not None:
             raise ValueError(message)
@@ -155,10 +181,25 @@ def checked_max(z: Tensor, dim: int, func: str) -> Tensor:
     :class:`DeferredChecks`.
     """
     z_max = z.detach().amax(dim=dim, keepdim=True)
-    failed = ~torch.isfinite(z_max.sum(dtype=torch.float64))
     grids = _ROWS_ARE_GRIDS.get()
-    fail_if(failed, lambda: _describe_max(z_max, dim, z.dim(), func, grids))
+    fail_unless_finite(z_max.sum(dtype=torch.float64),
+                       lambda: _describe_max(z_max, dim, z.dim(), func, grids))
     return z_max
+
+
+def check_distributions(p: Tensor, z: Tensor, dim: int, func: str) -> None:
+    """Reject the scores ``z`` that a mapping ``p = mapping(z)`` along ``dim`` turned into NaN:
+    a NaN or ``+inf`` score, or a row with every entry masked or ``-inf``, as
+    :func:`checked_max` does, for a mapping such as softmax that needs no maxima of its own.
+
+    One float64 sum of ``p`` (at most the number of rows, if valid) is the whole check; the
+    description looks at ``z`` only on failure.
+    """
+    grids = _ROWS_ARE_GRIDS.get()
+    fail_unless_finite(
+        p.detach().sum(dtype=torch.float64),
+        lambda: _describe_max(z.detach().amax(dim=dim, keepdim=True), dim, z.dim(), func, grids),
+    )
 
 
 def _describe_max(z_max: Tensor, dim: int, rank: int, func: str, grids: bool) -> str | None:

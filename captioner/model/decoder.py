@@ -181,13 +181,14 @@ class AttentionDecoder(nn.Module):
         return DecoderState(torch.tanh(self.init_hidden(mean)), torch.tanh(self.init_cell(mean)))
 
     def _recur(
-        self, encoded: EncodedImages, state: DecoderState, tokens: Tensor
+        self, encoded: EncodedImages, state: DecoderState, embedded: Tensor
     ) -> tuple[DecoderState, Tensor]:
-        """Input attention from h_{t-1} and one LSTM step; tokens ``(N,)`` are y_{t-1}."""
+        """Input attention from h_{t-1} and one LSTM step; embedded ``(N, embed_dim)`` is
+        E y_{t-1}."""
         context, weights = self.input_attention(
             encoded.input_keys, encoded.values, state.hidden, encoded.grid
         )
-        lstm_input = torch.cat([context, self.embedding(tokens)], dim=-1)
+        lstm_input = torch.cat([context, embedded], dim=-1)
         hidden, cell = self.lstm(lstm_input, (state.hidden, state.cell))
         return DecoderState(hidden, cell), weights
 
@@ -202,7 +203,7 @@ class AttentionDecoder(nn.Module):
 
     def step(self, encoded: EncodedImages, state: DecoderState, tokens: Tensor) -> StepOutput:
         """One decoding step: consume y_{t-1} (``(N,)`` long) and score y_t."""
-        state, input_weights = self._recur(encoded, state, tokens)
+        state, input_weights = self._recur(encoded, state, self.embedding(tokens))
         scores, output_weights = self._readout(encoded, state.hidden)
         return StepOutput(scores, state, output_weights, input_weights)
 
@@ -222,9 +223,12 @@ class AttentionDecoder(nn.Module):
             raise ValueError(f"decoder expects torch.long captions, got {captions.dtype}")
         encoded = self.encode(features)
         state = self.initial_state(encoded)
+        # Every word embedded at once: one lookup and, in the backward pass, one scatter into
+        # the embedding's gradient instead of one per step (each is several GPU kernels);
+        # unbind's backward stacks the steps' gradients in one kernel.
         hiddens, input_weights = [], []
-        for t in range(captions.shape[1]):
-            state, weights = self._recur(encoded, state, captions[:, t])
+        for embedded in self.embedding(captions).unbind(1):
+            state, weights = self._recur(encoded, state, embedded)
             hiddens.append(state.hidden)
             input_weights.append(weights)
         scores, output_weights = self._readout(encoded, torch.stack(hiddens, dim=1))
