@@ -183,6 +183,15 @@ def test_a_runs_own_config_with_ckpt_path_last_resumes_that_run(synthetic_data, 
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
     run, newer = (tmp_path / "runs" / "demo_softmax" / f"version_{n}" for n in (0, 1))
+    # The config.yaml holds ckpt_path: null; given after --ckpt_path last, it would start a
+    # third run from scratch.
+    code, _, err = _run("fit", "--ckpt_path", "last", "--config", str(run / "config.yaml"),
+                        "--trainer.max_epochs", "2")
+    assert code == 2 and err.strip() == (
+        f"captioner fit: --ckpt_path comes before --config {run / 'config.yaml'}, which sets "
+        "ckpt_path and would replace it; give the --config files first, then the options "
+        "that change them")
+    assert sorted(p.name for p in run.parent.iterdir()) == ["version_0", "version_1"]
     assert lightning_main(["fit", "--config", str(run / "config.yaml"),
                            "--trainer.max_epochs", "2", "--ckpt_path", "last"]) == 0
     assert sorted(p.name for p in run.parent.iterdir()) == ["version_0", "version_1"]
@@ -380,6 +389,24 @@ def test_a_bad_value_names_the_config_files_only_when_it_comes_from_them(synthet
     # The file's bad value fails the parse although the command line gives the key a good one.
     code, _, err = _run("fit", *args, "--config", str(bad), "--model.lr", "0.1")
     assert code == 2 and f"{bad}: Parser key \"model.lr\"" in err, err
+
+
+def test_an_option_before_a_config_that_sets_it_is_refused_not_replaced(tmp_path, capsys):
+    # The command line is applied in order: coco_tvmax.yaml's base/paper_trainer.yaml sets
+    # max_epochs 50, which would replace the 2 given before it.
+    tvmax = str(REPO / "configs" / "coco_tvmax.yaml")
+    assert lightning_main(["fit", "--trainer.max_epochs", "2", "--config", tvmax]) == 2
+    assert capsys.readouterr().err == (
+        f"captioner fit: --trainer.max_epochs comes before --config {tvmax}, which sets "
+        "trainer.max_epochs and would replace it; give the --config files first, then the "
+        "options that change them\n")
+    assert lightning_main(["test", "--model.output_attention_kwargs", "{lam: 0.1}",
+                           "--config", tvmax]) == 2
+    assert "which sets model.output_attention_kwargs.lam" in capsys.readouterr().err
+    # An option that no later config sets keeps its value wherever it stands.
+    with pytest.raises(SystemExit):
+        lightning_main(["fit", "--run_name", "mine", "--config", tvmax, "--print_config"])
+    assert yaml.safe_load(capsys.readouterr().out)["run_name"] == "mine"
 
 
 def test_a_missing_include_of_a_config_file_is_named_once_with_where_it_was_looked_for(
