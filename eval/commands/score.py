@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from captioner.commands.options import at_least, report_error, warnings_as_lines
@@ -105,10 +104,8 @@ def main(argv: list[str]) -> int:
             "pass --allow-empty to score them anyway"
         )
     if problems:
-        print(f"captioner score: cannot score {args.results}:", file=sys.stderr)
-        for problem in problems:
-            print(f"  - {problem}", file=sys.stderr)
-        return 2
+        return report_error("captioner score", ValueError("; ".join(problems)),
+                            f"cannot score {args.results}")
     if empty:
         print(f"warning: scoring {len(empty)} empty captions (image ids {empty[:10]})")
     try:
