@@ -154,8 +154,8 @@ def extract_features(
     bad = [(entry, reason) for entry, reason in zip(entries, reasons, strict=True) if reason]
     if bad and on_error == "fail":
         raise FeatureExtractionError(
-            _bad_images_message(bad, len(entries), "cannot be used")
-            + f"\n(fix or remove them, or rerun with --on-error skip to encode the other "
+            _bad_images_message(bad, len(entries), "cannot be used", one_line=True)
+            + f" (fix or remove them, or rerun with --on-error skip to encode the other "
             f"{len(entries) - len(bad)})"
         )
     if bad:
@@ -267,12 +267,17 @@ class _ImageChecks:
         return image_files.check_image(self.paths[index], self.max_pixels)
 
 
-def _bad_images_message(bad: Sequence[tuple[Any, str]], total: int, what: str) -> str:
-    lines = [f"{len(bad)} of {total} images {what}:"]
-    lines += [f"  {entry.path}: {reason}" for entry, reason in bad[:SHOWN_BAD_IMAGES]]
+def _bad_images_message(bad: Sequence[tuple[Any, str]], total: int, what: str, *,
+                        one_line: bool = False) -> str:
+    """``N of TOTAL images WHAT:`` and the first bad files with their reasons, one per line,
+    or (``one_line``, for an error) separated by semicolons."""
+    items = [f"{entry.path}: {reason}" for entry, reason in bad[:SHOWN_BAD_IMAGES]]
     if len(bad) > SHOWN_BAD_IMAGES:
-        lines.append(f"  and {len(bad) - SHOWN_BAD_IMAGES} more")
-    return "\n".join(lines)
+        items.append(f"and {len(bad) - SHOWN_BAD_IMAGES} more")
+    head = f"{len(bad)} of {total} images {what}:"
+    if one_line:
+        return f"{head} {'; '.join(items)}"
+    return "\n".join([head, *(f"  {item}" for item in items)])
 
 
 def _ids_fingerprint(ids: Sequence[int]) -> dict[str, Any]:

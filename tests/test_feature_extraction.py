@@ -121,9 +121,10 @@ def test_precheck_lists_every_unusable_file_before_encoding(tmp_path, capsys):
     out = tmp_path / "out" / "features.h5"
     code, _, err = _run(capsys, "--data", data, "--images", images, "--out", out, *ENCODER_ARGS)
     _user_error(code, err)
-    assert "13 of 30 images cannot be used" in err and "and 3 more" in err
+    [line] = err.splitlines()  # each file and its reason, separated by semicolons
+    assert "13 of 30 images cannot be used: " in line and "; and 3 more (fix or remove" in line
     for image_id, reason in expected.items():
-        assert re.search(rf"/{image_id - 1000}\.png: .*{reason}", err), (reason, err)
+        assert re.search(rf"/{image_id - 1000}\.png: [^;]*{reason}[^;]*; ", line), (reason, err)
     assert "--on-error skip" in err
     assert not out.exists() and not partial_cache_path(out).exists()
 
