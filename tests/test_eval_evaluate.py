@@ -130,3 +130,34 @@ def test_captions_are_kept_when_a_metric_fails_after_them(synthetic_data, tiny_c
         f"captioner evaluate: SPICE stopped (the captions are kept in {results})")
     assert len(json.loads(results.read_text())) == 4
     assert not (out / "metrics_test.json").exists()
+
+
+def test_an_earlier_evaluation_in_out_is_kept_unless_overwrite(synthetic_data, tiny_checkpoint,
+                                                                tmp_path, capsys, monkeypatch):
+    import eval.scoring
+
+    out = tmp_path / "evaluation"
+    argv = ["--ckpt", str(tiny_checkpoint), "--data", str(synthetic_data.karpathy_json),
+            "--images", str(synthetic_data.image_root), "--metrics", "Bleu", "--beam-size", "1",
+            "--no-progress", "--out", str(out)]
+    assert evaluate.main(argv) == 0
+    capsys.readouterr()
+    results, metrics = out / "results_test.json", out / "metrics_test.json"
+    earlier = (results.read_bytes(), metrics.read_bytes())
+    # Another checkpoint's or decoding's evaluation into the same --out (the default one).
+    assert evaluate.main([*argv, "--beam-size", "2"]) == 2
+    assert capsys.readouterr().err == (
+        f"captioner evaluate: {results}: holds an earlier evaluation of split 'test'; choose "
+        "another --out, or pass --overwrite to replace it\n")
+    assert (results.read_bytes(), metrics.read_bytes()) == earlier
+    # Another split goes beside it.
+    assert evaluate.main([*argv, "--split", "val"]) == 0
+    assert (out / "metrics_val.json").is_file() and metrics.read_bytes() == earlier[1]
+    # With --overwrite the new captions replace the old, and the old metrics never stay
+    # beside them, even when the new metrics fail.
+    def fail(*args, **kwargs):
+        raise ValueError("SPICE stopped")
+
+    monkeypatch.setattr(eval.scoring, "compute_metrics", fail)
+    assert evaluate.main([*argv, "--beam-size", "2", "--overwrite"]) == 2
+    assert results.is_file() and not metrics.exists()

@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated subset of Bleu,METEOR,ROUGE_L,CIDEr,SPICE,REP (default: all)",
     )
     parser.add_argument("--out", default="evaluation", help="output folder (default: %(default)s)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the results_SPLIT.json and metrics_SPLIT.json of an "
+                             "earlier evaluation of the split in --out (default: refuse)")
     return parser
 
 
@@ -47,15 +50,22 @@ def format_report(report) -> str:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from captioner.inference import open_captioner
-    from data_prep.files import check_output_dir, write_json
+    from data_prep.files import OutputPathError, check_output_dir, write_json
     from eval.evaluation import evaluate_captioner
     from eval.java_tools import JavaToolError
     from eval.scoring import parse_metrics
     from eval.spice_jars import SpiceJarsError
 
     out = Path(args.out)
+    results = out / f"results_{args.split}.json"
+    metrics_file = out / f"metrics_{args.split}.json"
     try:
         check_output_dir(out)
+        earlier = next((path for path in (results, metrics_file) if path.exists()), None)
+        if earlier is not None and not args.overwrite:
+            raise OutputPathError(f"{earlier}: holds an earlier evaluation of split "
+                                  f"{args.split!r}; choose another --out, or pass --overwrite "
+                                  "to replace it")
         metrics = parse_metrics(args.metrics)
         if "SPICE" in metrics:
             from eval.spice_jars import locate_spice
@@ -65,12 +75,12 @@ def main(argv: list[str]) -> int:
         options = decoding_options(args, captioner.decoding)
     except (SpiceJarsError, OSError, ValueError) as exc:
         return report_error("captioner evaluate", exc)
-    results = out / f"results_{args.split}.json"
     written = []
 
     def keep(captions: list[dict]) -> None:  # before the metrics, which may fail
         write_json(results, captions)
         written.append(results)
+        metrics_file.unlink(missing_ok=True)  # an earlier run's, never beside these captions
 
     try:
         with warnings_as_lines():  # e.g. CIDEr undefined on one image: one line
@@ -82,7 +92,6 @@ def main(argv: list[str]) -> int:
     except (SpiceJarsError, JavaToolError, FileNotFoundError, KeyError, ValueError) as exc:
         kept = f"(the captions are kept in {results})" if written else ""
         return report_error("captioner evaluate", exc, after=kept)
-    metrics_file = out / f"metrics_{args.split}.json"
     write_json(metrics_file, report.to_dict(), indent=2)
     print(format_report(report))
     print(f"\nwrote {results} and {metrics_file}")
