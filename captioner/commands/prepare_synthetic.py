@@ -24,7 +24,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--test", type=int, default=250, help="test images (default 250)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument(
-        "--image-size", type=int, default=256, help="side of the square images in pixels"
+        "--image-size", type=int, default=256,
+        help="side of the square images in pixels (default 256)",
     )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return parser
