@@ -113,3 +113,23 @@ def test_runs_says_what_a_run_without_readable_progress_holds(tmp_path, capsys):
     assert rows[0].startswith("a ") and rows[0].endswith("(no checkpoint yet)")
     assert rows[1].startswith("b ") and rows[1].endswith(
         "(progress.json missing or unreadable; checkpoints: last.ckpt)")
+
+
+def test_runs_given_a_run_folder_names_the_runs_folder_above_it(tmp_path, capsys):
+    from captioner.commands import runs
+
+    run = tmp_path / "runs" / "coco_tvmax"
+    (run / "version_0" / "checkpoints").mkdir(parents=True)
+    for root in (run, run / "version_0"):
+        assert runs.main(["--root", str(root)]) == 2
+        assert capsys.readouterr().err == (
+            f"captioner runs: {root} is a run's folder, not a folder of runs; give the one "
+            f"that holds them: --root {tmp_path / 'runs'}\n")
+    assert runs.main(["--root", str(tmp_path / "runs")]) == 0
+    assert capsys.readouterr().out.splitlines()[1].startswith("coco_tvmax ")
+    # A folder without runs is no error; a file is not a folder.
+    assert runs.main(["--root", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == f"no runs under {tmp_path}\n"
+    (tmp_path / "runs.txt").write_text("")
+    assert runs.main(["--root", str(tmp_path / "runs.txt")]) == 2
+    assert capsys.readouterr().err == f"captioner runs: not a folder: {tmp_path / 'runs.txt'}\n"

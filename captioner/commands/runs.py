@@ -21,12 +21,22 @@ def main(argv: list[str]) -> int:
                         help="runs folder (default: %(default)s)")
     args = parser.parse_args(argv)
 
-    from captioner.training_runs import list_runs
+    from captioner.training_runs import list_runs, version_folders, version_number
 
     if not args.root.is_dir():
-        print(f"captioner runs: no such folder: {args.root}", file=sys.stderr)
+        problem = "not a folder" if args.root.exists() else "no such folder"
+        print(f"captioner runs: {problem}: {args.root}", file=sys.stderr)
         return 2
     runs = list_runs(args.root)
+    root = args.root.resolve()
+    # A run's folder (runs/NAME) or one of its versions (runs/NAME/version_N) lists nothing
+    # as a root: name the runs folder above it.
+    above = (root.parents[1] if version_number(root) is not None and len(root.parents) > 1
+             else root.parent if version_folders(root.parent, root.name) else None)
+    if not runs and above is not None:
+        print(f"captioner runs: {args.root} is a run's folder, not a folder of runs; give "
+              f"the one that holds them: --root {above}", file=sys.stderr)
+        return 2
     if not runs:
         print(f"no runs under {args.root}")
         return 0
