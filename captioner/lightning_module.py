@@ -309,7 +309,8 @@ CACHE_SETTINGS = {"arch": "model.encoder_arch", "weights": "model.encoder_weight
                   "image_size": "data.image_size", "layer": "model.encoder_layer"}
 
 
-def check_feature_cache(settings: Mapping[str, Any], cache: FeatureCache) -> None:
+def check_feature_cache(settings: Mapping[str, Any], cache: FeatureCache, *,
+                        checkpoint: str | None = None) -> None:
     """Refuse a feature cache written by another encoder than the one configured: cached
     features are only valid for the frozen encoder that produced them. A weights file counts
     as the cache's when it is the same path or holds the same bytes (a copy, or the cache and
@@ -319,6 +320,8 @@ def check_feature_cache(settings: Mapping[str, Any], cache: FeatureCache) -> Non
         settings: the configured values by option name: CACHE_SETTINGS' options and
             ``model.encoder_trainable``.
         cache: the feature cache, with the encoder settings it recorded.
+        checkpoint: the checkpoint whose model the settings are (``--ckpt_path``), which
+            keeps them: the advice is then another cache, not another setting.
 
     Raises:
         ValueError: naming the option to set and the value the cache needs.
@@ -335,10 +338,13 @@ def check_feature_cache(settings: Mapping[str, Any], cache: FeatureCache) -> Non
         value = settings[option]
         sha256 = cache.weights_sha256 if key == "weights" else None
         if not _same_setting(cached.get(key), value, sha256):
+            advice = (f"to use this cache, set {option} to {cached.get(key)}" if checkpoint is None
+                      else f"the model of {checkpoint} keeps {option}={value}: give a feature "
+                      "cache written with that encoder, or --data.feature_cache null to read "
+                      "the images")
             raise ValueError(
                 f"feature cache {path} was written with encoder {key}={cached.get(key)!r}, but "
-                f"the model has {key}={value!r}; to use this cache, set {option} to "
-                f"{cached.get(key)}"
+                f"the model has {key}={value!r}; {advice}"
             )
 
 

@@ -21,7 +21,9 @@ import itertools
 import logging
 import sys
 import warnings
+from argparse import ArgumentError
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -124,6 +126,7 @@ class CaptionerCLI(LightningCLI):
         self._checkpoint_step = 0  # global step of the --ckpt_path checkpoint
         self._resumed_run: Path | None = None  # the run folder fit resumes into
         self._new_root: Path | None = None  # the runs folder, when this command makes it
+        self._config_keys: dict[str | None, list[str]] = {}  # _keys_set_by, per --config
         super().__init__(*args, **kwargs)
 
     # LightningCLI hook (Lightning 2.6): the parser of one sub-command.
@@ -171,6 +174,16 @@ class CaptionerCLI(LightningCLI):
         parser.link_arguments("data.image_size", "model.image_size")
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
 
+    # LightningCLI hook (Lightning 2.6): parses the command line into self.config.
+    def parse_arguments(self, parser, args) -> None:
+        subcommand = next(iter(self._args), None)
+        if subcommand in getattr(self, "_subcommand_parsers", {}):
+            self._refuse_options_a_config_replaces(self._subcommand_parsers[subcommand],
+                                                   self._args[1:])
+        else:  # run=False: no sub-command
+            self._refuse_options_a_config_replaces(parser, self._args)
+        super().parse_arguments(parser, args)
+
     # LightningCLI hook (Lightning 2.6): reads --ckpt_path's hyperparameters into the config.
     def _parse_ckpt_path(self) -> None:
         subcommand = self.config.get("subcommand")
@@ -179,6 +192,10 @@ class CaptionerCLI(LightningCLI):
         config = self.config[subcommand]
         ckpt_path = config.get("ckpt_path")
         if ckpt_path is None:
+            if subcommand in ("validate", "test"):
+                # Lightning would score the untrained model of the config, in a new run folder.
+                raise UserError(f"{subcommand} scores a trained model: give --ckpt_path best, "
+                                "last or a checkpoint file")
             return
         if ckpt_path in _NAMED_CHECKPOINTS:
             ckpt_path = self._resolve_named(subcommand, config, ckpt_path)
@@ -217,21 +234,52 @@ class CaptionerCLI(LightningCLI):
         """The ``model.*`` keys that the command line or its config files set, each with the
         ``--config FILE`` that set it last (None: the command line), in parsing order. The
         model's own defaults are not among them: those yield to a checkpoint's values."""
-        parser = self._subcommand_parsers[subcommand]
         given: dict[str, str | None] = {}
-        for kind, value in _config_and_model_options(self._args):
-            if kind == "value":
-                # Neither validated nor linked (data -> model): one config file of a command
-                # line need not hold the required or linked data keys. --config also takes a
-                # YAML string.
-                parse = parser.parse_path if Path(value).is_file() else parser.parse_string
-                with skip_apply_links():
-                    keys = parse(value, defaults=False, _skip_validation=True).keys()
-                given.update({key: f"--config {value}" for key in keys
+        for option in given_options(self._args):
+            if option.key == "config":
+                keys = self._keys_set_by(self._subcommand_parsers[subcommand], option.value)
+                given.update({key: f"--config {option.value}" for key in keys
                               if key.startswith("model.") and key not in _LINKED_MODEL_KEYS})
-            else:
-                given[value] = None
+            elif option.key.startswith("model."):
+                given[option.key] = None
         return given
+
+    def _refuse_options_a_config_replaces(self, parser, args: list[str]) -> None:
+        """The command line is applied in order: a ``--config`` file that sets a key replaces
+        an option of that key given before it (``--ckpt_path last`` before a run's
+        config.yaml, which holds ``ckpt_path: null``, would train a new run from scratch;
+        ``--trainer.max_epochs 2`` before a paper config, 50 epochs). Refused instead."""
+        seen: list[str] = []
+        for option in given_options(args):
+            if option.key != "config":
+                seen.append(option.key)
+                continue
+            keys = self._keys_set_by(parser, option.value)
+            for earlier in seen:
+                key = next((key for key in keys if earlier == key
+                            or earlier.startswith(f"{key}.") or key.startswith(f"{earlier}.")),
+                           None)
+                if key is not None:
+                    raise UserError(
+                        f"--{earlier} comes before --config {option.value}, which sets {key} "
+                        "and would replace it; give the --config files first, then the "
+                        "options that change them")
+
+    def _keys_set_by(self, parser, config: str | None) -> list[str]:
+        """The dotted keys that ``config`` (a file, with the files it includes, or a YAML
+        string) sets, in its order, read by ``parser`` (the sub-command's); none when it cannot
+        be read (the parse of the whole command line says why)."""
+        if config not in self._config_keys:
+            parse = parser.parse_path if Path(config or "").is_file() else parser.parse_string
+            try:
+                # Neither validated nor linked (data -> model): one config file of a command
+                # line need not hold the required or linked data keys.
+                with skip_apply_links():
+                    keys = list(parse(config, defaults=False, _skip_validation=True).keys())
+            except (ArgumentError, TypeError, ValueError, OSError):
+                keys = []
+            self._config_keys[config] = keys
+        return self._config_keys[config]
 
     def _resolve_named(self, subcommand: str, config, which: str) -> Path:
         """``last`` / ``best`` of this config's run (the newest, or the one whose config.yaml
@@ -290,7 +338,7 @@ class CaptionerCLI(LightningCLI):
             # which may be missing (offline) when the cache needs other weights anyway.
             options = [*CACHE_SETTINGS.values(), "model.encoder_trainable"]
             check_feature_cache({option: config[option] for option in options},
-                                FeatureCache(cache))
+                                FeatureCache(cache), checkpoint=config.get("ckpt_path"))
         logger = config.trainer.get("logger")
         init_args = getattr(logger, "init_args", None)
         if init_args is None or "name" not in init_args:
@@ -380,40 +428,42 @@ def _log_beside_the_run(init_args, checkpoint: Path, subcommand: str) -> None:
         init_args["version"] = f"{folder.parent.name}/{free}"
 
 
-def config_files(args: list[str]) -> list[str]:
-    """The values of the ``--config`` / ``-c`` options of ``args``, in order."""
-    return option_values(args, "--config", "-c")
+class GivenOption(NamedTuple):
+    """An option of a command line: ``key`` dotted without ``--`` (``trainer.max_epochs``;
+    ``config`` for every spelling of ``--config`` / ``-c``) and its value, if it has one."""
+
+    key: str
+    value: str | None
 
 
-def option_values(args: list[str], *spellings: str) -> list[str]:
-    """The values that ``args`` gives the option of these ``spellings``, in order
-    (``--option VALUE`` or ``--option=VALUE``)."""
-    return [value for kind, value in _given_options(args, spellings) if kind == "value"]
-
-
-def _config_and_model_options(args: list[str]) -> list[tuple[str, str]]:
-    """``("value", FILE)`` for each ``--config`` / ``-c`` option of ``args`` and
-    ``("model", KEY)`` for each ``--model.KEY[=VALUE]`` option (KEY dotted), in order."""
-    return _given_options(args, ("--config", "-c"), keys_of="--model.")
-
-
-def _given_options(args: list[str], spellings: tuple[str, ...],
-                   keys_of: str | None = None) -> list[tuple[str, str]]:
-    """``("value", VALUE)`` for each option of ``spellings`` in ``args`` and, with ``keys_of``
-    (``--model.``), ``("model", KEY)`` for each ``--model.KEY[=VALUE]`` option, in order."""
+def given_options(args: list[str]) -> list[GivenOption]:
+    """The options of ``args`` in order, as ``--key VALUE``, ``--key=VALUE`` or a flag, and
+    ``-c FILE``, ``-c=FILE`` or ``-cFILE`` for ``--config FILE``."""
     found = []
-    short = [spelling for spelling in spellings if not spelling.startswith("--")]
     for index, arg in enumerate(args):
         name, equals, value = arg.partition("=")
-        if arg in spellings and index + 1 < len(args):
-            found.append(("value", args[index + 1]))
-        elif equals and name in spellings:
-            found.append(("value", value))
-        elif any(arg.startswith(flag) and not arg.startswith("--") for flag in short):
-            found.append(("value", arg[2:]))  # -cFILE
-        elif keys_of is not None and arg.startswith(keys_of):
-            found.append(("model", name[2:]))
+        following = args[index + 1] if index + 1 < len(args) else None
+        if following is not None and following.startswith("-"):
+            following = None
+        if name in ("--config", "-c"):
+            found.append(GivenOption("config", value if equals else following))
+        elif arg.startswith("-c") and not arg.startswith("--"):
+            found.append(GivenOption("config", arg[2:]))
+        elif arg.startswith("--"):
+            found.append(GivenOption(name[2:], value if equals else following))
     return found
+
+
+def config_files(args: list[str]) -> list[str]:
+    """The values of the ``--config`` / ``-c`` options of ``args``, in order."""
+    return [option.value for option in given_options(args)
+            if option.key == "config" and option.value is not None]
+
+
+def option_values(args: list[str], key: str) -> list[str]:
+    """The values that ``args`` gives the option ``--key``, in order."""
+    return [option.value for option in given_options(args)
+            if option.key == key and option.value is not None]
 
 
 def _first_config(args: list[str]) -> str | None:

@@ -402,7 +402,17 @@ def test_an_option_before_a_config_that_sets_it_is_refused_not_replaced(tmp_path
         "options that change them\n")
     assert lightning_main(["test", "--model.output_attention_kwargs", "{lam: 0.1}",
                            "--config", tvmax]) == 2
-    assert "which sets model.output_attention_kwargs.lam" in capsys.readouterr().err
+    assert "which sets model.output_attention_kwargs and" in capsys.readouterr().err
+    # Every spelling of --config; a config that cannot be read is left to the CLI's own parse.
+    assert lightning_main(["fit", "--trainer.max_epochs", "2", f"-c{tvmax}"]) == 2
+    assert "--trainer.max_epochs comes before --config" in capsys.readouterr().err
+    assert lightning_main(["fit", "--trainer.max_epochs", "2", "--config",
+                           "trainer: {max_epochs: 3}"]) == 2
+    assert "which sets trainer.max_epochs" in capsys.readouterr().err
+    missing = str(tmp_path / "missing.yaml")
+    assert lightning_main(["fit", "--trainer.max_epochs", "2", "--config", missing]) == 2
+    err = capsys.readouterr().err
+    assert "comes before" not in err and "missing.yaml" in err and len(err.splitlines()) == 1
     # An option that no later config sets keeps its value wherever it stands.
     with pytest.raises(SystemExit):
         lightning_main(["fit", "--run_name", "mine", "--config", tvmax, "--print_config"])
@@ -480,6 +490,36 @@ def test_a_cache_moved_with_its_encoder_file_trains(synthetic_data, tiny_cache, 
     code, _, err = _run("fit", *args, "--trainer.max_epochs", "1",
                         "--model.encoder_weights", str(other))
     assert code == 2 and f"was written with encoder weights={str(weights)!r}" in err, err[-2000:]
+
+
+def test_a_cache_of_other_weights_than_a_checkpoints_asks_for_another_cache(tiny_cache):
+    # The model of a --ckpt_path checkpoint keeps its encoder_weights: setting them to the
+    # cache's would be refused in turn, so the advice is another cache.
+    from captioner.lightning_module import CACHE_SETTINGS, check_feature_cache
+
+    cache = FeatureCache(tiny_cache)
+    settings = {option: cache.encoder.get(key, "layer4") for key, option in CACHE_SETTINGS.items()}
+    settings.update({"model.encoder_trainable": False, "model.encoder_weights": "IMAGENET1K_V1"})
+    with pytest.raises(ValueError) as error:
+        check_feature_cache(settings, cache, checkpoint="runs/a/version_0/checkpoints/last.ckpt")
+    assert str(error.value).endswith(
+        "; the model of runs/a/version_0/checkpoints/last.ckpt keeps "
+        "model.encoder_weights=IMAGENET1K_V1: give a feature cache written with that encoder, "
+        "or --data.feature_cache null to read the images")
+    with pytest.raises(ValueError, match="to use this cache, set model.encoder_weights to"):
+        check_feature_cache(settings, cache)
+
+
+def test_validate_and_test_without_a_checkpoint_are_refused(synthetic_data, tiny_cache,
+                                                             tmp_path, capsys):
+    # Lightning would score the config's untrained model, in a new run folder.
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    for subcommand in ("validate", "test"):
+        assert lightning_main([subcommand, *args]) == 2
+        assert capsys.readouterr().err == (
+            f"captioner {subcommand}: {subcommand} scores a trained model: give --ckpt_path "
+            "best, last or a checkpoint file\n")
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("epoch", [0, 1])
@@ -612,16 +652,17 @@ def test_a_checkpoint_keeps_its_hyperparameters_and_takes_decoding_options(
                            "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")]) == 0
     # A config of model settings alone (no data keys for the data -> model links), given as
     # -cFILE or as a YAML string: compared all the same.
-    same = tmp_path / "hidden_32.yaml"
-    same.write_text("model:\n  hidden_dim: 32\n")
-    other = tmp_path / "hidden_16.yaml"
-    other.write_text("model:\n  hidden_dim: 16\n")
+    same = tmp_path / "attention_32.yaml"
+    same.write_text("model:\n  attention_dim: 32\n")
+    other = tmp_path / "attention_16.yaml"
+    other.write_text("model:\n  attention_dim: 16\n")
     for config, code in ((f"-c{same}", 0), (f"-c{other}", 2),
-                         ("model: {hidden_dim: 16}", 2)):
+                         ("model: {attention_dim: 16}", 2)):
         given = [config] if config.startswith("-c") else ["--config", config]
-        assert lightning_main(["test", *args, *given, "--ckpt_path", str(last)]) == code, config
+        assert lightning_main(["test", *args[:2], *given, *args[2:], "--ckpt_path",
+                               str(last)]) == code, config
         err = capsys.readouterr().err
-        assert (code == 0) == ("sets model.hidden_dim: 16, but" not in err), err
+        assert (code == 0) == ("sets model.attention_dim: 16, but" not in err), err
     # An abbreviated option would escape that scan: refused.
     assert lightning_main(["test", "--conf", str(other), *args, "--ckpt_path", str(last)]) == 2
     assert "--conf" in capsys.readouterr().err
@@ -730,7 +771,7 @@ def test_float32_matmul_precision_is_set_before_training(synthetic_data, tiny_ca
 
 
 def test_the_configs_of_a_command_line_in_every_spelling(tmp_path):
-    from captioner.training_cli import _first_config, config_files
+    from captioner.training_cli import _first_config, config_files, option_values
 
     first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
     for path in (first, second):
@@ -739,6 +780,8 @@ def test_the_configs_of_a_command_line_in_every_spelling(tmp_path):
             f"--config={second}", f"-c={first}", "--model.hidden_dim", "8"]
     assert config_files(args) == ["model: {hidden_dim: 8}", str(first), str(second),
                                   str(second), str(first)]
+    assert option_values(args, "model.hidden_dim") == ["8"]
+    assert option_values(["--model.hidden_dim=9", "--print_config"], "model.hidden_dim") == ["9"]
     # The run is named after the first config file: a YAML string names none.
     assert _first_config(args) == str(first)
     assert _first_config(["--config", "model: {}"]) is None

@@ -8,7 +8,9 @@
 Runs are written to runs/NAME/version_N/ (NAME: the config file's stem, or --run_name), with
 the checkpoints in its checkpoints/ folder (see captioner.training_runs). "--ckpt_path last"
 resumes the newest version of NAME that has a last.ckpt (or, with a run's own config.yaml as
---config, that run), in the same folder. The vocabulary
+--config, that run), in the same folder; validate and test need --ckpt_path (best, last or a
+file). Give the --config files first: an option before a config that sets its key is refused.
+The vocabulary
 size and the image size are linked from the data to the model. The best checkpoint is chosen
 on val/CIDEr (the checkpoint.* options), last.ckpt is written every epoch (and every
 --last.every_n_train_steps steps when set). Several GPUs or nodes: --trainer.strategy ddp
@@ -47,9 +49,6 @@ def main(argv: list[str]) -> int:
         end_distributed,
     )
 
-    replaced = _option_replaced_by_a_config(argv[1:])
-    if replaced is not None:
-        return report_error(f"captioner {argv[0]}", ValueError(replaced))
     # LightningCLI warns when it is handed args while sys.argv also holds some; from the console
     # script they are the same words, so let it read sys.argv itself.
     args = None if list(argv) == sys.argv[1:] else list(argv)
@@ -107,60 +106,8 @@ def _from_config_files(message: str, argv: list[str]) -> bool:
     if key.group(1) == "config":
         return True
     got = re.search(r"Got value: (.*)$", message)
-    given = option_values(argv, f"--{key.group(1)}")
+    given = option_values(argv, key.group(1))
     return not given or (got is not None and got.group(1) not in given)
-
-
-def _option_replaced_by_a_config(args: list[str]) -> str | None:
-    """Why ``args`` would lose an option silently, or None: the command line is applied in
-    order, so a ``--config`` file that sets a key replaces an option of that key given before
-    it (``--ckpt_path last`` before a run's config.yaml, which holds ``ckpt_path: null``, would
-    train a new run from scratch; ``--trainer.max_epochs 2`` before a paper config, 50 epochs)."""
-    given: list[str] = []  # the option keys seen so far, dotted, without "--"
-    for index, arg in enumerate(args):
-        name, equals, value = arg.partition("=")
-        if name in ("--config", "-c"):
-            path = value if equals else (args[index + 1] if index + 1 < len(args) else "")
-            keys = _keys_set_by(Path(path))
-            for option in given:
-                key = next((key for key in keys if option == key or option.startswith(f"{key}.")
-                            or key.startswith(f"{option}.")), None)
-                if key is not None:
-                    return (f"--{option} comes before --config {path}, which sets {key} and "
-                            "would replace it; give the --config files first, then the options "
-                            "that change them")
-        elif name.startswith("--"):
-            given.append(name[2:])
-    return None
-
-
-def _keys_set_by(path: Path) -> set[str]:
-    """The dotted keys that the config file ``path`` sets, with those of the group files it
-    includes (``trainer: base/paper_trainer.yaml``, beside it); none when it cannot be read
-    (the CLI reports that)."""
-    import yaml
-
-    try:
-        with path.open(encoding="utf-8") as handle:
-            content = yaml.safe_load(handle)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return set()
-    if not isinstance(content, dict):
-        return set()
-    keys: set[str] = set()
-    for name, value in content.items():
-        if isinstance(value, str) and Path(value).suffix in (".yaml", ".yml"):
-            keys.update(f"{name}.{key}" for key in _keys_set_by(path.parent / value))
-        else:
-            keys.update(_leaf_keys(str(name), value))
-    return keys
-
-
-def _leaf_keys(prefix: str, value) -> set[str]:
-    """``prefix`` and the dotted paths below it to every value that is not a mapping."""
-    if not isinstance(value, dict):
-        return {prefix}
-    return {key for name, inner in value.items() for key in _leaf_keys(f"{prefix}.{name}", inner)}
 
 
 def _reads_as_yaml(path: str) -> bool:
