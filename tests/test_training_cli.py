@@ -785,3 +785,11 @@ def test_the_configs_of_a_command_line_in_every_spelling(tmp_path):
     # The run is named after the first config file: a YAML string names none.
     assert _first_config(args) == str(first)
     assert _first_config(["--config", "model: {}"]) is None
+
+
+def test_a_missing_required_setting_is_named_as_its_option(tmp_path, capsys):
+    # jsonargparse names it by its place in the parser, "test.data.karpathy_json".
+    assert lightning_main(["test", "--ckpt_path", str(tmp_path / "any.ckpt")]) == 2
+    assert capsys.readouterr().err == (
+        "captioner test: the following arguments are required: --data.karpathy_json, "
+        "--data.image_root (or a --config that sets them)\n")

@@ -65,13 +65,25 @@ def main(argv: list[str]) -> int:
                 configs = [c for c in configs if not _reads_as_yaml(c)] or configs
             return report_error(f"captioner {argv[0]}", ValueError(_tidy(message, configs)),
                                 f"--config {', '.join(configs)}")
-        return report_error(f"captioner {argv[0]}", exc)
+        options = _as_options(message, argv[0])
+        return report_error(f"captioner {argv[0]}", exc if options == message else
+                            ValueError(options))
     if argv[0] == "fit":
         summary = cli.run_summary()  # every rank: trainer.log_dir is a collective under DDP
         if cli.trainer.is_global_zero:
             print(summary)
     end_distributed()
     return 0
+
+
+def _as_options(message: str, subcommand: str) -> str:
+    """A missing required key as the option that gives it: jsonargparse names it by its place
+    in the parser ("the following arguments are required: test.data.karpathy_json")."""
+    head, required, keys = message.partition("the following arguments are required: ")
+    if not required:
+        return message
+    options = [f"--{key.removeprefix(f'{subcommand}.')}" for key in keys.split(", ")]
+    return f"{head}{required}{', '.join(options)} (or a --config that sets them)"
 
 
 def _tidy(message: str, configs: list[str]) -> str:
