@@ -124,13 +124,12 @@ def generate(
 
     counts = {"train": n_train, "val": n_val, "test": n_test}
     named = [(f"n_{split}", n) for split, n in counts.items()]
-    for name, value in [*named, ("seed", seed), ("image_size", image_size)]:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    for name, value, low in [*((name, n, 0) for name, n in named), ("seed", seed, 0),
+                             ("image_size", image_size, MIN_IMAGE_SIZE)]:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer of at least {low}, got {value!r}")
     if sum(counts.values()) == 0:
         raise ValueError("n_train + n_val + n_test must be at least 1")
-    if image_size < MIN_IMAGE_SIZE:
-        raise ValueError(f"image_size must be at least {MIN_IMAGE_SIZE}, got {image_size}")
 
     dataset = _paths(Path(out_dir))
     # The Karpathy file marks a complete dataset: remove an earlier one until this run ends.

@@ -205,9 +205,13 @@ def test_category_words_cover_the_categories():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"n_train": -1, "n_val": 0, "n_test": 0}, "n_train"),
+        ({"n_train": -1, "n_val": 0, "n_test": 0}, "n_train must be an integer of at least 0"),
         ({"n_train": 0, "n_val": 0, "n_test": 0}, "at least 1"),
-        ({"n_train": 1, "n_val": 0, "n_test": 0, "image_size": 32}, "image_size"),
+        # Below the smallest size, negative or not: one message.
+        ({"n_train": 1, "n_val": 0, "n_test": 0, "image_size": 32},
+         "image_size must be an integer of at least 64, got 32"),
+        ({"n_train": 1, "n_val": 0, "n_test": 0, "image_size": -3},
+         "image_size must be an integer of at least 64, got -3"),
         ({"n_train": 1.5, "n_val": 0, "n_test": 0}, "n_train"),
     ],
 )
