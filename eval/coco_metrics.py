@@ -33,18 +33,35 @@ class CaptionScores:
     tokenized_hypotheses: dict[int, str] = field(default_factory=dict)
     tokenized_references: dict[int, list[str]] = field(default_factory=dict)
 
+    def to_dict(self, info: dict) -> dict:
+        """The METRICS.json document: the corpus scores, ``per_image`` (keys are image ids as
+        strings) and ``info`` (what was scored)."""
+        return {**self.corpus, "per_image": {str(i): s for i, s in self.per_image.items()},
+                "info": info}
+
+
+def coverage_problems(hypotheses: Mapping[int, str],
+                      references: Mapping[int, Sequence[str]]) -> list[str]:
+    """What stops scoring ``hypotheses`` against ``references``: image ids in one and not in
+    the other (the first 10 of each kind named)."""
+    problems = []
+    only_hyp = sorted(set(hypotheses) - set(references))
+    only_ref = sorted(set(references) - set(hypotheses))
+    if only_hyp:
+        problems.append(f"{len(only_hyp)} image ids are in the results but not in the "
+                        f"references (first: {only_hyp[:10]})")
+    if only_ref:
+        problems.append(f"{len(only_ref)} image ids of the references have no caption in the "
+                        f"results (first: {only_ref[:10]})")
+    return problems
+
 
 def _check_inputs(hypotheses: Mapping[int, str], references: Mapping[int, Sequence[str]]) -> None:
     if not hypotheses:
         raise ValueError("no hypotheses to score")
-    only_hyp = sorted(set(hypotheses) - set(references))
-    only_ref = sorted(set(references) - set(hypotheses))
-    if only_hyp or only_ref:
-        raise ValueError(
-            f"image ids differ: {len(only_hyp)} with a hypothesis but no references "
-            f"(first: {only_hyp[:5]}), {len(only_ref)} with references but no hypothesis "
-            f"(first: {only_ref[:5]})"
-        )
+    problems = coverage_problems(hypotheses, references)
+    if problems:
+        raise ValueError("; ".join(problems))
     for image_id, refs in references.items():
         if isinstance(refs, str) or len(refs) == 0:
             raise ValueError(f"image {image_id}: references must be a non-empty list of str")

@@ -28,6 +28,19 @@ class EvaluationReport:
     per_image: dict[int, dict[str, float]]
     info: dict = field(default_factory=dict)
 
+    def summary(self) -> str:
+        """The scores in the paper's Table 1 layout, then the attention and object
+        statistics, one per line."""
+        from eval.table import format_table1
+
+        name = f"{self.info['output_attention']} ({self.info['split']})"
+        lines = [format_table1({name: self.metrics}), "", "attention statistics:"]
+        lines += [f"  {key:<20} {value:.4f}" for key, value in self.attention.items()]
+        if self.objects:
+            lines += ["objects:"]
+            lines += [f"  {key:<26} {value:.4f}" for key, value in self.objects.items()]
+        return "\n".join(lines)
+
     def to_dict(self) -> dict:
         return {
             **self.metrics,

@@ -217,3 +217,18 @@ def test_cider_of_a_single_image_is_nan_with_one_warning_line(tmp_path, capsys):
     doc = json.loads(out.read_text(), parse_constant=lambda name: pytest.fail(name))
     assert doc["CIDEr"] is None and doc["per_image"]["1"]["CIDEr"] is None
     assert doc["Bleu_1"] == pytest.approx(1.0)
+
+
+def test_the_library_refuses_ids_in_one_side_only_as_score_does():
+    from eval.coco_metrics import coverage_problems, score_captions
+
+    hypotheses = {1: "a dog", 2: "a cat", 5: "a bird"}
+    references = {1: ["a dog"], 2: ["a cat"], 3: ["a cow"], 4: ["a hen"]}
+    problems = coverage_problems(hypotheses, references)
+    assert problems == [
+        "1 image ids are in the results but not in the references (first: [5])",
+        "2 image ids of the references have no caption in the results (first: [3, 4])"]
+    with pytest.raises(ValueError) as error:
+        score_captions(hypotheses, references, ["Bleu"])
+    assert str(error.value) == "; ".join(problems)
+    assert coverage_problems({1: "a dog"}, {1: ["a dog"]}) == []

@@ -35,18 +35,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def format_report(report) -> str:
-    from eval.table import format_table1
-
-    name = f"{report.info['output_attention']} ({report.info['split']})"
-    lines = [format_table1({name: report.metrics}), "", "attention statistics:"]
-    lines += [f"  {key:<20} {value:.4f}" for key, value in report.attention.items()]
-    if report.objects:
-        lines += ["objects:"]
-        lines += [f"  {key:<26} {value:.4f}" for key, value in report.objects.items()]
-    return "\n".join(lines)
-
-
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from captioner.inference import open_captioner
@@ -93,6 +81,6 @@ def main(argv: list[str]) -> int:
         kept = f"(the captions are kept in {results})" if written else ""
         return report_error("captioner evaluate", exc, after=kept)
     write_json(metrics_file, report.to_dict(), indent=2)
-    print(format_report(report))
+    print(report.summary())
     print(f"\nwrote {results} and {metrics_file}")
     return 0

@@ -41,39 +41,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_coverage(hypotheses: dict[int, str], references: dict[int, list[str]]) -> list[str]:
-    """Problems that stop scoring: ids in one file and not the other."""
-    problems = []
-    only_results = sorted(set(hypotheses) - set(references))
-    only_refs = sorted(set(references) - set(hypotheses))
-    if only_results:
-        problems.append(
-            f"{len(only_results)} image ids are in the results but not in the references "
-            f"(first: {only_results[:10]})"
-        )
-    if only_refs:
-        problems.append(
-            f"{len(only_refs)} image ids of the references have no caption in the results "
-            f"(first: {only_refs[:10]})"
-        )
-    return problems
-
-
-def metrics_document(scores, *, results: str, references: str, split: str | None) -> dict:
-    """METRICS.json content: raw corpus scores under pycocoevalcap's names (+ REP), then
-    ``per_image`` (keys are image ids as strings) and ``info``."""
-    return {
-        **scores.corpus,
-        "per_image": {str(i): s for i, s in scores.per_image.items()},
-        "info": {
-            "results": results,
-            "references": references,
-            "split": split,
-            "num_images": len(scores.per_image),
-        },
-    }
-
-
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from data_prep.files import OutputPathError, check_output_file, write_json
@@ -83,6 +50,7 @@ def main(argv: list[str]) -> int:
         load_references,
         load_results,
     )
+    from eval.coco_metrics import coverage_problems
     from eval.java_tools import JavaToolError
     from eval.scoring import compute_metrics, parse_metrics
     from eval.spice_jars import SpiceJarsError
@@ -96,7 +64,7 @@ def main(argv: list[str]) -> int:
         references = load_references(args.references, args.split)
     except (CaptionFileError, FileNotFoundError, KeyError, OutputPathError, ValueError) as exc:
         return report_error("captioner score", exc)
-    problems = check_coverage(hypotheses, references)
+    problems = coverage_problems(hypotheses, references)
     empty = empty_caption_ids(hypotheses)
     if empty and not args.allow_empty:
         problems.append(
@@ -127,9 +95,8 @@ def main(argv: list[str]) -> int:
     print()
     print(format_table1({Path(args.results).stem: scores.corpus}))
     if args.out:
-        document = metrics_document(
-            scores, results=args.results, references=args.references, split=args.split
-        )
+        document = scores.to_dict({"results": args.results, "references": args.references,
+                                   "split": args.split, "num_images": len(scores.per_image)})
         try:
             write_json(args.out, document, indent=2)
         except OSError as exc:
