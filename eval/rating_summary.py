@@ -15,9 +15,10 @@ them with the kit's key, and adds per model and score kind:
 Nothing is dropped silently: a rating with a missing score is listed under ``incomplete``
 (its other score still counts), a (rater, image, label) rated more than once is listed under
 ``duplicates`` and only its most recently scored entry counts, and an (image, label) of the key
-that a rater's files do not mention at all is listed under ``missing``. A ratings file that is
-not valid JSON, has another kit id, or names an image or label not in the key raises
-`RatingsError` naming the file.
+that a rater's files do not mention at all is listed under ``missing`` (every one, for a rater
+whose file holds no ratings). A ratings file that is not valid JSON, has another kit id, names
+an image or label not in the key, or holds a field of the wrong type (edited by hand, say)
+raises `RatingsError` naming the file, the rating and the field.
 """
 
 from __future__ import annotations
@@ -116,8 +117,17 @@ def _score(value: object, path: Path, index: int, field: str) -> int | None:
     return value
 
 
-def load_ratings(path: Path, key: RatingKey) -> list[Rating]:
-    """Read one exported ratings file and unblind it with ``key`` (from `load_key`)."""
+def _text(value: object, path: Path, index: int, field: str, what: str) -> str | None:
+    """``value`` of a rating's string ``field`` (``what`` it holds), None when null; the page
+    writes strings, so anything else was edited in by hand."""
+    if value is None or isinstance(value, str):
+        return value
+    raise RatingsError(f"{path}: rating {index}: {field} must be {what}, got {value!r}")
+
+
+def load_ratings(path: Path, key: RatingKey) -> tuple[str, list[Rating]]:
+    """Read one exported ratings file and unblind it with ``key`` (from `load_key`): its rater
+    id (stripped) and its ratings, in file order."""
     data = _read_json(path, "ratings")
     if data.get("format") != RATINGS_FORMAT:
         raise RatingsError(f"{path}: not a ratings file (format {data.get('format')!r}, "
@@ -135,21 +145,23 @@ def load_ratings(path: Path, key: RatingKey) -> list[Rating]:
     for index, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise RatingsError(f"{path}: rating {index} is not an object")
-        image, label = entry.get("image"), entry.get("label")
+        image = _text(entry.get("image"), path, index, "image", "a string, the kit's image key")
+        label = _text(entry.get("label"), path, index, "label", "a string, a caption's letter")
         labels = key.labels.get(image)
         if labels is None:
             raise RatingsError(f"{path}: rating {index}: image {image!r} is not in the key")
         if label not in labels:
             raise RatingsError(f"{path}: rating {index}: label {label!r} is not in the key "
                                f"for image {image!r}")
-        times = [t for t in (entry.get("caption_time"), entry.get("attention_time")) if t]
+        times = [t for field in ("caption_time", "attention_time")
+                 if (t := _text(entry.get(field), path, index, field, "an ISO 8601 time string"))]
         ratings.append(Rating(
             str(path), rater.strip(), image, label, labels[label],
             _score(entry.get("caption_score"), path, index, "caption_score"),
             _score(entry.get("attention_score"), path, index, "attention_score"),
             max(times, default=""),
         ))
-    return ratings
+    return rater.strip(), ratings
 
 
 def bootstrap_ci(values_by_image: Sequence[np.ndarray], samples: int = BOOTSTRAP_SAMPLES,
@@ -206,9 +218,11 @@ def summarize(ratings_paths: Sequence[Path], key_path: Path) -> dict:
     if not ratings_paths:
         raise RatingsError("no ratings files given")
     key = load_key(key_path)
-    loaded = [r for path in ratings_paths for r in load_ratings(Path(path), key)]
-    ratings, duplicates = _deduplicate(loaded)
-    raters = sorted({r.rater for r in ratings})
+    files = [load_ratings(Path(path), key) for path in ratings_paths]
+    ratings, duplicates = _deduplicate([r for _, loaded in files for r in loaded])
+    # From the files, not the ratings: a rater who exported before scoring anything is missing
+    # every rating, not absent from the study.
+    raters = sorted({rater for rater, _ in files})
     incomplete = [
         {"rater": r.rater, "image": r.image, "label": r.label, "file": r.file,
          "missing": [k for k in KINDS if r.score(k) is None]}

@@ -115,3 +115,60 @@ def test_an_out_of_dot_puts_the_key_beside_the_current_folder(tiny_checkpoint, s
         command.main([*args, "--out", "/"])
     assert exit_info.value.code == 2
     assert "--out /: the kit needs a folder of its own" in capsys.readouterr().err
+
+
+def _exported_ratings(key: dict, rater: str, score: int) -> dict:
+    """A rater's file as the kit page exports it: every caption of the key, scored."""
+    return {"format": "captioner-ratings/1", "kit_id": key["kit_id"], "rater_id": rater,
+            "exported_at": "2026-01-02T10:00:00.000Z", "ratings": [
+                {"image": image["key"], "label": label, "caption_score": score,
+                 "attention_score": score, "caption_time": "2026-01-02T09:00:00.000Z",
+                 "attention_time": "2026-01-02T09:00:01.000Z"}
+                for image in key["images"] for label in image["labels"]]}
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("image", ["1"], "image must be a string, the kit's image key, got ['1']"),
+    ("label", {"A": 1}, "label must be a string, a caption's letter, got {'A': 1}"),
+    ("caption_time", 1767344400, "caption_time must be an ISO 8601 time string, got 1767344400"),
+])
+def test_rating_summary_names_a_hand_edited_field_of_the_kits_ratings(
+    tiny_checkpoint, synthetic_data, tmp_path, capsys, field, value, message
+):
+    from captioner.cli import main as captioner
+
+    assert command.main(["--ckpt", str(tiny_checkpoint), str(synthetic_data.image_root / "test"),
+                         "--n", "2", "--out", str(tmp_path / "kit"), *FAST]) == 0
+    key = json.loads((tmp_path / "kit-key.json").read_text())
+    edited = _exported_ratings(key, "rater-1", 4)
+    edited["ratings"][1][field] = value
+    ratings = tmp_path / "ratings_rater-1.json"
+    ratings.write_text(json.dumps(edited))
+    capsys.readouterr()
+    assert captioner(["rating-summary", str(ratings), "--key",
+                      str(tmp_path / "kit-key.json")]) == 2
+    assert capsys.readouterr().err == f"captioner rating-summary: {ratings}: rating 1: {message}\n"
+
+
+def test_rating_summary_lists_every_rating_of_a_rater_who_exported_none_as_missing(
+    tiny_checkpoint, synthetic_data, tmp_path, capsys
+):
+    from captioner.cli import main as captioner
+
+    assert command.main(["--ckpt", str(tiny_checkpoint), str(synthetic_data.image_root / "test"),
+                         "--n", "2", "--out", str(tmp_path / "kit"), *FAST]) == 0
+    key = json.loads((tmp_path / "kit-key.json").read_text())
+    done, empty = _exported_ratings(key, "rater-1", 4), _exported_ratings(key, "rater-2", 3)
+    empty["ratings"] = []  # exported before scoring anything
+    files = []
+    for data in (done, empty):
+        files.append(tmp_path / f"ratings_{data['rater_id']}.json")
+        files[-1].write_text(json.dumps(data))
+    assert captioner(["rating-summary", *map(str, files), "--key", str(tmp_path / "kit-key.json"),
+                      "--out", str(tmp_path / "table2.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "raters: 2, images rated: 2 of 2" in printed and "missing: 2 (listed" in printed
+    summary = json.loads((tmp_path / "table2.json").read_text())
+    assert summary["raters"] == ["rater-1", "rater-2"]
+    assert sorted((m["rater"], m["image"], m["label"]) for m in summary["missing"]) == sorted(
+        ("rater-2", image["key"], label) for image in key["images"] for label in image["labels"])
