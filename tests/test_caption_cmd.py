@@ -151,3 +151,38 @@ def test_unusable_device_is_a_clear_error(tiny_checkpoint, tmp_path, capsys):
     Image.new("RGB", (8, 8)).save(image)
     assert command.main([str(image), "--ckpt", str(tiny_checkpoint), "--device", "gpu0"]) == 2
     assert "unknown device 'gpu0'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("captioned", [0, 2])
+def test_ctrl_c_keeps_the_captions_done_or_else_the_earlier_out_file(
+    tiny_checkpoint, photo_dir, tmp_path, capsys, monkeypatch, captioned
+):
+    from captioner.cli import main as captioner
+    from captioner.inference import Captioner
+
+    out = tmp_path / "caps.jsonl"
+    args = ["caption", str(photo_dir / "101.png"), str(photo_dir / "102.png"),
+            str(photo_dir / "103.jpg"), "--ckpt", str(tiny_checkpoint), "--format", "jsonl",
+            "--out", str(out), *FAST]
+    assert captioner(args) == 0
+    earlier = out.read_text()
+    caption_files = Captioner.caption_files
+
+    def interrupted(self, *args, **kwargs):  # Ctrl-C once `captioned` images are captioned
+        for done, record in enumerate(caption_files(self, *args, **kwargs)):
+            if done == captioned:
+                raise KeyboardInterrupt
+            yield record
+
+    monkeypatch.setattr(Captioner, "caption_files", interrupted)
+    capsys.readouterr()
+    assert captioner(args) == 130
+    if captioned:
+        assert capsys.readouterr().err == (
+            "captioner caption: interrupted; the captions done so far were written\n")
+        assert out.read_text().splitlines() == earlier.splitlines()[:captioned]
+    else:
+        assert capsys.readouterr().err == (
+            f"captioner caption: interrupted before any image was captioned; {out} was not "
+            "written\n")
+        assert out.read_text() == earlier

@@ -19,7 +19,8 @@ that does not exist stops the command before any image is captioned (exit status
 Unreadable images (corrupt files, FIFOs, devices, ...), named or found in a folder, are
 reported by name on stderr and skipped; the exit status is then 1, after all other images
 were captioned and written. --out is checked before
-any image is captioned and written atomically; on Ctrl-C the records done so far are written.
+any image is captioned and written atomically; on Ctrl-C the records done so far are written
+(before the first, an earlier --out file is left as it was).
 """
 
 from __future__ import annotations
@@ -96,9 +97,10 @@ def main(argv: list[str]) -> int:
 
     failures, results = [], []
     interrupted = False
+    records = 0
 
     def write_records(out) -> None:
-        nonlocal interrupted
+        nonlocal interrupted, records
         captions = captioner.caption_files(
             paths, options, batch_size=args.batch_size,
             progress=not args.no_progress and len(paths) > 1,
@@ -116,22 +118,31 @@ def main(argv: list[str]) -> int:
                     out.write(_record(result.path, caption, args.format,
                                       captioner.output_attention_name) + "\n")
                     out.flush()
+                records += caption is not None
         except KeyboardInterrupt:
+            if records == 0:
+                raise  # nothing to keep: an earlier --out file must not become an empty one
             interrupted = True  # keep the records done so far
         if args.format == "coco":
             json.dump(results, out, ensure_ascii=False)
             out.write("\n")
 
-    if args.out is None:
-        write_records(sys.stdout)
-    else:
-        from data_prep.files import atomic_write
+    try:
+        if args.out is None:
+            write_records(sys.stdout)
+        else:
+            from data_prep.files import atomic_write
 
-        try:
-            with atomic_write(args.out) as handle:
-                write_records(handle)
-        except OSError as exc:
-            return report_error("captioner caption", exc, f"cannot write {args.out}")
+            try:
+                with atomic_write(args.out) as handle:
+                    write_records(handle)
+            except OSError as exc:
+                return report_error("captioner caption", exc, f"cannot write {args.out}")
+    except KeyboardInterrupt:
+        kept = "" if args.out is None else f"; {args.out} was not written"
+        print(f"captioner caption: interrupted before any image was captioned{kept}",
+              file=sys.stderr)
+        return 130
     if interrupted:
         print("captioner caption: interrupted; the captions done so far were written",
               file=sys.stderr)
