@@ -351,6 +351,19 @@ def _refuse_repeated(paths: Sequence[Path]) -> None:
         seen[real] = path
 
 
+def index_entries(folder: Path) -> set[str]:
+    """The names directly inside ``folder`` that a heatmaps run wrote, as its ``index.json``
+    lists them (``{"images": [{"files": ["MODEL/STEM/00_a.png", ...]}, ...]}``): the index and
+    its models' folders; the index alone when it cannot be read, so that nothing it does not
+    list is taken for the run's."""
+    try:
+        index = json.loads((folder / "index.json").read_text(encoding="utf-8"))
+        files = [name for image in index["images"] for name in image["files"]]
+        return {"index.json", *(Path(name).parts[0] for name in files)}
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return {"index.json"}
+
+
 def word_figure_name(index: int, word: str) -> str:
     """``NN_word.png``: the word's position in the caption, then the sanitized word."""
     return f"{index:02d}_{sanitize(word, 40)}.png"

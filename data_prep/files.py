@@ -22,7 +22,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -208,18 +208,23 @@ def first_names(names: Sequence[str], limit: int = 10, separator: str = ", ") ->
     return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
 
 
-def check_output_folder(folder: Path, what: str, marker: str, tag: str, overwrite: bool) -> bool:
+def check_output_folder(folder: Path, what: str, marker: str, tag: str, overwrite: bool,
+                        ours: Callable[[Path], Collection[str]]) -> bool:
     """Check, before any work, that ``folder`` can take a whole new result of a command that
     writes a folder (heatmaps, gallery, rating kit): it is new or empty, or, with
     ``overwrite``, holds an earlier result, recognised by the file ``marker`` containing
-    ``tag``. Two runs' files in one folder would look like one result (stale images beside new
-    ones, figures on two colour scales); a folder of other files is never emptied.
+    ``tag``, and nothing else. Two runs' files in one folder would look like one result (stale
+    images beside new ones, figures on two colour scales); files that are no result's are
+    never removed: a folder of them, or an earlier result beside them, is refused.
+
+    ``ours(folder)`` gives the names of the entries directly inside ``folder`` that its earlier
+    result wrote (the command's fixed names, or those its index lists).
 
     Returns whether the folder holds an earlier result for :func:`clear_folder` to remove.
 
     Raises:
         OutputPathError: ``folder`` is unusable, holds an earlier result and ``overwrite`` is
-            False, or holds files that are no earlier result.
+            False, or holds files that are no earlier result's.
     """
     check_output_dir(folder)
     entries = sorted(entry.name for entry in folder.iterdir()) if folder.exists() else []
@@ -233,6 +238,14 @@ def check_output_folder(folder: Path, what: str, marker: str, tag: str, overwrit
     if not overwrite:
         raise OutputPathError(f"{folder}: holds the {what} of an earlier run ({folder / marker}); "
                               "choose a new or empty folder, or pass --overwrite to replace it")
+    result = set(ours(folder))
+    others = [name for name in entries if name not in result]
+    if others:
+        raise OutputPathError(
+            f"{folder}: holds the {what} of an earlier run and other files too "
+            f"({first_names(others, 3)}), which --overwrite would delete; move them out or "
+            "choose a new or empty folder"
+        )
     return True
 
 

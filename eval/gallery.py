@@ -46,6 +46,8 @@ from data_prep.files import atomic_write
 from eval.static_page import render_page
 
 GALLERY_FORMAT = "captioner-gallery/1"
+# What `build_gallery` writes directly inside its folder (see the layout above).
+GALLERY_ENTRIES = ("index.html", "colorbar.png", "images", "attention")
 COLORBAR_STEPS = 256
 
 

@@ -44,6 +44,8 @@ from eval.static_page import render_page, script_json
 from eval.stopwords import content_word_indices
 
 KIT_FORMAT = "captioner-rating-kit/1"
+# What `build_kit` writes directly inside its folder (see the layout above).
+KIT_ENTRIES = ("index.html", "images", "attention")
 KEY_FORMAT = "captioner-rating-key/1"
 RATINGS_FORMAT = "captioner-ratings/1"
 SCORES = (1, 2, 3, 4, 5)

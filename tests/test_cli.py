@@ -133,3 +133,30 @@ def test_runs_given_a_run_folder_names_the_runs_folder_above_it(tmp_path, capsys
     (tmp_path / "runs.txt").write_text("")
     assert runs.main(["--root", str(tmp_path / "runs.txt")]) == 2
     assert capsys.readouterr().err == f"captioner runs: not a folder: {tmp_path / 'runs.txt'}\n"
+
+
+@pytest.mark.parametrize("command", ["heatmaps", "gallery", "rating-kit"])
+def test_overwrite_never_deletes_files_beside_an_earlier_result(
+    command, tiny_checkpoint, synthetic_data, tmp_path, capsys
+):
+    out = tmp_path / "out"
+    args = [command, str(synthetic_data.image_root / "test"), "--ckpt", str(tiny_checkpoint),
+            "--out", str(out), "--beam-size", "1", "--max-length", "4", "--no-progress",
+            *(["--n", "2"] if command == "rating-kit" else [])]
+    assert main(args) == 0
+    result = sorted(path.relative_to(out) for path in out.rglob("*"))
+    (out / "notes.txt").write_text("which model is which: ask Ana")
+    capsys.readouterr()
+
+    assert main([*args, "--overwrite"]) == 2
+    assert capsys.readouterr().err == (
+        f"captioner {command}: {out}: holds the {command.replace('-', ' ')} of an earlier run "
+        "and other files too "
+        "(notes.txt), which --overwrite would delete; move them out or choose a new or empty "
+        "folder\n")
+    assert (out / "notes.txt").read_text() == "which model is which: ask Ana"
+    assert sorted(path.relative_to(out) for path in out.rglob("*")) == sorted(
+        [*result, (out / "notes.txt").relative_to(out)])
+
+    (out / "notes.txt").unlink()  # the earlier result alone is replaced
+    assert main([*args, "--overwrite"]) == 0

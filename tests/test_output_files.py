@@ -91,7 +91,8 @@ def test_a_folder_of_other_files_names_three_and_counts_the_rest(tmp_path):
     for name in "abcde":
         (tmp_path / name).write_text("")
     with pytest.raises(OutputPathError) as refused:
-        check_output_folder(tmp_path, "heatmaps", "index.json", '"vmax_rule"', False)
+        check_output_folder(tmp_path, "heatmaps", "index.json", '"vmax_rule"', False,
+                            lambda _: {"index.json"})
     assert str(refused.value) == (f"{tmp_path}: folder is not empty (a, b, c and 2 more) and "
                                   "holds no heatmaps of an earlier run; choose a new or empty "
                                   "folder")

@@ -18,7 +18,8 @@ that is still shared (``captioner.heatmaps.checkpoint_names``).
 OUT must be new or empty: a folder holding an earlier run's heatmaps is refused, or, with
 --overwrite, emptied and filled anew once the new captions are made (the earlier figures stay
 until then); figures of two runs in one folder would be drawn on two colour scales, with only
-the last run indexed. A checkpoint given twice is refused.
+the last run indexed. Files beside an earlier run's heatmaps are never deleted: such a folder
+is refused, with --overwrite too. A checkpoint given twice is refused.
 
 Colour scale: one scale 0..vmax for every word, image and model of the run, so colours are
 comparable across them. vmax is ``--vmax`` when given (use it to compare separate runs), else
@@ -123,7 +124,7 @@ def _write_figures(args: argparse.Namespace, models: list[_Model], captions,
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    from captioner.heatmaps import checkpoint_names, shared_vmax, unique_stems
+    from captioner.heatmaps import checkpoint_names, index_entries, shared_vmax, unique_stems
     from captioner.image_files import collect_images
     from captioner.inference import open_captioner
     from data_prep.files import atomic_write, check_output_folder, clear_folder
@@ -131,7 +132,7 @@ def main(argv: list[str]) -> int:
     try:
         names = checkpoint_names(args.ckpt)
         earlier = check_output_folder(args.out, "heatmaps", "index.json", INDEX_TAG,
-                                      args.overwrite)
+                                      args.overwrite, index_entries)
         paths = collect_images(args.inputs)
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         models = [_Model(name, path, captioner, decoding_options(args, captioner.decoding))

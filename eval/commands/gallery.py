@@ -16,7 +16,8 @@ images are reported by name and skipped; the exit status is then 1, after the pa
 
 OUT must be new or empty: a folder holding an earlier gallery is refused, or, with
 --overwrite, emptied and filled anew once the new captions are made (the earlier gallery stays
-until then), never a mix of two galleries' files. A checkpoint given twice is refused.
+until then), never a mix of two galleries' files. Files beside an earlier gallery are never
+deleted: such a folder is refused, with --overwrite too. A checkpoint given twice is refused.
 
 Colour scale: one scale 0..vmax for every model, word and image of the page; vmax is --vmax
 when given (to compare separate galleries), else the largest attention weight of the page.
@@ -112,12 +113,13 @@ def main(argv: list[str]) -> int:
     from captioner.heatmaps import checkpoint_names
     from captioner.inference import open_captioner
     from data_prep.files import check_output_folder
-    from eval.gallery import GALLERY_FORMAT, GalleryModel, caption_gallery
+    from eval.gallery import GALLERY_ENTRIES, GALLERY_FORMAT, GalleryModel, caption_gallery
 
     try:
         names = checkpoint_names(args.ckpt)
         earlier = check_output_folder(args.out, "gallery", "index.html",
-                                      f'"format": "{GALLERY_FORMAT}"', args.overwrite)
+                                      f'"format": "{GALLERY_FORMAT}"', args.overwrite,
+                                      lambda _: GALLERY_ENTRIES)
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         options = [decoding_options(args, captioner.decoding) for captioner in captioners]
         paths, shown_names, skipped, note = _images(args)

@@ -9,7 +9,8 @@ or from an image folder, captions them with every ``--ckpt``, and writes a stati
 An existing key is never replaced silently: ratings collected with its kit can be unblinded
 only with it. A key that exists, or an OUT that is not new or empty, is refused before any
 work; with --overwrite an earlier kit and its key are replaced (the earlier kit stays until
-the new captions are made). A checkpoint given twice is refused.
+the new captions are made); files beside an earlier kit are never deleted: such a folder is
+refused, with --overwrite too. A checkpoint given twice is refused.
 """
 
 from __future__ import annotations
@@ -136,13 +137,14 @@ def main(argv: list[str]) -> int:
     from captioner.heatmaps import checkpoint_names
     from captioner.inference import open_captioner
     from data_prep.files import check_output_folder
-    from eval.rating_kit import KIT_FORMAT, KitModel, sample_readable
+    from eval.rating_kit import KIT_ENTRIES, KIT_FORMAT, KitModel, sample_readable
 
     try:
         names = checkpoint_names(args.ckpt)
         replaces_key = _check_key(key_path, args.overwrite)
         earlier = check_output_folder(args.out, "rating kit", "index.html",
-                                      f'"format": "{KIT_FORMAT}"', args.overwrite)
+                                      f'"format": "{KIT_FORMAT}"', args.overwrite,
+                                      lambda _: KIT_ENTRIES)
         candidates = _candidates(args)
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         options = [decoding_options(args, captioner.decoding) for captioner in captioners]
