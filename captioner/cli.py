@@ -55,6 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     if name not in commands:
         print(f"captioner: unknown command {name!r}\n\n{_usage(commands)}", file=sys.stderr)
         return 2
+    if "CAPTIONER_TVMAX_SOLVER" in os.environ:
+        # Read when TVmax's module is imported, inside a command's work; a bad value is the
+        # user's error, so say so before any command starts, not in a traceback.
+        try:
+            importlib.import_module("captioner.attention.tvmax")
+        except ValueError as exc:
+            print(f"captioner {name}: {exc}", file=sys.stderr)
+            return 2
     module = importlib.import_module(commands[name])
     # LightningCLI commands need to know which sub-command they were called as.
     args = [name, *rest] if getattr(module, "NEEDS_COMMAND_NAME", False) else rest

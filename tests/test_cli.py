@@ -160,3 +160,15 @@ def test_overwrite_never_deletes_files_beside_an_earlier_result(
 
     (out / "notes.txt").unlink()  # the earlier result alone is replaced
     assert main([*args, "--overwrite"]) == 0
+
+
+def test_an_unknown_tvmax_solver_in_the_environment_is_one_line(tiny_checkpoint, synthetic_data):
+    image = next((synthetic_data.image_root / "test").iterdir())
+    run = _captioner("caption", str(image), "--ckpt", str(tiny_checkpoint), "--no-progress",
+                     CAPTIONER_TVMAX_SOLVER="gpu")
+    assert (run.returncode, run.stdout) == (2, "")
+    assert run.stderr == ("captioner caption: CAPTIONER_TVMAX_SOLVER must be one of ('host', "
+                          "'device'), got 'gpu'\n")
+    run = _captioner("caption", str(image), "--ckpt", str(tiny_checkpoint), "--no-progress",
+                     CAPTIONER_TVMAX_SOLVER="host")
+    assert run.returncode == 0 and run.stdout.startswith(f"{image}\t")
