@@ -202,6 +202,32 @@ def read_progress(checkpoints: Path) -> dict:
     return progress if isinstance(progress, dict) else {}
 
 
+def evaluation_only(folder: Path) -> tuple[str, str] | None:
+    """("test" or "validate", the checkpoint) when the version ``folder`` holds only the scores
+    of a checkpoint from outside the runs (``captioner test`` of such a checkpoint logs into a
+    new version of its config's name): no checkpoints, a ``config.yaml`` that names a
+    ``ckpt_path`` (a new fit's is null) and a ``metrics.csv`` without training columns
+    (``train/...``); None for a training run, also one that has not saved a checkpoint yet."""
+    import yaml
+
+    if (folder / "checkpoints").exists():
+        return None
+    try:
+        config = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
+        with (folder / "metrics.csv").open(newline="", encoding="utf-8") as handle:
+            columns = next(csv.reader(handle), [])
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, csv.Error):
+        return None
+    if not isinstance(config, dict) or not config.get("ckpt_path"):
+        return None
+    if any(column.startswith("train/") for column in columns):
+        return None
+    for prefix, stage in (("test/", "test"), ("val/", "validate")):
+        if any(column.startswith(prefix) for column in columns):
+            return stage, str(config["ckpt_path"])
+    return None
+
+
 def list_runs(root: Path) -> list[RunInfo]:
     """Every ``ROOT/NAME/version_N`` run, by name and version."""
     runs = []

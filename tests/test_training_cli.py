@@ -272,6 +272,31 @@ def test_validate_and_test_take_a_cli_checkpoint_and_best(synthetic_data, tiny_c
         "last.ckpt")
 
 
+def test_runs_says_a_version_holds_the_test_of_a_checkpoint_from_elsewhere(
+    synthetic_data, tiny_cache, tmp_path
+):
+    trained = _cli_args(synthetic_data, tiny_cache, tmp_path / "trained")
+    assert lightning_main(["fit", *trained, "--trainer.max_epochs", "1"]) == 0
+    model = tmp_path / "models" / "softmax.ckpt"  # as the demo leaves its models
+    model.parent.mkdir()
+    shutil.copy(tmp_path / "trained" / "runs" / "demo_softmax" / "version_0" / "checkpoints" /
+                "last.ckpt", model)
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path / "scored")
+    code, _, err = _run("test", *args, "--ckpt_path", str(model))
+    assert code == 0, err[-2000:]
+    code, out, err = _run("runs", "--root", str(tmp_path / "scored" / "runs"))
+    assert code == 0, err
+    run = tmp_path / "scored" / "runs" / "demo_softmax" / "version_0"
+    assert out.splitlines()[1] == (
+        f"demo_softmax             version_0       -        -        -  (no training: test of "
+        f"{model}, scores in {run / 'metrics.csv'})")
+    # A training run that has not saved a checkpoint yet is not taken for one.
+    (run.parent / "version_1").mkdir()
+    (run.parent / "version_1" / "config.yaml").write_text("ckpt_path: null\n")
+    code, out, err = _run("runs", "--root", str(tmp_path / "scored" / "runs"))
+    assert out.splitlines()[2].endswith("version_1       -        -        -  (no checkpoint yet)")
+
+
 def test_ckpt_path_help_says_what_captioner_does(capsys):
     with pytest.raises(SystemExit):
         lightning_main(["fit", "--help"])

@@ -2,7 +2,8 @@
 
 One line per ``ROOT/NAME/version_N``: epochs done, global step, the best validation score
 (``val/CIDEr`` unless the run chose another) and the best and last checkpoints, as recorded in
-``checkpoints/progress.json`` at the run's last save.
+``checkpoints/progress.json`` at the run's last save. A version that holds only the scores of
+``test`` or ``validate`` of a checkpoint from outside the runs names that checkpoint instead.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ def main(argv: list[str]) -> int:
                         help="runs folder (default: %(default)s)")
     args = parser.parse_args(argv)
 
-    from captioner.training_runs import list_runs, version_folders, version_number
+    from captioner.training_runs import (
+        evaluation_only,
+        list_runs,
+        version_folders,
+        version_number,
+    )
 
     if not args.root.is_dir():
         problem = "not a folder" if args.root.exists() else "no such folder"
@@ -47,8 +53,10 @@ def main(argv: list[str]) -> int:
         if progress is None:
             # progress.json comes with the first checkpoint: without it, say what is there.
             found = sorted(path.name for path in (run.folder / "checkpoints").glob("*.ckpt"))
+            scored = evaluation_only(run.folder)
             note = (f"(progress.json missing or unreadable; checkpoints: {', '.join(found)})"
-                    if found else "(no checkpoint yet)")
+                    if found else f"(no training: {scored[0]} of {scored[1]}, scores in "
+                    f"{run.folder / 'metrics.csv'})" if scored else "(no checkpoint yet)")
             print(f"{run.name:<24} version_{run.version:<2} {'-':>6} {'-':>8} {'-':>8}  {note}")
             continue
         score = progress.get("best_score")
