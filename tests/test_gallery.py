@@ -247,6 +247,21 @@ def test_command_says_when_fewer_images_than_n_exist(tiny_checkpoint, synthetic_
                                        "images; showing all 2\n")
 
 
+def test_command_refuses_an_images_root_where_no_image_of_the_split_is(
+    tiny_checkpoint, synthetic_data, tmp_path, capsys
+):
+    wrong = synthetic_data.image_root / "test"  # the split's folder, not the image root
+    code = command.main(["--data", str(synthetic_data.karpathy_json), "--images", str(wrong),
+                         "--ckpt", str(tiny_checkpoint), "--out", str(tmp_path / "gallery"),
+                         *FAST])
+    assert code == 2 and not (tmp_path / "gallery").exists()
+    [line] = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(
+        rf"captioner gallery: --images {re.escape(str(wrong))}: none of the 4 images of the "
+        rf"test split is readable \({re.escape(str(wrong / 'test'))}/\S+: file not found; "
+        rf".+: file not found and 2 more\)", line), line
+
+
 @pytest.mark.browser
 def test_browser_navigation_hash_and_screenshot(command_gallery):
     """Open the command's gallery from file://: captions shown, right arrow -> image 2."""

@@ -13,6 +13,8 @@ readable images of a Karpathy split (--data, --images, --split, --seed). Where f
 are available, the gallery shows them all and a note on stderr says how many (a smaller gallery
 is still a complete one, unlike a rating kit's sample, whose size the study fixes). Unreadable
 images are reported by name and skipped; the exit status is then 1, after the page is written.
+A split none of whose images is readable under --images (a wrong image root, most likely) is
+refused on one line that names the first of them (exit status 2).
 
 OUT must be new or empty: a folder holding an earlier gallery is refused, or, with
 --overwrite, emptied and filled anew once the new captions are made (the earlier gallery stays
@@ -84,6 +86,12 @@ def _images(args: argparse.Namespace) -> tuple[list[Path], list[str], list[str],
     candidates = [(f"{e.path.name} (id {e.image_id})", e.path) for e in entries]
     n = args.n or DEFAULT_SPLIT_SAMPLE
     sample, skipped = sample_readable(candidates, n, args.seed)
+    if not sample:  # a wrong --images, most likely: one line, not one per image
+        from data_prep.files import first_names
+
+        raise ValueError(f"{args.data}: the {args.split} split has no images" if not candidates
+                         else f"--images {args.images}: none of the {len(candidates)} images of "
+                         f"the {args.split} split is readable ({first_names(skipped, 2, '; ')})")
     note = (f"--n {n} but only {len(sample)} of the {len(candidates)} images of the "
             f"{args.split} split are readable; showing those {len(sample)}"
             if len(sample) < n else "")
