@@ -818,3 +818,11 @@ def test_a_missing_required_setting_is_named_as_its_option(tmp_path, capsys):
     assert capsys.readouterr().err == (
         "captioner test: the following arguments are required: --data.karpathy_json, "
         "--data.image_root (or a --config that sets them)\n")
+
+
+def test_a_config_file_that_is_not_text_is_named(tmp_path, capsys):
+    picture = tmp_path / "metrics.png"
+    picture.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    assert lightning_main(["test", "--config", str(picture), "--ckpt_path", "best"]) == 2
+    assert capsys.readouterr().err == (
+        f"captioner test: --config {picture}: not UTF-8 text (invalid start byte at byte 0)\n")

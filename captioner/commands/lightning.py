@@ -60,6 +60,11 @@ def main(argv: list[str]) -> int:
     except (UserError, OSError, ValueError, ArgumentError, MisconfigurationException,
             EncoderWeightsError) as exc:
         message, configs = str(exc), config_files(argv)
+        if isinstance(exc, UnicodeDecodeError) and configs:  # a config file that is not text
+            unreadable = [c for c in configs if not _reads_as_yaml(c)] or configs
+            return report_error(f"captioner {argv[0]}", ValueError(
+                f"not UTF-8 text ({exc.reason} at byte {exc.start})"),
+                f"--config {', '.join(unreadable)}")
         if _from_config_files(message, argv) and configs:
             if "Problems parsing config" in message:
                 configs = [c for c in configs if not _reads_as_yaml(c)] or configs
