@@ -336,6 +336,29 @@ class CaptionDataModule(L.LightningDataModule):
                 f"{self.karpathy_json}: {len(missing)} {what} missing: "
                 f"{first_names(missing, _MISSING_SHOWN)}{note}"
             )
+        if self.feature_cache is not None:
+            self._check_cache_images(entries)
+
+    def _check_cache_images(self, entries) -> None:
+        """Fail when the feature cache holds other images under these ids: split files that
+        number their images alike (``prepare-dataset`` counts from 0) would otherwise train
+        on another dataset's features. Caches written before names were recorded pass."""
+        from data_prep.karpathy import image_name
+
+        names = FeatureCache(self.feature_cache).image_names()
+        if names is None:
+            return
+        here = {entry.image_id: image_name(entry, self.image_root) for entry in entries}
+        others = [(image_id, names[image_id], name) for image_id, name in here.items()
+                  if names[image_id] != name]
+        if others:
+            image_id, cached, here = others[0]
+            raise ValueError(
+                f"feature cache {self.feature_cache} was made from other images than "
+                f"{self.karpathy_json}: image id {image_id} is {cached} there and {here} here "
+                f"({len(others)} of {len(entries)} ids differ); make a cache of this split file "
+                "with captioner prepare-features"
+            )
 
     def _loader(self, split: str, *, train: bool) -> DataLoader:
         if split not in self.datasets:

@@ -109,7 +109,7 @@ def extract_features(
     import torch
 
     from captioner.model.encoder import ARCHITECTURES, LAYERS, build_encoder
-    from data_prep.karpathy import load_karpathy
+    from data_prep.karpathy import image_name, load_karpathy
 
     say = log or (lambda line: None)
     _check_options(on_error, image_size, batch_size, num_workers)
@@ -181,7 +181,9 @@ def extract_features(
 
     grid = _grid(encoder, image_size, device)
     writer = FeatureCacheWriter(
-        out, grid=grid, channels=encoder.channels, encoder=config, resume_key=key
+        out, grid=grid, channels=encoder.channels, encoder=config,
+        names={entry.image_id: image_name(entry, image_root) for entry in entries},
+        resume_key=key,
     )
     with writer:
         _report_start(writer, len(entries), say)

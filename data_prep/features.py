@@ -129,6 +129,9 @@ class FeatureCacheWriter:
         grid: (H, W) of the feature grid.
         channels: C, the feature size per grid cell.
         encoder: JSON-serialisable description of the encoder, stored in the file.
+        names: each source image's name (``filepath/filename`` of the split file) by image id,
+            stored in the file (dataset ``image_names``, JSON) so that a cache used with
+            another split file whose ids name other images can be refused.
         resume_key: JSON-serialisable description of everything that determines the rows
             (encoder settings, the ordered source image ids, ...). With it the writer is
             resumable: it fills :func:`partial_cache_path`, :meth:`commit` makes the rows
@@ -149,6 +152,7 @@ class FeatureCacheWriter:
         grid: tuple[int, int],
         channels: int,
         encoder: Mapping[str, Any],
+        names: Mapping[int, str] | None = None,
         resume_key: Mapping[str, Any] | None = None,
     ):
         self.path = Path(path)
@@ -156,6 +160,8 @@ class FeatureCacheWriter:
         (self.channels,) = _positive_ints((channels,), "channels", length=1)
         self._encoder_json = _json_object(encoder, "encoder description")
         self._key_json = None if resume_key is None else _json_object(resume_key, "resume_key")
+        self._names_json = None if names is None else json.dumps(
+            {str(_image_id(image_id)): str(name) for image_id, name in names.items()})
         if self._key_json is None:
             self._temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         else:
@@ -194,6 +200,7 @@ class FeatureCacheWriter:
         if self.resumable and self._temporary.exists():
             self.restarted = self._resume()
             if self.restarted is None:
+                self._record_names()
                 return self
             self._temporary.unlink()  # a new file, not one truncated under a reader
         self._file = h5py.File(self._temporary, "w")
@@ -216,10 +223,16 @@ class FeatureCacheWriter:
             chunks=(1, *shape[1:]),
         )
         self._file.create_dataset("image_ids", shape=(0,), maxshape=(None,), dtype=np.int64)
+        self._record_names()
         if self.resumable:
             self._file.attrs["resume_key"] = self._key_json
             self.commit()
         return self
+
+    def _record_names(self) -> None:
+        # A scalar dataset: an attribute of a large dataset's names would pass HDF5's 64 KiB.
+        if self._names_json is not None and "image_names" not in self._file:
+            self._file.create_dataset("image_names", data=self._names_json)
 
     def _resume(self) -> str | None:
         """Open the partial file and keep its committed rows; returns None, or why it cannot be
@@ -395,6 +408,18 @@ class FeatureCache:
         self._row = {int(image_id): row for row, image_id in enumerate(ids)}
         self._file = None
         self._pid = None
+
+    def image_names(self) -> dict[int, str] | None:
+        """Each cached image's name (``filepath/filename`` of the split file it was made
+        from) by image id; None for a cache written before names were recorded."""
+        import h5py
+
+        with h5py.File(self.path, "r") as file:
+            if "image_names" not in file:
+                return None
+            text = file["image_names"][()]
+        names = json.loads(text.decode() if isinstance(text, bytes) else text)
+        return {int(image_id): name for image_id, name in names.items()}
 
     def _check_format(self, file) -> None:
         if file.attrs.get("format") != _FORMAT:

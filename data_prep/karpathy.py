@@ -75,6 +75,15 @@ class KarpathyDataset:
         return sum(len(images) for images in self.entries.values())
 
 
+def image_name(entry: ImageEntry, image_root: str | Path) -> str:
+    """The entry's image as its split file names it, ``filepath/filename``: the path below
+    ``image_root`` (a feature cache records it for every image id)."""
+    try:
+        return entry.path.relative_to(Path(image_root)).as_posix()
+    except ValueError:  # an absolute filename in the split file
+        return entry.path.as_posix()
+
+
 def load_karpathy(json_path: str | Path, image_root: str | Path) -> KarpathyDataset:
     """Parse and validate a Karpathy-split JSON file.
 

@@ -73,6 +73,37 @@ def test_file_is_plain_hdf5_with_documented_layout(tmp_path):
         assert tuple(file.attrs["grid"]) == GRID
 
 
+def test_image_names_are_recorded_and_kept_by_a_resumed_write(tmp_path):
+    path = tmp_path / "features.h5"
+    names = {4: "train2014/a.jpg", 9: "val2014/b 1.jpg"}
+    with FeatureCacheWriter(path, grid=GRID, channels=CHANNELS, encoder=ENCODER,
+                            names=names) as writer:
+        writer.add([4, 9], _features(2, 2))
+    assert FeatureCache(path).image_names() == names
+    with h5py.File(path, "r") as file:  # plain JSON, readable without the project
+        assert json.loads(file["image_names"][()]) == {"4": "train2014/a.jpg",
+                                                       "9": "val2014/b 1.jpg"}
+    # A resumed write keeps the names of the partial file it continues.
+    key = {"images": [4, 9]}
+    resumable = tmp_path / "resumed.h5"
+    writer = FeatureCacheWriter(resumable, grid=GRID, channels=CHANNELS, encoder=ENCODER,
+                                names=names, resume_key=key)
+    with pytest.raises(RuntimeError):
+        with writer:
+            writer.add([4], _features(1, 2))
+            writer.commit()
+            raise RuntimeError("interrupted")
+    with FeatureCacheWriter(resumable, grid=GRID, channels=CHANNELS, encoder=ENCODER,
+                            names=names, resume_key=key) as writer:
+        assert writer.restarted is None and writer.done == 1
+        writer.add([9], _features(1, 3))
+    assert FeatureCache(resumable).image_names() == names
+    # Caches written before names were recorded have none.
+    with _writer(tmp_path / "old.h5") as writer:
+        writer.add([4], _features(1, 2))
+    assert FeatureCache(tmp_path / "old.h5").image_names() is None
+
+
 def test_missing_id_names_id_and_file(tmp_path):
     path = tmp_path / "features.h5"
     with _writer(path) as writer:

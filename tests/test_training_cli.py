@@ -706,6 +706,25 @@ def test_missing_cache_key_is_an_error_naming_it(synthetic_data, tiny_cache, tmp
     assert not list(tmp_path.glob("runs/*"))
 
 
+def test_a_cache_of_other_images_under_the_same_ids_is_refused(synthetic_data, tiny_cache,
+                                                               tmp_path, capsys):
+    # Two split files that number their images alike (prepare-dataset counts from 0): the
+    # cache records which file each id was, so the other dataset's features are not used.
+    raw = json.loads(synthetic_data.karpathy_json.read_text())
+    first, second = raw["images"][0], raw["images"][1]
+    first["filename"], second["filename"] = second["filename"], first["filename"]
+    other = tmp_path / "dataset_other.json"
+    other.write_text(json.dumps(raw))
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--data.karpathy_json", str(other))
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    image_id = first.get("cocoid", first.get("imgid"))
+    name = "/".join(part for part in (first.get("filepath"), second["filename"]) if part)
+    assert f"was made from other images than {other}: image id {image_id} is {name} there" in err
+    assert "(2 of " in err and "make a cache of this split file" in err
+    assert not list(tmp_path.glob("runs/*"))
+
+
 def test_cache_of_another_encoder_is_refused(synthetic_data, tiny_cache, tmp_path, capsys):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--model.encoder_arch", "resnet34",
                      "--model.encoder_weights", "null")
