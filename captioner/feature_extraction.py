@@ -136,7 +136,8 @@ def extract_features(
     if weights is None:
         settings.update(seed=seed, calibration_images=calibration_images)
     key = {"settings": settings, "images": _ids_fingerprint([e.image_id for e in entries])}
-    finished = _finished_cache(out, key)
+    names = {entry.image_id: image_name(entry, image_root) for entry in entries}
+    finished = _finished_cache(out, key, names)
     if finished is not None:
         say(f"{out} is complete already ({len(finished)} images, made with these settings); "
             "nothing to do")
@@ -182,8 +183,7 @@ def extract_features(
     grid = _grid(encoder, image_size, device)
     writer = FeatureCacheWriter(
         out, grid=grid, channels=encoder.channels, encoder=config,
-        names={entry.image_id: image_name(entry, image_root) for entry in entries},
-        resume_key=key,
+        names=names, resume_key=key,
     )
     with writer:
         _report_start(writer, len(entries), say)
@@ -307,10 +307,12 @@ def _differences(recorded: dict[str, Any], key: dict[str, Any],
     return differences
 
 
-def _finished_cache(out: Path, key: dict[str, Any]) -> FeatureCache | None:
-    """The finished cache at ``out`` when these settings made it from these images (nothing
-    to do); None when ``out`` does not exist. Any other file there holds work (hours of it,
-    at COCO scale, and runs trained on it): refused, saying what differs."""
+def _finished_cache(out: Path, key: dict[str, Any],
+                    names: dict[int, str]) -> FeatureCache | None:
+    """The finished cache at ``out`` when these settings made it from these images, by id
+    and, where it recorded them, by ``names`` (nothing to do); None when ``out`` does not
+    exist. Any other file there holds work (hours of it, at COCO scale, and runs trained on
+    it): refused, saying what differs."""
     if not out.exists():
         return None
     try:
@@ -321,6 +323,10 @@ def _finished_cache(out: Path, key: dict[str, Any]) -> FeatureCache | None:
             "--out, or move it away"
         ) from None
     differences = _differences(cache.resume_key or {}, key, ignore=_EXECUTION_SETTINGS)
+    recorded = cache.image_names()
+    same_ids = (cache.resume_key or {}).get("images") == key["images"]
+    if same_ids and recorded is not None and recorded != names:
+        differences.append("the same image ids name other images")
     if differences:
         raise FeatureExtractionError(
             f"{out} is a finished cache made with other settings ({'; '.join(differences)}); "

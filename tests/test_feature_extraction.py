@@ -230,6 +230,14 @@ def test_a_finished_cache_is_reused_with_its_settings_and_kept_from_others(tmp_p
         assert "is a finished cache made with other settings" in err, other
         assert "delete it to encode again" in err
     assert "seed 0 there, 1 now" in _run(capsys, *args, "--seed", "1")[2]
+    # A split file that numbers other images alike (two datasets from prepare-dataset).
+    raw = json.loads(Path(data).read_text())
+    first, second = raw["images"][:2]
+    first["filename"], second["filename"] = second["filename"], first["filename"]
+    renumbered = tmp_path / "dataset_other.json"
+    renumbered.write_text(json.dumps(raw))
+    code, _, err = _run(capsys, "--data", renumbered, *args[2:])
+    assert "the same image ids name other images" in _user_error(code, err)
     assert (out.read_bytes(), fx.encoder_weights_path(out).read_bytes()) == made
 
     stranger = tmp_path / "notes.h5"
