@@ -6,6 +6,9 @@ image for the paper's ResNet at 256 px. Layout of the file:
 
 * ``features``: float16 (N, H, W, C), chunked one image per chunk;
 * ``image_ids``: int64 (N,), row i of ``features`` belongs to ``image_ids[i]``;
+* ``image_names``: a JSON string, ``{"image id": "filepath/filename"}`` for every source image
+  of the split file the cache was made from, so that a split file whose ids name other images
+  is refused (absent in caches of older versions: not checked);
 * attributes ``format``, ``version``, ``grid`` (H, W), ``channels`` (C) and ``encoder``
   (a JSON object describing the encoder that produced the features, e.g. arch, weights, image
   size), so that a cache made by another encoder is detected instead of silently used;
