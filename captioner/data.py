@@ -337,19 +337,19 @@ class CaptionDataModule(L.LightningDataModule):
                 f"{first_names(missing, _MISSING_SHOWN)}{note}"
             )
         if self.feature_cache is not None:
-            self._check_cache_images(entries)
+            self._check_cache_images(entries, cache)
 
-    def _check_cache_images(self, entries) -> None:
-        """Fail when the feature cache holds other images under these ids: split files that
-        number their images alike (``prepare-dataset`` counts from 0) would otherwise train
-        on another dataset's features. Caches written before names were recorded pass."""
+    def _check_cache_images(self, entries, cache: FeatureCache) -> None:
+        """Fail when ``cache`` holds other images under these ids: split files that number
+        their images alike (``prepare-dataset`` counts from 0) would otherwise train on
+        another dataset's features. Caches written before names were recorded pass."""
         from data_prep.karpathy import image_name
 
-        names = FeatureCache(self.feature_cache).image_names()
+        names = cache.image_names()
         if names is None:
             return
-        here = {entry.image_id: image_name(entry, self.image_root) for entry in entries}
-        others = [(image_id, names[image_id], name) for image_id, name in here.items()
+        ours = {entry.image_id: image_name(entry, self.image_root) for entry in entries}
+        others = [(image_id, names[image_id], name) for image_id, name in ours.items()
                   if names[image_id] != name]
         if others:
             image_id, cached, here = others[0]

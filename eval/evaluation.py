@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eval.scoring import ALL_METRICS
+from eval.table import format_table1
 
 if TYPE_CHECKING:
     from captioner.decoding_options import DecodingOptions
@@ -31,8 +32,6 @@ class EvaluationReport:
     def summary(self) -> str:
         """The scores in the paper's Table 1 layout, then the attention and object
         statistics, one per line."""
-        from eval.table import format_table1
-
         name = f"{self.info['output_attention']} ({self.info['split']})"
         lines = [format_table1({name: self.metrics}), "", "attention statistics:"]
         lines += [f"  {key:<20} {value:.4f}" for key, value in self.attention.items()]

@@ -71,17 +71,15 @@ class DeferredChecks:
         if not pending:
             return
         # The finiteness of every floating verdict is tested here at once, not per check.
-        is_flag = [verdict.dtype == torch.bool for verdict, _ in pending]
-        flags = [verdict for (verdict, _), flag in zip(pending, is_flag, strict=True) if flag]
-        values = [verdict.double() for (verdict, _), flag in zip(pending, is_flag, strict=True)
-                  if not flag]
+        flags = [verdict for verdict, _ in pending if verdict.dtype == torch.bool]
+        values = [verdict.double() for verdict, _ in pending if verdict.dtype != torch.bool]
         parts = [torch.stack(flags)] if flags else []
         if values:
             parts.append(~torch.isfinite(torch.stack(values)))
         verdicts = torch.cat(parts).tolist()  # the one sync
         failed_flags, failed_values = iter(verdicts[:len(flags)]), iter(verdicts[len(flags):])
-        for flag, (_, describe) in zip(is_flag, pending, strict=True):
-            failed = next(failed_flags if flag else failed_values)
+        for verdict, describe in pending:
+            failed = next(failed_flags if verdict.dtype == torch.bool else failed_values)
             message = describe() if failed else None
             if message is not None:
                 raise ValueError(message)

@@ -61,13 +61,12 @@ def main(argv: list[str]) -> int:
             EncoderWeightsError) as exc:
         message, configs = str(exc), config_files(argv)
         if isinstance(exc, UnicodeDecodeError) and configs:  # a config file that is not text
-            unreadable = [c for c in configs if not _reads_as_yaml(c)] or configs
             return report_error(f"captioner {argv[0]}", ValueError(
                 f"not UTF-8 text ({exc.reason} at byte {exc.start})"),
-                f"--config {', '.join(unreadable)}")
+                f"--config {', '.join(_unreadable(configs))}")
         if _from_config_files(message, argv) and configs:
             if "Problems parsing config" in message:
-                configs = [c for c in configs if not _reads_as_yaml(c)] or configs
+                configs = _unreadable(configs)
             return report_error(f"captioner {argv[0]}", ValueError(_tidy(message, configs)),
                                 f"--config {', '.join(configs)}")
         options = _as_options(message, argv[0])
@@ -127,8 +126,14 @@ def _from_config_files(message: str, argv: list[str]) -> bool:
     return not given or (got is not None and got.group(1) not in given)
 
 
+def _unreadable(configs: list[str]) -> list[str]:
+    """The config files a parse error is in: those that are not readable YAML (all of them
+    when each reads)."""
+    return [config for config in configs if not _reads_as_yaml(config)] or configs
+
+
 def _reads_as_yaml(path: str) -> bool:
-    """Whether the config file ``path`` is readable YAML (to name the one a parse error is in)."""
+    """Whether the config file ``path`` is readable YAML."""
     import yaml
 
     try:

@@ -53,10 +53,14 @@ def main(argv: list[str]) -> int:
         if progress is None:
             # progress.json comes with the first checkpoint: without it, say what is there.
             found = sorted(path.name for path in (run.folder / "checkpoints").glob("*.ckpt"))
-            scored = evaluation_only(run.folder)
-            note = (f"(progress.json missing or unreadable; checkpoints: {', '.join(found)})"
-                    if found else f"(no training: {scored[0]} of {scored[1]}, scores in "
-                    f"{run.folder / 'metrics.csv'})" if scored else "(no checkpoint yet)")
+            scored = None if found else evaluation_only(run.folder)
+            if found:
+                note = f"(progress.json missing or unreadable; checkpoints: {', '.join(found)})"
+            elif scored:
+                note = (f"(no training: {scored[0]} of {scored[1]}, scores in "
+                        f"{run.folder / 'metrics.csv'})")
+            else:
+                note = "(no checkpoint yet)"
             print(f"{run.name:<24} version_{run.version:<2} {'-':>6} {'-':>8} {'-':>8}  {note}")
             continue
         score = progress.get("best_score")
