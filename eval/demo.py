@@ -17,8 +17,9 @@ from pathlib import Path
 
 from captioner import CONFIGS
 from captioner.encoder_pretraining import PretrainingSettings
-from data_prep.files import first_names, write_json
+from data_prep.files import file_sha256, first_names, write_json
 from data_prep.synthetic import SyntheticDataset
+from eval.demo_trainings import FILE_NAME as TRAININGS_FILE
 
 MAPPINGS = ("softmax", "sparsemax", "tvmax")
 
@@ -71,6 +72,7 @@ class DemoData:
     dataset: SyntheticDataset
     cache: Path
     weights: Path
+    encoder_sha256: str
     encoder_report: dict
 
 
@@ -123,7 +125,7 @@ def prepare_data(out: Path, settings: DemoSettings) -> DemoData:
             layer=ENCODER_LAYER, weights=str(weights.resolve()), image_size=settings.image_size,
             batch_size=16, num_workers=0,
         )
-    return DemoData(dataset, cache, weights.resolve(), report)
+    return DemoData(dataset, cache, weights.resolve(), file_sha256(weights), report)
 
 
 def _read_report(path: Path) -> dict:
@@ -156,11 +158,20 @@ def fit_arguments(mapping: str, data: DemoData, settings: DemoSettings, out: Pat
 
 def train(mapping: str, data: DemoData, settings: DemoSettings, out: Path, seed: int,
           extra: tuple[str, ...] = ()) -> tuple[Path, float]:
-    """Train one captioner through the same CLI and config as ``captioner fit``; returns its
-    best checkpoint and that checkpoint's val/CIDEr."""
+    """Train one captioner through the same CLI and config as ``captioner fit``, unless the
+    run's :class:`~eval.demo_trainings.TrainingRecord` holds a finished training of the same
+    resolved config and encoder; returns its best checkpoint and that checkpoint's val/CIDEr."""
     from captioner.training_cli import build_cli
+    from eval.demo_trainings import Training, TrainingRecord
 
     cli = build_cli(fit_arguments(mapping, data, settings, out, seed, extra), run=False)
+    config = cli.parser.dump(cli.config)
+    record = TrainingRecord(out)
+    finished = record.find(config, data.encoder_sha256)
+    if finished is not None:
+        print(f"\n== the {mapping} captioner, seed {seed} {' '.join(extra)}: trained already, "
+              f"{finished.checkpoint} (val/CIDEr {finished.val_CIDEr:.4f})")
+        return Path(finished.checkpoint), finished.val_CIDEr
     print(f"\n== training the {mapping} captioner, seed {seed} ({cli.trainer.max_epochs} "
           f"epochs) {' '.join(extra)}")
     try:
@@ -172,13 +183,15 @@ def train(mapping: str, data: DemoData, settings: DemoSettings, out: Path, seed:
         raise
     print(cli.run_summary())
     best = cli.best_callback
-    return Path(best.best_model_path), float(best.best_model_score)
+    checkpoint, score = Path(best.best_model_path), float(best.best_model_score)
+    record.add(Training(config, data.encoder_sha256, str(checkpoint), score))
+    return checkpoint, score
 
 
 # What a demo run writes into --out beside its data (OUT/synthetic-*) and OUT/runs (kept: run
 # versions add up, and each holds the config it trained with).
 RESULT_PATTERNS = ("results.json", "metrics.png", "gallery", "figures", "*.ckpt",
-                   "captions_*.json")
+                   "captions_*.json", TRAININGS_FILE)
 
 
 def earlier_results(out: Path) -> list[str]:

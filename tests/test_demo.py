@@ -130,7 +130,7 @@ def test_a_lambda_grid_must_be_finite_and_positive(lam, tmp_path, capsys):
     assert "--lam-grid values must be finite and positive" in capsys.readouterr().err
 
 
-def test_ctrl_c_while_a_captioner_trains_stops_the_demo(monkeypatch):
+def test_ctrl_c_while_a_captioner_trains_stops_the_demo(monkeypatch, tmp_path):
     """Lightning ends an interrupted fit with exit(1): the demo stops as at Ctrl-C anywhere."""
     from types import SimpleNamespace
 
@@ -141,15 +141,86 @@ def test_ctrl_c_while_a_captioner_trains_stops_the_demo(monkeypatch):
         raise SystemExit(1)
 
     trainer = SimpleNamespace(max_epochs=1, fit=interrupted, interrupted=True)
+    parser = SimpleNamespace(dump=lambda config: "config")
     monkeypatch.setattr(captioner.training_cli, "build_cli",
                         lambda args, run: SimpleNamespace(trainer=trainer, model=None,
-                                                          datamodule=None))
+                                                          datamodule=None, parser=parser,
+                                                          config=None))
     monkeypatch.setattr(demo, "fit_arguments", lambda *args: [])
+    data = SimpleNamespace(encoder_sha256="0" * 64)
     with pytest.raises(KeyboardInterrupt):
-        demo.train("tvmax", None, None, None, 0)
+        demo.train("tvmax", data, None, tmp_path, 0)
     trainer.interrupted = False
     with pytest.raises(SystemExit):
-        demo.train("tvmax", None, None, None, 0)
+        demo.train("tvmax", data, None, tmp_path, 0)
+    assert list(tmp_path.iterdir()) == []  # nothing recorded as finished
+
+
+@pytest.mark.slow
+def test_an_interrupted_demo_goes_on_without_training_its_finished_captioners_again(
+        tmp_path, capsys, monkeypatch):
+    import captioner.training_cli
+
+    out = tmp_path / "demo"
+    build_cli = captioner.training_cli.build_cli
+
+    def ctrl_c_at_tvmax(args, run):
+        if any(arg.endswith("demo_tvmax.yaml") for arg in args):
+            raise KeyboardInterrupt
+        return build_cli(args, run=run)
+
+    monkeypatch.setattr(captioner.training_cli, "build_cli", ctrl_c_at_tvmax)
+    assert main(["--quick", "--out", str(out)]) == 130
+    record = out / "trainings.json"
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"captioner demo: interrupted; 2 captioners finished training ({record}): the same "
+        "command goes on from there, --overwrite starts over")
+    assert (out / "softmax.ckpt").is_file() and (out / "sparsemax.ckpt").is_file()
+
+    monkeypatch.setattr(captioner.training_cli, "build_cli", build_cli)
+    assert main(["--quick", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"going on with the unfinished demo run in {out}" in printed
+    for mapping in ("softmax", "sparsemax"):
+        assert f"the {mapping} captioner, seed 0 : trained already" in printed
+        assert [p.name for p in (out / "runs" / f"demo_{mapping}").iterdir()] == ["version_0"]
+    assert "training the tvmax captioner" in printed
+    assert list(json.loads((out / "results.json").read_text())["per_seed"]["0"]) == list(
+        MAPPINGS)
+    assert len(json.loads(record.read_text())["trainings"]) == 3
+
+
+def test_the_record_reuses_a_training_only_with_the_same_config_encoder_and_checkpoint(
+        tmp_path):
+    from eval.demo_trainings import Training, TrainingRecord
+
+    checkpoint = tmp_path / "best.ckpt"
+    checkpoint.write_bytes(b"weights")
+    TrainingRecord(tmp_path).add(Training("model: {lam: 0.01}", "a" * 64, str(checkpoint), 1.5))
+    record = TrainingRecord(tmp_path)  # read back from the file
+    assert record.find("model: {lam: 0.01}", "a" * 64) == Training(
+        "model: {lam: 0.01}", "a" * 64, str(checkpoint), 1.5)
+    assert record.find("model: {lam: 0.1}", "a" * 64) is None
+    assert record.find("model: {lam: 0.01}", "b" * 64) is None  # another encoder
+    checkpoint.unlink()
+    assert record.find("model: {lam: 0.01}", "a" * 64) is None
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"trainings": [{"config": "x"}]}',
+                                  '{"trainings": [{"config": "x", "encoder_sha256": "a", '
+                                  '"checkpoint": "c", "val_CIDEr": NaN}]}'])
+def test_a_damaged_record_of_an_unfinished_run_is_one_line_before_any_work(
+        text, tmp_path, capsys):
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / "softmax.ckpt").write_text("earlier")
+    (out / "trainings.json").write_text(text)
+    assert main(["--quick", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"captioner demo: {out / 'trainings.json'}: is not the demo's record "
+                          "of finished trainings (")
+    assert err.endswith("pass --overwrite to start the run over\n") and err.count("\n") == 1
+    assert sorted(p.name for p in out.iterdir()) == ["softmax.ckpt", "trainings.json"]
 
 
 @pytest.mark.slow

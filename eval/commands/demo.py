@@ -16,6 +16,9 @@
    once per ``--seeds`` seed (the seed of the captioners' initialization and batch order; the
    data and the encoder stay those of ``--seed``). With ``--lam-grid``, TVmax's lambda is first
    chosen on the validation split (best val/CIDEr of the first seed), as the paper did.
+   Each finished training is recorded in ``OUT/trainings.json``: a run stopped before its
+   results (Ctrl-C) goes on when the same command is run again, and trains only the
+   captioners it had not finished (``eval.demo_trainings``).
 4. Decodes the test split from the images with each best checkpoint and scores it with the
    coco-caption metrics, REP, object recall, the attention statistics (zero attention, JS
    divergence of consecutive words, fused groups) and the attention precision (share of
@@ -32,12 +35,16 @@ model's captions in one Java run, which loads its parser once.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import replace
 from pathlib import Path
 
+from captioner.cli import SIGINT_STATUS
 from captioner.commands.options import command_parser, report_error
 from data_prep.files import check_output_dir, clear_folder, first_names
 from eval.demo import FULL, QUICK, earlier_results, run_demo
+from eval.demo_trainings import FILE_NAME as TRAININGS_FILE
+from eval.demo_trainings import TrainingRecord
 
 HELP = "train softmax / sparsemax / TVmax captioners on synthetic shapes and compare them"
 
@@ -57,8 +64,9 @@ def main(argv: list[str]) -> int:
                         help="choose TVmax's lambda among these on the validation split "
                         "(default: the config's)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace the results of an earlier demo run in --out (its data, "
-                        "encoder and feature cache are kept and reused; default: refused)")
+                        help="replace the results of an earlier demo run in --out, and "
+                        "train every captioner again (its data, encoder and feature cache are "
+                        "kept and reused; default: refused, and an unfinished run goes on)")
     args = parser.parse_args(argv)
     seeds = args.seeds or [args.seed]
     if min(args.seed, *seeds) < 0:
@@ -72,22 +80,33 @@ def main(argv: list[str]) -> int:
     try:
         check_output_dir(out)
         earlier = earlier_results(out)
-        if earlier and not args.overwrite:
+        if "results.json" in earlier and not args.overwrite:
             raise ValueError(
                 f"{out}: holds the results of an earlier demo run "
                 f"({first_names(earlier, 3)}); choose another --out, or pass "
                 "--overwrite to replace them (its data, encoder and feature cache are reused)")
+        unfinished = earlier and not args.overwrite
+        if unfinished:
+            TrainingRecord(out)  # read before any work: a damaged record is one line
     except ValueError as exc:  # data_prep.files.OutputPathError among them
         return report_error("captioner demo", exc)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         return report_error("captioner demo", exc, f"cannot create the folder {out}")
-    if earlier:
+    if unfinished:
+        print(f"going on with the unfinished demo run in {out}: captioners it finished "
+              "training with the same settings are reused")
+        clear_folder(out, [name for name in earlier if name != TRAININGS_FILE])
+    elif earlier:
         print(f"replacing the earlier results in {out}: {', '.join(earlier)}")
         clear_folder(out, earlier)
 
-    outcome = run_demo(out, settings, seeds, args.lam_grid)
+    try:
+        outcome = run_demo(out, settings, seeds, args.lam_grid)
+    except KeyboardInterrupt:
+        print(f"captioner demo: {_interrupted(out)}", file=sys.stderr)
+        return SIGINT_STATUS
 
     from eval.table import format_seed_table
 
@@ -98,3 +117,13 @@ def main(argv: list[str]) -> int:
         print(f"gallery: {outcome.gallery}")
     print(f"results, checkpoints and figures: {out}  ({outcome.minutes:.1f} min)")
     return 0
+
+
+def _interrupted(out: Path) -> str:
+    """What an interrupted run into ``out`` kept, for its last line."""
+    count = len(TrainingRecord(out).trainings)
+    if not count:
+        return "interrupted before a captioner finished training"
+    return (f"interrupted; {count} captioner{'s' * (count != 1)} finished training "
+            f"({out / TRAININGS_FILE}): the same command goes on from there, --overwrite "
+            "starts over")

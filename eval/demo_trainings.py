@@ -1,0 +1,93 @@
+"""The record of the captioners a demo run has finished training, ``OUT/trainings.json``.
+
+A demo run stopped before its results (Ctrl-C, a crash) loses no finished training: run again
+into the same folder, it reuses every captioner whose training is recorded with the same
+resolved config (the YAML that ``captioner fit`` saves as the run's ``config.yaml``, includes
+and command-line options applied) and the same encoder weights (SHA-256 of the file), and
+trains only the others.
+
+Format: ``{"trainings": [{"config": YAML text, "encoder_sha256": hex, "checkpoint": path of
+the best checkpoint, "val_CIDEr": float}, ...]}``, rewritten atomically after each training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from data_prep.files import write_json
+
+FILE_NAME = "trainings.json"
+
+
+@dataclass(frozen=True)
+class Training:
+    """One finished training: what it trained (``config``, ``encoder_sha256``), its best
+    checkpoint and that checkpoint's val/CIDEr."""
+
+    config: str
+    encoder_sha256: str
+    checkpoint: str
+    val_CIDEr: float
+
+
+class TrainingRecord:
+    """The finished trainings of the demo run in ``out`` (:data:`FILE_NAME`).
+
+    Raises (on construction):
+        ValueError: the file exists but is not such a record (it names the file and the
+            entry); ``--overwrite`` starts the run over without it.
+    """
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / FILE_NAME
+        self.trainings = _read(self.path)
+
+    def find(self, config: str, encoder_sha256: str) -> Training | None:
+        """The latest finished training of ``config`` with that encoder whose checkpoint is
+        still there, or None."""
+        for training in reversed(self.trainings):
+            if ((training.config, training.encoder_sha256) == (config, encoder_sha256)
+                    and Path(training.checkpoint).is_file()):
+                return training
+        return None
+
+    def add(self, training: Training) -> None:
+        """Record a finished training (the file is rewritten at once)."""
+        self.trainings.append(training)
+        write_json(self.path, {"trainings": [asdict(t) for t in self.trainings]})
+
+
+def _read(path: Path) -> list[Training]:
+    if not path.exists():
+        return []
+    problem = f"{path}: is not the demo's record of finished trainings"
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{problem} ({exc}); pass --overwrite to start the run over") from None
+    entries = document.get("trainings") if isinstance(document, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError(f"{problem} (no list 'trainings'); pass --overwrite to start the run "
+                         "over")
+    trainings = []
+    for index, entry in enumerate(entries):
+        try:
+            training = Training(**entry)
+        except TypeError:
+            training = None
+        if training is None or not _well_typed(training):
+            raise ValueError(f"{problem} (entry {index} is not {{config, encoder_sha256, "
+                             "checkpoint, val_CIDEr}}); pass --overwrite to start the run over")
+        trainings.append(training)
+    return trainings
+
+
+def _well_typed(training: Training) -> bool:
+    texts = (training.config, training.encoder_sha256, training.checkpoint)
+    score = training.val_CIDEr
+    return (all(isinstance(text, str) for text in texts)
+            and isinstance(score, int | float) and not isinstance(score, bool)
+            and math.isfinite(score))
