@@ -352,15 +352,15 @@ def _refuse_repeated(paths: Sequence[Path]) -> None:
 
 
 def index_entries(folder: Path) -> set[str]:
-    """The names directly inside ``folder`` that a heatmaps run wrote, as its ``index.json``
-    lists them (``{"images": [{"files": ["MODEL/STEM/00_a.png", ...]}, ...]}``): the index and
-    its models' folders; the index alone when it cannot be read, so that nothing it does not
-    list is taken for the run's."""
+    """The files under ``folder`` that a heatmaps run wrote, relative to it, as its
+    ``index.json`` lists them (``{"images": [{"files": ["MODEL/STEM/00_a.png", ...]}, ...]}``):
+    the index and every figure and weights file; the index alone when it cannot be read, so
+    that nothing it does not list is taken for the run's."""
     try:
         index = json.loads((folder / "index.json").read_text(encoding="utf-8"))
-        files = [name for image in index["images"] for name in image["files"]]
-        return {"index.json", *(Path(name).parts[0] for name in files)}
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        files = [Path(name).as_posix() for image in index["images"] for name in image["files"]]
+        return {"index.json", *files}
+    except (OSError, ValueError, KeyError, TypeError):
         return {"index.json"}
 
 

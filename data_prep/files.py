@@ -24,7 +24,7 @@ import stat
 import tempfile
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 # Folders of the kernel's pseudo-filesystems: os.access says root may write there, but no file
@@ -217,8 +217,11 @@ def check_output_folder(folder: Path, what: str, marker: str, tag: str, overwrit
     images beside new ones, figures on two colour scales); files that are no result's are
     never removed: a folder of them, or an earlier result beside them, is refused.
 
-    ``ours(folder)`` gives the names of the entries directly inside ``folder`` that its earlier
-    result wrote (the command's fixed names, or those its index lists).
+    ``ours(folder)`` gives the paths, relative to ``folder`` and ``/``-separated, of the files
+    and folders that its earlier result wrote (as its index or page lists them); the folders
+    on the way to them are the result's too. Every other entry, at any depth, is not
+    (:func:`foreign_entries`): a note left in a subfolder of the result is refused as one
+    beside it is.
 
     Returns whether the folder holds an earlier result for :func:`clear_folder` to remove.
 
@@ -238,8 +241,7 @@ def check_output_folder(folder: Path, what: str, marker: str, tag: str, overwrit
     if not overwrite:
         raise OutputPathError(f"{folder}: holds the {what} of an earlier run ({folder / marker}); "
                               "choose a new or empty folder, or pass --overwrite to replace it")
-    result = set(ours(folder))
-    others = [name for name in entries if name not in result]
+    others = foreign_entries(folder, ours(folder))
     if others:
         raise OutputPathError(
             f"{folder}: holds the {what} of an earlier run and other files too "
@@ -247,6 +249,33 @@ def check_output_folder(folder: Path, what: str, marker: str, tag: str, overwrit
             "choose a new or empty folder"
         )
     return True
+
+
+def foreign_entries(folder: Path, ours: Collection[str]) -> list[str]:
+    """The entries under ``folder`` that are not in ``ours``, as ``/``-separated paths relative
+    to ``folder``, sorted, at any depth: files (links, FIFOs and the like included) not in
+    ``ours``, and folders that neither are in ``ours`` nor lead to an entry of it, each named
+    once rather than by its content. Links are never followed.
+
+    ``ours``: ``/``-separated paths relative to ``folder`` (``index.json``,
+    ``tvmax/photo/00_a.png``, ``images``)."""
+    ours = set(ours)
+    on_the_way = {str(parent) for name in ours for parent in PurePosixPath(name).parents}
+    foreign: list[str] = []
+
+    def walk(directory: Path, prefix: str) -> None:
+        with os.scandir(directory) as scan:
+            entries = sorted(scan, key=lambda entry: entry.name)
+        for entry in entries:
+            name = prefix + entry.name
+            is_folder = entry.is_dir(follow_symlinks=False)
+            if is_folder and (name in ours or name in on_the_way):
+                walk(Path(entry.path), name + "/")
+            elif is_folder or name not in ours:
+                foreign.append(name)
+
+    walk(folder, "")
+    return foreign
 
 
 def _holds(path: Path, tag: str) -> bool:

@@ -43,11 +43,13 @@ from captioner.heatmaps import (
     upsample_attention,
 )
 from data_prep.files import atomic_write
-from eval.static_page import render_page
+from eval.static_page import page_files, render_page
 
 GALLERY_FORMAT = "captioner-gallery/1"
-# What `build_gallery` writes directly inside its folder (see the layout above).
+# What `build_gallery` writes directly inside its folder (see the layout above), and the id of
+# the page's data element, which lists the images and overlays it wrote inside them.
 GALLERY_ENTRIES = ("index.html", "colorbar.png", "images", "attention")
+GALLERY_DATA = "gallery-data"
 COLORBAR_STEPS = 256
 
 
@@ -206,6 +208,13 @@ def build_gallery(
     with atomic_write(page) as handle:
         handle.write(render_page("gallery", content, title))
     return page
+
+
+def gallery_files(folder: Path) -> set[str]:
+    """What `build_gallery` wrote into ``folder``, as paths relative to it (``index.html``,
+    ``images/0001.jpg``, ...): its fixed entries and the files its page lists; none of the
+    files inside ``images/`` and ``attention/`` when the page cannot be read."""
+    return {*GALLERY_ENTRIES, *page_files(folder / "index.html", GALLERY_DATA)}
 
 
 def caption_gallery(

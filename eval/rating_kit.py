@@ -40,12 +40,14 @@ from captioner.heatmaps import (
 )
 from data_prep.files import atomic_write
 from data_prep.images import ImageLoadError, load_image
-from eval.static_page import render_page, script_json
+from eval.static_page import page_files, render_page, script_json
 from eval.stopwords import content_word_indices
 
 KIT_FORMAT = "captioner-rating-kit/1"
-# What `build_kit` writes directly inside its folder (see the layout above).
+# What `build_kit` writes directly inside its folder (see the layout above), and the id of the
+# page's data element, which lists the images and overlays it wrote inside them.
 KIT_ENTRIES = ("index.html", "images", "attention")
+KIT_DATA = "kit-data"
 KEY_FORMAT = "captioner-rating-key/1"
 RATINGS_FORMAT = "captioner-ratings/1"
 SCORES = (1, 2, 3, 4, 5)
@@ -207,6 +209,13 @@ def build_kit(
         "images": key_images,
     }
     return RatingKit(page, kit_id, key)
+
+
+def kit_files(folder: Path) -> set[str]:
+    """What `build_kit` wrote into ``folder``, as paths relative to it (``index.html``,
+    ``images/0001.jpg``, ...): its fixed entries and the files its page lists; none of the
+    files inside ``images/`` and ``attention/`` when the page cannot be read."""
+    return {*KIT_ENTRIES, *page_files(folder / "index.html", KIT_DATA)}
 
 
 def sample_readable(

@@ -8,6 +8,7 @@ import html
 import json
 import re
 from importlib import resources
+from pathlib import Path
 
 
 def script_json(data: object) -> str:
@@ -45,3 +46,22 @@ def render_page(page: str, data: dict, title: str) -> str:
     return re.sub(
         r"\{\{(TITLE|STYLE|SCRIPT|DATA)\}\}", lambda m: parts[m.group(1)], page_template
     )
+
+
+def page_files(page: Path, element: str) -> set[str]:
+    """The files that a page written by :func:`render_page` shows, as its data (the JSON of its
+    ``<script id=ELEMENT>``) lists them, relative to its folder: every image's ``src``, every
+    word's ``overlay`` and the ``colorbar`` (a gallery's). None when the page or its data
+    cannot be read, so that nothing the page does not list is taken for its own."""
+    try:
+        text = page.read_text(encoding="utf-8")
+        found = re.search(rf'<script id="{re.escape(element)}" type="application/json">(.*?)'
+                          "</script>", text, re.DOTALL)
+        data = json.loads(found.group(1)) if found else {}
+        images = data.get("images", [])
+        overlays = [word["overlay"] for image in images for caption in image["captions"]
+                    for word in caption["words"]]
+        return {*(image["src"] for image in images), *overlays,
+                *([data["colorbar"]] if "colorbar" in data else [])}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()

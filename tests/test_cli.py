@@ -158,7 +158,18 @@ def test_overwrite_never_deletes_files_beside_an_earlier_result(
     assert sorted(path.relative_to(out) for path in out.rglob("*")) == sorted(
         [*result, (out / "notes.txt").relative_to(out)])
 
-    (out / "notes.txt").unlink()  # the earlier result alone is replaced
+    (out / "notes.txt").unlink()
+    # A file left inside one of the result's own folders is no more the result's.
+    inner = max((path for path in out.rglob("*") if path.is_dir()), key=lambda p: len(p.parts))
+    (inner / "notes.txt").write_text("which model is which: ask Ana")
+    assert main([*args, "--overwrite"]) == 2
+    assert capsys.readouterr().err == (
+        f"captioner {command}: {out}: holds the {command.replace('-', ' ')} of an earlier run "
+        f"and other files too ({(inner / 'notes.txt').relative_to(out).as_posix()}), which "
+        "--overwrite would delete; move them out or choose a new or empty folder\n")
+    assert (inner / "notes.txt").read_text() == "which model is which: ask Ana"
+
+    (inner / "notes.txt").unlink()  # the earlier result alone is replaced
     assert main([*args, "--overwrite"]) == 0
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import stat
 
 import pytest
@@ -19,6 +20,7 @@ from data_prep.files import (
     check_output_file,
     check_output_folder,
     first_names,
+    foreign_entries,
     write_json,
 )
 
@@ -96,6 +98,38 @@ def test_a_folder_of_other_files_names_three_and_counts_the_rest(tmp_path):
     assert str(refused.value) == (f"{tmp_path}: folder is not empty (a, b, c and 2 more) and "
                                   "holds no heatmaps of an earlier run; choose a new or empty "
                                   "folder")
+
+
+def test_files_inside_an_earlier_result_s_folders_are_named_unless_the_result_lists_them(
+    tmp_path,
+):
+    ours = ["index.json", "tvmax/a/00_a.png", "tvmax/a/strip.png", "attention"]
+    for name in ["index.json", "tvmax/a/00_a.png", "tvmax/a/strip.png", "tvmax/a/notes.txt",
+                 "tvmax/mine/x.txt", "tvmax/mine/y.txt", "extra.txt"]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    (tmp_path / "attention").mkdir()  # the result's own folder, left empty: its own
+    (tmp_path / "tvmax" / "empty").mkdir()  # a folder the result did not make
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "tvmax" / "a" / "link").symlink_to(tmp_path / "outside")  # never followed
+    # A folder that is not the result's is named once, not by its content.
+    assert foreign_entries(tmp_path, ours) == [
+        "extra.txt", "outside", "tvmax/a/link", "tvmax/a/notes.txt", "tvmax/empty", "tvmax/mine"]
+    (tmp_path / "index.json").write_text('{"vmax_rule": "maximum"}')
+    with pytest.raises(OutputPathError) as refused:
+        check_output_folder(tmp_path, "heatmaps", "index.json", '"vmax_rule"', True,
+                            lambda _: ours)
+    assert str(refused.value) == (
+        f"{tmp_path}: holds the heatmaps of an earlier run and other files too (extra.txt, "
+        "outside, tvmax/a/link and 3 more), which --overwrite would delete; move them out or "
+        "choose a new or empty folder")
+    for name in ["extra.txt", "tvmax/a/notes.txt", "tvmax/a/link"]:
+        (tmp_path / name).unlink()
+    for name in ["outside", "tvmax/empty", "tvmax/mine"]:
+        shutil.rmtree(tmp_path / name)
+    assert foreign_entries(tmp_path, ours) == []
+    assert check_output_folder(tmp_path, "heatmaps", "index.json", '"vmax_rule"', True,
+                               lambda _: ours)
 
 
 def test_a_symbolic_link_stays_a_link_and_its_file_is_written(tmp_path):

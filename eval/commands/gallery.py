@@ -121,13 +121,13 @@ def main(argv: list[str]) -> int:
     from captioner.heatmaps import checkpoint_names
     from captioner.inference import open_captioner
     from data_prep.files import check_output_folder
-    from eval.gallery import GALLERY_ENTRIES, GALLERY_FORMAT, GalleryModel, caption_gallery
+    from eval.gallery import GALLERY_FORMAT, GalleryModel, caption_gallery, gallery_files
 
     try:
         names = checkpoint_names(args.ckpt)
         earlier = check_output_folder(args.out, "gallery", "index.html",
                                       f'"format": "{GALLERY_FORMAT}"', args.overwrite,
-                                      lambda _: GALLERY_ENTRIES)
+                                      gallery_files)
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         options = [decoding_options(args, captioner.decoding) for captioner in captioners]
         paths, shown_names, skipped, note = _images(args)

@@ -137,14 +137,14 @@ def main(argv: list[str]) -> int:
     from captioner.heatmaps import checkpoint_names
     from captioner.inference import open_captioner
     from data_prep.files import check_output_folder
-    from eval.rating_kit import KIT_ENTRIES, KIT_FORMAT, KitModel, sample_readable
+    from eval.rating_kit import KIT_FORMAT, KitModel, kit_files, sample_readable
 
     try:
         names = checkpoint_names(args.ckpt)
         replaces_key = _check_key(key_path, args.overwrite)
         earlier = check_output_folder(args.out, "rating kit", "index.html",
                                       f'"format": "{KIT_FORMAT}"', args.overwrite,
-                                      lambda _: KIT_ENTRIES)
+                                      kit_files)
         candidates = _candidates(args)
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         options = [decoding_options(args, captioner.decoding) for captioner in captioners]
