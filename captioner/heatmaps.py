@@ -320,7 +320,7 @@ def checkpoint_names(paths: Sequence[Path]) -> list[str]:
     from captioner.training_runs import version_number
 
     paths = [Path(p) for p in paths]
-    _refuse_repeated(paths)
+    refuse_repeated(paths, "checkpoint")
     levels = []
     for path, stem in zip(paths, unique_stems(paths), strict=True):
         folder = path.parent
@@ -339,15 +339,16 @@ def checkpoint_names(paths: Sequence[Path]) -> list[str]:
             if names.count(name) > 1 else name for name, path in zip(names, paths, strict=True)]
 
 
-def _refuse_repeated(paths: Sequence[Path]) -> None:
-    """ValueError naming the first checkpoint that ``paths`` hold twice, compared as the files
-    they lead to (``a.ckpt``, ``./a.ckpt`` and a link to it are one checkpoint)."""
+def refuse_repeated(paths: Sequence[Path], what: str) -> None:
+    """ValueError naming the first ``what`` ("checkpoint", "image") that ``paths`` hold twice,
+    compared as the files they lead to (``a.ckpt``, ``./a.ckpt`` and a link to it are one
+    checkpoint): its figures would go twice into one folder and its index entry twice."""
     seen: dict[str, Path] = {}
     for path in paths:
         real = os.path.realpath(path)
         if real in seen:
             also = "" if seen[real] == path else f" (also as {seen[real]})"
-            raise ValueError(f"checkpoint {path} is given twice{also}; give each checkpoint once")
+            raise ValueError(f"{what} {path} is given twice{also}; give each {what} once")
         seen[real] = path
 
 

@@ -157,3 +157,19 @@ def test_write_figures_draws_each_image_into_its_given_folder_for_every_model(tm
         "tv/second/attention.npz", "tv/second/attention.json"]
     assert sorted(p.name for p in args.out.iterdir()) == ["soft", "tv"]
     assert AttentionRecord.load(args.out / "tv" / "second" / "attention.npz").mapping == "tvmax"
+
+
+def test_an_image_given_twice_is_refused(tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    # Its figures would go into one folder, listed twice in the index and counted twice.
+    image = tmp_path / "photos" / "photo.png"
+    image.parent.mkdir()
+    Image.new("RGB", (20, 20), (10, 120, 30)).save(image)
+    monkeypatch.chdir(image.parent)
+    out = tmp_path / "out"
+    for given, also in ((["photo.png", "photo.png"], ""),
+                        ([str(image.parent), "photo.png"], f" (also as {image})")):
+        code = command.main([*given, "--ckpt", str(tiny_checkpoint), "--out", str(out), *FAST])
+        assert code == 2
+        assert capsys.readouterr().err == (
+            f"captioner heatmaps: image photo.png is given twice{also}; give each image once\n")
+        assert not out.exists()

@@ -19,7 +19,9 @@ OUT must be new or empty: a folder holding an earlier run's heatmaps is refused,
 --overwrite, emptied and filled anew once the new captions are made (the earlier figures stay
 until then); figures of two runs in one folder would be drawn on two colour scales, with only
 the last run indexed. Files beside an earlier run's heatmaps are never deleted: such a folder
-is refused, with --overwrite too. A checkpoint given twice is refused.
+is refused, with --overwrite too. A checkpoint given twice is refused, and so is an image
+(also by two spellings of its path, or as a file and inside a folder given): its figures would
+go once into one folder but twice into the index.
 
 Colour scale: one scale 0..vmax for every word, image and model of the run, so colours are
 comparable across them. vmax is ``--vmax`` when given (use it to compare separate runs), else
@@ -124,7 +126,13 @@ def _write_figures(args: argparse.Namespace, models: list[_Model], captions,
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    from captioner.heatmaps import checkpoint_names, index_entries, shared_vmax, unique_stems
+    from captioner.heatmaps import (
+        checkpoint_names,
+        index_entries,
+        refuse_repeated,
+        shared_vmax,
+        unique_stems,
+    )
     from captioner.image_files import collect_images
     from captioner.inference import open_captioner
     from data_prep.files import atomic_write, check_output_folder, clear_folder
@@ -134,6 +142,7 @@ def main(argv: list[str]) -> int:
         earlier = check_output_folder(args.out, "heatmaps", "index.json", INDEX_TAG,
                                       args.overwrite, index_entries)
         paths = collect_images(args.inputs)
+        refuse_repeated(paths, "image")
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         models = [_Model(name, path, captioner, decoding_options(args, captioner.decoding))
                   for name, path, captioner in zip(names, args.ckpt, captioners, strict=True)]
