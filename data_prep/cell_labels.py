@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import require_file
+from .files import first_names, require_file
 
 ATTRIBUTE_FIELDS = ("colour", "size")
 NONE = "none"  # class 0 of every attribute: no object covers the cell
@@ -140,8 +140,8 @@ class CellLabeller:
         for attribute, names in own.items():
             unknown = sorted(set(names) - set(classes.get(attribute, ())))
             if unknown:
-                raise ValueError(f"{path}: {attribute} {unknown} not among the training "
-                                 f"classes {list(classes.get(attribute, ()))}")
+                raise ValueError(f"{path}: {attribute} {first_names(unknown)} not among the "
+                                 f"training classes ({first_names(classes.get(attribute, ()))})")
         return cls(coco, Path(path), dict(classes))
 
     def labels(self, image_id: int, grid: tuple[int, int]) -> np.ndarray:

@@ -660,7 +660,7 @@ def _read_split_file(path: Path) -> dict[str, str]:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DatasetImportError(f"{path}: not valid JSON ({exc})") from exc
     if not isinstance(data, dict) or set(data) - set(SPLITS):
-        keys = sorted(data) if isinstance(data, dict) else type(data).__name__
+        keys = first_names(sorted(data)) if isinstance(data, dict) else type(data).__name__
         raise DatasetImportError(f"{path}: split file must be an object with keys among "
                                  f"{', '.join(SPLITS)}, got {keys}")
     split_of: dict[str, str] = {}

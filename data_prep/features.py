@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.files import atomic_write
+from data_prep.files import atomic_write, first_names
 from data_prep.images import one_line
 
 _FORMAT = "captioner.feature-cache"
@@ -311,7 +311,7 @@ class FeatureCacheWriter:
         if not finite.all():
             bad = [ids[i] for i in np.flatnonzero(~finite)]
             raise ValueError(
-                f"features of image ids {bad[:10]} are not finite in float16 (NaN, inf, or "
+                f"features of image ids {first_names(bad)} are not finite in float16 (NaN, inf, or "
                 f"beyond +-65504)"
             )
         stored = np.array(ids, dtype=np.int64)
@@ -358,7 +358,7 @@ class FeatureCacheWriter:
         counts = Counter(ids)
         duplicates = sorted(i for i, n in counts.items() if n > 1 or i in seen)
         if duplicates:
-            raise ValueError(f"image ids already written to {self.path}: {duplicates[:10]}")
+            raise ValueError(f"image ids already written to {self.path}: {first_names(duplicates)}")
 
     def __exit__(self, exc_type, exc, traceback) -> None:
         file = self._file

@@ -200,11 +200,11 @@ def require_file(path: str | Path, what: str) -> Path:
     return path
 
 
-def first_names(names: Sequence[str], limit: int = 10, separator: str = ", ") -> str:
-    """The first ``limit`` of ``names`` joined by ``separator``, then how many are left out:
-    ``a, b, c`` or ``a, b, c and 7 more``, as a one-line message lists files or problems
-    (``separator="; "`` where the names hold commas)."""
-    shown = separator.join(names[:limit])
+def first_names(names: Sequence[object], limit: int = 10, separator: str = ", ") -> str:
+    """The first ``limit`` of ``names`` (files, ids, problems; each as ``str`` gives it) joined
+    by ``separator``, then how many are left out: ``a, b, c`` or ``a, b, c and 7 more``, as a
+    one-line message lists them (``separator="; "`` where the names hold commas)."""
+    shown = separator.join(str(name) for name in names[:limit])
     return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
 
 

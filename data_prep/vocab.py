@@ -11,6 +11,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from data_prep.files import first_names
+
 PAD = "<pad>"
 START = "<start>"
 END = "<end>"
@@ -43,7 +45,7 @@ class Vocabulary:
         stoi = {word: index for index, word in enumerate(itos)}
         if len(stoi) != len(itos):
             duplicates = sorted(word for word, count in Counter(itos).items() if count > 1)
-            raise ValueError(f"vocabulary has duplicate words: {duplicates[:10]}")
+            raise ValueError(f"vocabulary has duplicate words: {first_names(duplicates)}")
         self.itos: list[str] = itos
         self.stoi: dict[str, int] = stoi
 

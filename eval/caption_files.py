@@ -7,7 +7,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from data_prep.files import require_file
+from data_prep.files import first_names, require_file
 
 
 class CaptionFileError(ValueError):
@@ -56,7 +56,7 @@ def load_results(path: str | Path) -> dict[int, str]:
     if duplicates:
         raise CaptionFileError(
             f"{path}: {len(duplicates)} image ids have more than one caption "
-            f"(first: {duplicates[:10]}); keep one caption per image"
+            f"({first_names(duplicates)}); keep one caption per image"
         )
     return results
 

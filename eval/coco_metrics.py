@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from data_prep.files import first_names
+
 if TYPE_CHECKING:
     from eval.spice_jars import SpiceInstall
 
@@ -49,10 +51,10 @@ def coverage_problems(hypotheses: Mapping[int, str],
     only_ref = sorted(set(references) - set(hypotheses))
     if only_hyp:
         problems.append(f"{len(only_hyp)} image ids are in the results but not in the "
-                        f"references (first: {only_hyp[:10]})")
+                        f"references ({first_names(only_hyp)})")
     if only_ref:
         problems.append(f"{len(only_ref)} image ids of the references have no caption in the "
-                        f"results (first: {only_ref[:10]})")
+                        f"results ({first_names(only_ref)})")
     return problems
 
 
@@ -70,7 +72,7 @@ def _check_inputs(hypotheses: Mapping[int, str], references: Mapping[int, Sequen
 def _check_metrics(metrics: Sequence[str]) -> None:
     unknown = [m for m in metrics if m not in METRICS]
     if unknown:
-        raise ValueError(f"unknown metrics {unknown}; valid: {', '.join(METRICS)}")
+        raise ValueError(f"unknown metrics {first_names(unknown)}; valid: {', '.join(METRICS)}")
 
 
 def tokenize_for_scoring(

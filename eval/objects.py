@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from data_prep.cell_labels import ATTRIBUTE_FIELDS, downsample_mask, load_coco
+from data_prep.files import first_names
 
 # Words naming each COCO category: the category name plus common synonyms and hyponyms used in
 # COCO captions. Irregular plurals are listed; regular plurals are derived.
@@ -166,7 +167,8 @@ def category_words_for(names: Sequence[str]) -> dict[str, tuple[str, ...]]:
     tables = {**CATEGORY_WORDS, **COCO_CATEGORY_WORDS}
     missing = [n for n in names if n not in tables]
     if missing:
-        raise KeyError(f"no synonym list for categories {missing} (known: COCO and synthetic)")
+        raise KeyError(f"no synonym list for categories {first_names(missing)} (known: COCO and "
+                       "synthetic)")
     return {n: tables[n] for n in names}
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data_prep.files import first_names
 from eval.rating_kit import KEY_FORMAT, RATINGS_FORMAT, SCORES
 
 KINDS = ("caption", "attention")
@@ -103,7 +104,7 @@ def load_key(path: Path) -> RatingKey:
         unknown = [m for m in item["labels"].values() if m not in names]
         if unknown:
             raise RatingsError(f"{path}: images[{index}] labels a model {unknown[0]!r} that is "
-                               f"not among its models {names}")
+                               f"not among its models ({first_names(names)})")
         labels[item["key"]] = dict(item["labels"])
     return RatingKey(kit_id=data["kit_id"], models=names, labels=labels)
 

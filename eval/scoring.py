@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from data_prep.files import first_names
 from eval.coco_metrics import METRICS as COCO_METRICS
 from eval.coco_metrics import CaptionScores, score_captions
 from eval.rep import rep_per_image, rep_score
@@ -21,9 +22,8 @@ def parse_metrics(text: str) -> tuple[str, ...]:
     names = tuple(name.strip() for name in text.split(",") if name.strip())
     unknown = [name for name in names if name not in ALL_METRICS]
     if unknown or not names:
-        raise ValueError(
-            f"unknown metrics {unknown or text!r}; choose from {','.join(ALL_METRICS)}"
-        )
+        given = first_names(unknown) if unknown else repr(text)
+        raise ValueError(f"unknown metrics {given}; choose from {','.join(ALL_METRICS)}")
     return names
 
 

@@ -79,7 +79,7 @@ def test_dict_round_trip_is_json_safe():
                 "version": 1,
                 "itos": ["<pad>", "<start>", "<end>", "<unk>", "cat", "cat"],
             },
-            "duplicate words.*cat",
+            "vocabulary has duplicate words: cat$",
         ),
         (
             {

@@ -86,8 +86,8 @@ def test_mentions_plurals_multiword_and_longest_match():
     words = category_words_for(["person", "teddy bear", "bear", "dog", "bus"])
     found = mentions("Two men hug a teddy bear near the bears and puppies on buses".split(), words)
     assert found == {"person": [1], "teddy bear": [5], "bear": [8], "dog": [10], "bus": [12]}
-    with pytest.raises(KeyError, match="no synonym list"):
-        category_words_for(["unicorn"])
+    with pytest.raises(KeyError, match=r"no synonym list for categories unicorn, yeti \(known"):
+        category_words_for(["unicorn", "dog", "yeti"])
 
 
 def test_area_weights_and_downsampled_mask_by_hand():

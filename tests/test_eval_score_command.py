@@ -70,6 +70,15 @@ def test_karpathy_references_with_split(tmp_path, karpathy, capsys):
     assert row.split()[1] == "-"  # SPICE not requested: shown as '-', never silently dropped
 
 
+def test_allow_empty_names_the_empty_captions_it_scores(tmp_path, karpathy, capsys):
+    results = _write(tmp_path / "r.json",
+                     [{"image_id": 5, "caption": " "}, {"image_id": 6, "caption": "a cat"}])
+    rc, stdout, err = _score(capsys, "--results", results, "--references", karpathy, "--split",
+                             "test", "--metrics", "REP", "--allow-empty")
+    assert rc == 0, err
+    assert stdout.splitlines()[0] == "warning: scoring 1 empty captions (image ids 5)"
+
+
 @pytest.mark.parametrize(
     ("results", "message"),
     [
@@ -77,22 +86,21 @@ def test_karpathy_references_with_split(tmp_path, karpathy, capsys):
         (
             [{"image_id": 5, "caption": "a"}, {"image_id": 99, "caption": "c"}],
             r"cannot score .*r\.json: 1 image ids are in the results but not in the references "
-            r"\(first: \[99\]\); 1 image ids of the references have no caption in the results "
-            r"\(first: \[6\]\)$",
+            r"\(99\); 1 image ids of the references have no caption in the results \(6\)$",
         ),
         (
             [{"image_id": 5, "caption": "a"}, {"image_id": 6, "caption": "b"},
              {"image_id": 99, "caption": "c"}],
-            r"1 image ids are in the results but not in the references \(first: \[99\]\)",
+            r"1 image ids are in the results but not in the references \(99\)",
         ),
         (
             [{"image_id": 5, "caption": "a"}, {"image_id": 5, "caption": "b"},
              {"image_id": 6, "caption": "c"}],
-            r"1 image ids have more than one caption \(first: \[5\]\)",
+            r"1 image ids have more than one caption \(5\); keep one caption per image",
         ),
         (
             [{"image_id": 5, "caption": " "}, {"image_id": 6, "caption": "c"}],
-            r"1 captions in .* are empty \(image ids \[5\]\); pass --allow-empty",
+            r"1 captions in .* are empty \(image ids 5\); pass --allow-empty",
         ),
         ([{"image_id": "5", "caption": "a"}], "entry 0: image_id must be an integer"),
         ({"image_id": 5}, "COCO results must be a list"),
@@ -119,7 +127,7 @@ def test_reference_and_option_errors(tmp_path, karpathy, capsys):
         capsys, "--results", results, "--references", karpathy, "--split", "test",
         "--metrics", "Bleu,CIDER",
     )  # fmt: skip
-    assert rc == 2 and "unknown metrics ['CIDER']" in err
+    assert rc == 2 and "unknown metrics CIDER; choose from " in err
 
 
 def test_spice_without_jars_names_fetch_spice(tmp_path, karpathy, capsys, monkeypatch):
@@ -226,8 +234,12 @@ def test_the_library_refuses_ids_in_one_side_only_as_score_does():
     references = {1: ["a dog"], 2: ["a cat"], 3: ["a cow"], 4: ["a hen"]}
     problems = coverage_problems(hypotheses, references)
     assert problems == [
-        "1 image ids are in the results but not in the references (first: [5])",
-        "2 image ids of the references have no caption in the results (first: [3, 4])"]
+        "1 image ids are in the results but not in the references (5)",
+        "2 image ids of the references have no caption in the results (3, 4)"]
+    # Ids past the tenth are counted, not listed.
+    many = coverage_problems(hypotheses, {i: ["a dog"] for i in range(1, 16)})
+    assert many == ["12 image ids of the references have no caption in the results "
+                    "(3, 4, 6, 7, 8, 9, 10, 11, 12, 13 and 2 more)"]
     with pytest.raises(ValueError) as error:
         score_captions(hypotheses, references, ["Bleu"])
     assert str(error.value) == "; ".join(problems)

@@ -95,8 +95,12 @@ def test_bad_local_files_are_named(tmp_path):
     with pytest.raises(EncoderWeightsError, match="r18.pt do not fit the encoder arch resnet34 "
                        r"\(they are resnet18 weights: set the encoder arch to resnet18\)"):
         build_encoder("resnet34", weights=str(tmp_path / "r18.pt"))
-    torch.save({"conv1.weight": torch.zeros(1)}, tmp_path / "odd.pt")  # no architecture's
-    with pytest.raises(EncoderWeightsError, match=r"odd.pt do not fit the encoder arch resnet18: "):
+    odd = {"conv1.weight": torch.zeros(1), "head.weight": torch.zeros(1)}  # no architecture's
+    torch.save(odd, tmp_path / "odd.pt")
+    with pytest.raises(EncoderWeightsError, match=(
+            r"odd.pt do not fit the encoder arch resnet18: missing bn1\.bias, "
+            r"bn1\.num_batches_tracked, bn1\.running_mean, bn1\.running_var, bn1\.weight and "
+            r"114 more; unexpected head\.weight$")):
         build_encoder("resnet18", weights=str(tmp_path / "odd.pt"))
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(EncoderWeightsError,

@@ -87,6 +87,7 @@ def test_a_long_list_in_a_message_names_its_first_items_and_counts_the_rest():
     assert first_names([f"p{i}" for i in range(12)]) == ", ".join(
         f"p{i}" for i in range(10)) + " and 2 more"
     assert first_names(["x: 1, 2", "y: 3", "z"], 2, separator="; ") == "x: 1, 2; y: 3 and 1 more"
+    assert first_names([3, 4, 5, 6, 7, 8, 9], 2) == "3, 4 and 5 more"  # ids as well as names
 
 
 def test_a_folder_of_other_files_names_three_and_counts_the_rest(tmp_path):

@@ -207,6 +207,12 @@ def test_split_file_assigns_listed_images_and_reports_the_others(tmp_path, capsy
                        "--split", split_file)
     assert code == 2 and f"image {names[7]!r} is listed in 'train' and again in 'val'" in err
 
+    split_file.write_text(json.dumps({"train": names[:8], "dev": names[8:10], "exam": []}))
+    code, _, err = run(capsys, "--captions", captions, "--images", photos, "--out", out,
+                       "--split", split_file)
+    assert (code, err) == (2, f"captioner prepare-dataset: {split_file}: split file must be an "
+                              "object with keys among train, val, test, got dev, exam, train\n")
+
 
 # --- formats -----------------------------------------------------------------------------------
 

@@ -154,7 +154,7 @@ def test_bootstrap_interval():
     ("edit", "message"),
     [
         (lambda k: k["images"][0]["labels"].update(A="nomodel"),
-         "images[0] labels a model 'nomodel' that is not among its models ['softmax', 'tvmax']"),
+         "images[0] labels a model 'nomodel' that is not among its models (softmax, tvmax)"),
         (lambda k: k["images"][0].update(labels=["softmax", "tvmax"]),
          "images[0] must be an object with a 'key' and 'labels' (label -> model name)"),
         (lambda k: k.update(models="x"), "field 'models' must be a list of objects with a 'name'"),

@@ -19,7 +19,7 @@ import torch
 import torchvision
 from torch import Tensor, nn
 
-from data_prep.files import require_file
+from data_prep.files import first_names, require_file
 
 ARCHITECTURES = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 LAYERS = ("layer3", "layer4")
@@ -201,10 +201,10 @@ def _load_trunk(resnet: nn.Module, arch: str, state_dict: dict[str, Tensor], sou
         fits = [other for other in ARCHITECTURES if other != arch and _trunk_keys(
             torchvision.models.get_model(other, weights=None)) == trunk_state.keys()]
         hint = f" (they are {fits[0]} weights: set the encoder arch to {fits[0]})" if fits else ""
+        keys = "; ".join(f"{kind} {first_names(names, 5)}" for kind, names in
+                         (("missing", missing), ("unexpected", unexpected)) if names)
         raise EncoderWeightsError(
-            f"encoder weights from {source} do not fit the encoder arch {arch}{hint}: "
-            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-            f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
+            f"encoder weights from {source} do not fit the encoder arch {arch}{hint}: {keys}"
         )
     try:
         resnet.load_state_dict(trunk_state, strict=False)

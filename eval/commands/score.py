@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from data_prep.files import OutputPathError, check_output_file, write_json
+    from data_prep.files import OutputPathError, check_output_file, first_names, write_json
     from eval.caption_files import (
         CaptionFileError,
         empty_caption_ids,
@@ -68,14 +68,14 @@ def main(argv: list[str]) -> int:
     empty = empty_caption_ids(hypotheses)
     if empty and not args.allow_empty:
         problems.append(
-            f"{len(empty)} captions in {args.results} are empty (image ids {empty[:10]}); "
+            f"{len(empty)} captions in {args.results} are empty (image ids {first_names(empty)}); "
             "pass --allow-empty to score them anyway"
         )
     if problems:
         return report_error("captioner score", ValueError("; ".join(problems)),
                             f"cannot score {args.results}")
     if empty:
-        print(f"warning: scoring {len(empty)} empty captions (image ids {empty[:10]})")
+        print(f"warning: scoring {len(empty)} empty captions (image ids {first_names(empty)})")
     try:
         # Metrics that are undefined here (e.g. CIDEr of one image) warn: one line each.
         with warnings_as_lines():
