@@ -168,12 +168,12 @@ def train(mapping: str, data: DemoData, settings: DemoSettings, out: Path, seed:
     config = cli.parser.dump(cli.config)
     record = TrainingRecord(out)
     finished = record.find(config, data.encoder_sha256)
+    which = f"the {mapping} captioner, seed {seed}" + "".join(f", {option}" for option in extra)
     if finished is not None:
-        print(f"\n== the {mapping} captioner, seed {seed} {' '.join(extra)}: trained already, "
-              f"{finished.checkpoint} (val/CIDEr {finished.val_CIDEr:.4f})")
+        print(f"\n== {which}: trained already, {finished.checkpoint} (val/CIDEr "
+              f"{finished.val_CIDEr:.4f})")
         return Path(finished.checkpoint), finished.val_CIDEr
-    print(f"\n== training the {mapping} captioner, seed {seed} ({cli.trainer.max_epochs} "
-          f"epochs) {' '.join(extra)}")
+    print(f"\n== training {which} ({cli.trainer.max_epochs} epochs)")
     try:
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     except SystemExit:

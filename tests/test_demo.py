@@ -82,7 +82,14 @@ def test_negative_seed_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--quick", "--seed", "-1", "--out", str(tmp_path)])
     assert exit_info.value.code == 2
-    assert "seeds must be >= 0" in capsys.readouterr().err
+    assert capsys.readouterr().err.endswith("error: seeds must be >= 0, got -1\n")
+
+
+def test_repeated_seeds_are_refused_by_value(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--quick", "--seeds", "1", "2", "1", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.endswith("error: --seeds gives 1 more than once\n")
 
 
 def test_an_out_that_cannot_be_a_folder_is_one_line_before_any_work(tmp_path, capsys):
@@ -127,7 +134,8 @@ def test_a_lambda_grid_must_be_finite_and_positive(lam, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--quick", "--out", str(tmp_path / "demo"), "--lam-grid", "0.1", lam])
     assert exit_info.value.code == 2
-    assert "--lam-grid values must be finite and positive" in capsys.readouterr().err
+    assert capsys.readouterr().err.endswith(
+        f"--lam-grid values must be finite and positive, got {float(lam)}\n")
 
 
 def test_ctrl_c_while_a_captioner_trains_stops_the_demo(monkeypatch, tmp_path):
@@ -182,7 +190,7 @@ def test_an_interrupted_demo_goes_on_without_training_its_finished_captioners_ag
     printed = capsys.readouterr().out
     assert f"going on with the unfinished demo run in {out}" in printed
     for mapping in ("softmax", "sparsemax"):
-        assert f"the {mapping} captioner, seed 0 : trained already" in printed
+        assert f"== the {mapping} captioner, seed 0: trained already" in printed
         assert [p.name for p in (out / "runs" / f"demo_{mapping}").iterdir()] == ["version_0"]
     assert "training the tvmax captioner" in printed
     assert list(json.loads((out / "results.json").read_text())["per_seed"]["0"]) == list(

@@ -69,12 +69,15 @@ def main(argv: list[str]) -> int:
                         "kept and reused; default: refused, and an unfinished run goes on)")
     args = parser.parse_args(argv)
     seeds = args.seeds or [args.seed]
-    if min(args.seed, *seeds) < 0:
-        parser.error(f"seeds must be >= 0, got {args.seed} {seeds}")
-    if len(set(seeds)) != len(seeds):
-        parser.error(f"--seeds are repeated: {seeds}")
-    if args.lam_grid and not all(math.isfinite(lam) and lam > 0 for lam in args.lam_grid):
-        parser.error(f"--lam-grid values must be finite and positive, got {args.lam_grid}")
+    negative = sorted({seed for seed in (args.seed, *seeds) if seed < 0})
+    if negative:
+        parser.error(f"seeds must be >= 0, got {first_names(negative)}")
+    repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1})
+    if repeated:
+        parser.error(f"--seeds gives {first_names(repeated)} more than once")
+    bad_lams = [lam for lam in args.lam_grid or () if not (math.isfinite(lam) and lam > 0)]
+    if bad_lams:
+        parser.error(f"--lam-grid values must be finite and positive, got {first_names(bad_lams)}")
     settings = replace(QUICK if args.quick else FULL, seed=args.seed)
     out = args.out.resolve()
     try:
