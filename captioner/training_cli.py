@@ -229,6 +229,9 @@ class CaptionerCLI(LightningCLI):
                     f"from a checkpoint keeps its hyperparameters ({advice}; model.decoding.* "
                     "may change)"
                 )
+        # The run's config.yaml names the checkpoint as Lightning names its own (an absolute
+        # path): a relative one would lead elsewhere, or nowhere, from another folder.
+        config["ckpt_path"] = str(path.resolve())
 
     def _model_keys_given(self, subcommand: str) -> dict[str, str | None]:
         """The ``model.*`` keys that the command line or its config files set, each with the

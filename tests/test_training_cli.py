@@ -250,17 +250,24 @@ def test_fit_prints_the_run_folder_and_checkpoints_and_runs_lists_them(
     assert "version_0" in row and str(best) in row and " 1 " in row
 
 
-def test_validate_and_test_take_a_cli_checkpoint_and_best(synthetic_data, tiny_cache, tmp_path):
+def test_validate_and_test_take_a_cli_checkpoint_and_best(synthetic_data, tiny_cache, tmp_path,
+                                                           monkeypatch):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
     best = next((tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints").glob("best*"))
-    assert lightning_main(["validate", *args, "--ckpt_path", str(best)]) == 0
+    monkeypatch.chdir(best.parent)
+    assert lightning_main(["validate", *args, "--ckpt_path", best.name]) == 0
+    monkeypatch.chdir(tmp_path)
     code, _, err = _run("test", *args, "--ckpt_path", "best")
     assert code == 0, err[-2000:]
     assert "dirpath has changed" not in err  # Lightning's warning, of no use to a test
     run = tmp_path / "runs" / "demo_softmax" / "version_0"
     assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]  # no new versions
     validated = list(csv.DictReader((run / "validate" / "metrics.csv").open()))
+    # The run's config names the checkpoint it scored from any folder, not from the one the
+    # command ran in.
+    assert yaml.safe_load((run / "validate" / "config.yaml").read_text())["ckpt_path"] == str(
+        best)
     tested = list(csv.DictReader((run / "test" / "metrics.csv").open()))
     assert validated[0]["val/CIDEr"] and tested[0]["test/CIDEr"]
     # A second test of the run keeps the first one's results.
