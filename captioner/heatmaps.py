@@ -36,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -46,6 +45,8 @@ import matplotlib
 import numpy as np
 from matplotlib.colors import ListedColormap
 from PIL import Image
+
+from data_prep.files import refuse_repeated
 
 ZERO_STYLES = ("transparent", "white")
 UPSAMPLE_MODES = ("nearest", "bilinear")
@@ -337,19 +338,6 @@ def checkpoint_names(paths: Sequence[Path]) -> list[str]:
                  for name, level in zip(names, levels, strict=True)]
     return [f"{name}-{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
             if names.count(name) > 1 else name for name, path in zip(names, paths, strict=True)]
-
-
-def refuse_repeated(paths: Sequence[Path], what: str) -> None:
-    """ValueError naming the first ``what`` ("checkpoint", "image") that ``paths`` hold twice,
-    compared as the files they lead to (``a.ckpt``, ``./a.ckpt`` and a link to it are one
-    checkpoint): its figures would go twice into one folder and its index entry twice."""
-    seen: dict[str, Path] = {}
-    for path in paths:
-        real = os.path.realpath(path)
-        if real in seen:
-            also = "" if seen[real] == path else f" (also as {seen[real]})"
-            raise ValueError(f"{what} {path} is given twice{also}; give each {what} once")
-        seen[real] = path
 
 
 def index_entries(folder: Path) -> set[str]:

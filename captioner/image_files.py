@@ -14,6 +14,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from data_prep.files import refuse_repeated
 from data_prep.images import IMAGE_SUFFIXES, ImageLoadError, load_image
 
 _COCO_ID = re.compile(r"(?:^|_)(\d+)$")
@@ -35,7 +36,8 @@ def collect_images(inputs: Sequence[str | Path]) -> list[Path]:
     reports each by name instead of skipping it unseen.
 
     Raises:
-        FileNotFoundError: an input does not exist. ValueError: a folder holds no images.
+        FileNotFoundError: an input does not exist. ValueError: a folder holds no images, or
+            an image comes twice (as two spellings of its path, or by a folder and by name).
     """
     paths: list[Path] = []
     for item in map(Path, inputs):
@@ -53,6 +55,7 @@ def collect_images(inputs: Sequence[str | Path]) -> list[Path]:
             paths.append(item)
         else:
             raise FileNotFoundError(f"{item}: no such file or folder")
+    refuse_repeated(paths, "image")
     return paths
 
 

@@ -208,6 +208,20 @@ def first_names(names: Sequence[object], limit: int = 10, separator: str = ", ")
     return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
 
 
+def refuse_repeated(paths: Sequence[Path], what: str) -> None:
+    """ValueError naming the first ``what`` ("checkpoint", "image") that ``paths`` hold twice,
+    compared as the files they lead to (``a.ckpt``, ``./a.ckpt``, a link to it and a folder's
+    entry are one file): a command would caption it twice, write its figures twice into one
+    folder, or show it twice to a rater."""
+    seen: dict[str, Path] = {}
+    for path in paths:
+        real = os.path.realpath(path)
+        if real in seen:
+            also = "" if seen[real] == path else f" (also as {seen[real]})"
+            raise ValueError(f"{what} {path} is given twice{also}; give each {what} once")
+        seen[real] = path
+
+
 def check_output_folder(folder: Path, what: str, marker: str, tag: str, overwrite: bool,
                         ours: Callable[[Path], Collection[str]]) -> bool:
     """Check, before any work, that ``folder`` can take a whole new result of a command that

@@ -47,6 +47,23 @@ def test_collect_images_expands_folders_sorted_by_suffix(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="empty: folder holds no image files"):
         collect_images([tmp_path / "empty"])
+    # An image given twice, by name or by a folder and its name, would be captioned twice
+    # (twice under one id in --format coco, twice in one gallery or rating kit).
+    with pytest.raises(ValueError, match=r"^image .*b.png is given twice; give each image once"):
+        collect_images([tmp_path / "b.png", tmp_path / "b.png"])
+    with pytest.raises(ValueError, match=r"sub/../b.png is given twice \(also as .*/b.png\)"):
+        collect_images([tmp_path / "b.png", tmp_path / "sub" / ".." / "b.png"])
+    with pytest.raises(ValueError, match=r"b.png is given twice; give each image once"):
+        collect_images([tmp_path, tmp_path / "b.png"])
+
+
+def test_caption_refuses_an_image_given_twice_before_loading_a_model(tmp_path, capsys):
+    image = tmp_path / "a.png"
+    Image.new("RGB", (8, 8)).save(image)
+    code = command.main([str(image), str(image), "--ckpt", str(tmp_path / "none.ckpt"), *FAST])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"captioner caption: image {image} is given twice; give each image once\n")
 
 
 def test_coco_ids_from_names_or_positions(tmp_path):

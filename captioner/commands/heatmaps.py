@@ -129,7 +129,6 @@ def main(argv: list[str]) -> int:
     from captioner.heatmaps import (
         checkpoint_names,
         index_entries,
-        refuse_repeated,
         shared_vmax,
         unique_stems,
     )
@@ -142,7 +141,6 @@ def main(argv: list[str]) -> int:
         earlier = check_output_folder(args.out, "heatmaps", "index.json", INDEX_TAG,
                                       args.overwrite, index_entries)
         paths = collect_images(args.inputs)
-        refuse_repeated(paths, "image")
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         models = [_Model(name, path, captioner, decoding_options(args, captioner.decoding))
                   for name, path, captioner in zip(names, args.ckpt, captioners, strict=True)]

@@ -19,7 +19,8 @@ refused on one line that names the first of them (exit status 2).
 OUT must be new or empty: a folder holding an earlier gallery is refused, or, with
 --overwrite, emptied and filled anew once the new captions are made (the earlier gallery stays
 until then), never a mix of two galleries' files. Files beside an earlier gallery are never
-deleted: such a folder is refused, with --overwrite too. A checkpoint given twice is refused.
+deleted: such a folder is refused, with --overwrite too. A checkpoint or an image given twice
+is refused.
 
 Colour scale: one scale 0..vmax for every model, word and image of the page; vmax is --vmax
 when given (to compare separate galleries), else the largest attention weight of the page.
