@@ -10,7 +10,7 @@ An existing key is never replaced silently: ratings collected with its kit can b
 only with it. A key that exists, or an OUT that is not new or empty, is refused before any
 work; with --overwrite an earlier kit and its key are replaced (the earlier kit stays until
 the new captions are made); files beside an earlier kit are never deleted: such a folder is
-refused, with --overwrite too. A checkpoint or an image given twice is refused.
+refused, with --overwrite too. A checkpoint given twice is refused.
 """
 
 from __future__ import annotations
