@@ -40,9 +40,12 @@ from captioner.training_runs import (
     LAST_NAME,
     FitStartGuard,
     LastCheckpoint,
+    RunInUse,
+    RunLock,
     SaveConfigOnceRestored,
     hold_metrics_for_resume,
     latest_resumable,
+    new_version,
     read_progress,
     version_number,
 )
@@ -368,9 +371,37 @@ class CaptionerCLI(LightningCLI):
         resumed = None
         if self._resumed_run is not None:
             resumed = (self._resumed_run, self._checkpoint_step)
-            if self.trainer.is_global_zero:
+        if self.trainer.is_global_zero:
+            folder = self._resumed_run or self._make_new_version()
+            if folder is not None:
+                try:
+                    self.trainer.callbacks.append(RunLock(folder))
+                except RunInUse as exc:
+                    raise UserError(f"--ckpt_path last: {exc}") from None
+            if self._resumed_run is not None:
                 hold_metrics_for_resume(self._resumed_run)
         self.trainer.callbacks.append(FitStartGuard(resumed, self._new_root))
+
+    def before_validate(self) -> None:
+        if self.trainer.is_global_zero:
+            self._make_new_version()
+
+    def before_test(self) -> None:
+        if self.trainer.is_global_zero:
+            self._make_new_version()
+
+    def _make_new_version(self) -> Path | None:
+        """Give a logger that is to pick a new ``version_N`` the one :func:`new_version` makes
+        (the logger's own pick races with other runs of the name); returns its folder, or None
+        when the version is given (a resume, a test beside its run) or there is no logger."""
+        logger = self.trainer.logger
+        # CSVLogger (the default) and TensorBoardLogger pick their version on first use when
+        # their private _version is None.
+        if getattr(logger, "_version", "given") is not None or not hasattr(logger, "save_dir"):
+            return None
+        root = Path(logger.save_dir)
+        logger._version = new_version(root, logger.name)
+        return root / logger.name / f"version_{logger._version}"
 
     def run_name(self, config) -> str:
         if config.get("run_name"):

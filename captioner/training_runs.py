@@ -20,7 +20,10 @@ a new shuffle.
 from __future__ import annotations
 
 import csv
+import fcntl
+import itertools
 import json
+import os
 import random
 import re
 import shutil
@@ -182,6 +185,60 @@ def version_folders(root: Path, name: str) -> list[tuple[int, Path]]:
         if version is not None and child.is_dir():
             found.append((version, child))
     return sorted(found)
+
+
+def new_version(root: Path, name: str) -> int:
+    """Make the folder of a new run version, ``ROOT/NAME/version_N`` with N one more than the
+    largest version there (or the next one free), and return N.
+
+    Lightning's loggers pick N from the folders they list and make it later, so two runs of
+    one NAME started together could both pick it and write into one folder. Here picking is
+    making: ``mkdir`` fails for all but one process, and the others go on to N + 1.
+    """
+    (root / name).mkdir(parents=True, exist_ok=True)
+    start = max((version for version, _ in version_folders(root, name)), default=-1) + 1
+    for version in itertools.count(start):
+        try:
+            (root / name / f"version_{version}").mkdir()
+        except FileExistsError:
+            continue
+        return version
+    raise AssertionError("unreachable")
+
+
+class RunInUse(ValueError):
+    """A run folder that another running fit holds (its message names the folder)."""
+
+
+class RunLock(Callback):
+    """Holds a run's version folder while a fit trains in it, so that no other fit resumes
+    into it (both would write ``last.ckpt``, ``metrics.csv`` and ``config.yaml`` there).
+
+    An exclusive ``flock`` on the folder itself: no file is added to the run, and the kernel
+    drops the lock when the process ends, also when it is killed, so a killed run resumes.
+    Released at the trainer's teardown (the demo trains several runs in one process).
+
+    Raises:
+        RunInUse: another process holds ``folder``.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._fd: int | None = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.release()
+            raise RunInUse(f"{folder}: another fit is training in this run now; wait for it "
+                           "to end (or stop it) before resuming it") from None
+
+    def teardown(self, trainer: L.Trainer, pl_module, stage: str) -> None:
+        self.release()
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def latest_resumable(root: Path, name: str) -> tuple[int, Path] | None:

@@ -5,6 +5,7 @@ named run folders, an exact resume, untrusted --ckpt_path files, one-line user e
 from __future__ import annotations
 
 import csv
+import fcntl
 import json
 import os
 import re
@@ -384,6 +385,52 @@ def test_a_new_run_stopped_before_training_keeps_the_earlier_versions(synthetic_
     assert code == 2, err[-2000:]
     assert {path: path.read_bytes() for path in runs.rglob("*") if path.is_file()} == before
     assert sorted(p.name for p in runs.iterdir()) == ["version_0"]
+
+
+def test_runs_started_together_each_get_their_own_version_folder(synthetic_data, tiny_cache,
+                                                                  tmp_path):
+    # Two fits of one name (two seeds) started at the same moment: the second picks its
+    # version before the first has made its folder. Lightning's logger would give both
+    # version_0, and they would write their checkpoints and metrics into one folder.
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.max_epochs", "1")
+    from captioner.training_cli import build_cli
+
+    first = build_cli([*args, "--seed_everything", "1"], run=False)
+    second = build_cli([*args, "--seed_everything", "2"], run=False)
+    first.before_fit()
+    second.before_fit()
+    folders = [Path(cli.trainer.logger.log_dir) for cli in (first, second)]
+    assert [folder.name for folder in folders] == ["version_0", "version_1"]
+    assert all(folder.is_dir() for folder in folders)
+    for cli in (first, second):  # what teardown does: let go of the runs
+        for callback in cli.trainer.callbacks:
+            if hasattr(callback, "release"):
+                callback.release()
+
+
+def test_a_run_being_trained_is_not_resumed_by_another_fit(synthetic_data, tiny_cache,
+                                                           tmp_path):
+    # A fit holds its run folder (flock) while it trains: `fit --ckpt_path last` of the same
+    # name, which picks the newest run with a last.ckpt, would train into it too.
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    run = tmp_path / "runs" / "demo_softmax" / "version_0"
+    before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+    training = os.open(run, os.O_RDONLY)
+    fcntl.flock(training, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the fit training in it does
+    code, _, err = _run("fit", *args, "--ckpt_path", "last", "--trainer.max_epochs", "2")
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    errors = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
+    assert len(errors) == 1 and str(run) in errors[0] and "another fit" in errors[0], err
+    assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before
+    os.close(training)  # the fit ended (or was killed): the run resumes
+    assert lightning_main(["fit", *args, "--ckpt_path", "last",
+                           "--trainer.max_epochs", "2"]) == 0
+    assert read_epochs_done(run) == 2
+
+
+def read_epochs_done(run: Path) -> int:
+    return json.loads((run / "checkpoints" / "progress.json").read_text())["epochs_done"]
 
 
 def test_fit_runs_without_a_logger(synthetic_data, tiny_cache, tmp_path, monkeypatch):
