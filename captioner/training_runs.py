@@ -210,13 +210,28 @@ class RunInUse(ValueError):
     """A run folder that another running fit holds (its message names the folder)."""
 
 
+_HELD_RUNS: set[int] = set()  # descriptors of the run folders this process holds
+
+
+def _let_go_in_child() -> None:
+    # A forked process (a loader worker) shares the lock until it closes its copy, and outlives
+    # a killed fit by about a second: the resume that follows would be refused.
+    for fd in _HELD_RUNS:
+        os.close(fd)
+    _HELD_RUNS.clear()
+
+
+os.register_at_fork(after_in_child=_let_go_in_child)
+
+
 class RunLock(Callback):
     """Holds a run's version folder while a fit trains in it, so that no other fit resumes
     into it (both would write ``last.ckpt``, ``metrics.csv`` and ``config.yaml`` there).
 
     An exclusive ``flock`` on the folder itself: no file is added to the run, and the kernel
     drops the lock when the process ends, also when it is killed, so a killed run resumes.
-    Released at the trainer's teardown (the demo trains several runs in one process).
+    Released at the trainer's teardown (one process may train several runs); forked
+    processes (loader workers) let go of it at once.
 
     Raises:
         RunInUse: another process holds ``folder``.
@@ -225,6 +240,7 @@ class RunLock(Callback):
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self._fd: int | None = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        _HELD_RUNS.add(self._fd)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -236,9 +252,10 @@ class RunLock(Callback):
         self.release()
 
     def release(self) -> None:
-        if self._fd is not None:
+        if self._fd is not None and self._fd in _HELD_RUNS:  # not in a forked child
+            _HELD_RUNS.discard(self._fd)
             os.close(self._fd)
-            self._fd = None
+        self._fd = None
 
 
 def latest_resumable(root: Path, name: str) -> tuple[int, Path] | None:

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -427,6 +428,32 @@ def test_a_run_being_trained_is_not_resumed_by_another_fit(synthetic_data, tiny_
     assert lightning_main(["fit", *args, "--ckpt_path", "last",
                            "--trainer.max_epochs", "2"]) == 0
     assert read_epochs_done(run) == 2
+
+
+def _wait_a_minute(started) -> None:
+    started.set()
+    time.sleep(60)
+
+
+def test_a_held_run_is_let_go_when_its_fit_ends_though_a_forked_worker_lives_on(tmp_path):
+    import multiprocessing
+
+    from captioner.training_runs import RunInUse, RunLock
+
+    held = RunLock(tmp_path)
+    with pytest.raises(RunInUse, match=re.escape(str(tmp_path))):
+        RunLock(tmp_path)
+    context = multiprocessing.get_context("fork")
+    started = context.Event()
+    worker = context.Process(target=_wait_a_minute, args=(started,))
+    worker.start()
+    try:
+        assert started.wait(30)
+        held.release()  # the fit ended; its loader worker has not noticed yet
+        RunLock(tmp_path).release()
+    finally:
+        worker.kill()
+        worker.join()
 
 
 def read_epochs_done(run: Path) -> int:
