@@ -17,7 +17,8 @@
    any point continues from the committed images when the same command runs again, and the
    finished cache equals an uninterrupted run's (same ids, bitwise-equal features, same
    attributes). The partial file records the settings and the ordered image ids; a rerun with
-   other settings is refused instead of discarding the work.
+   other settings is refused instead of discarding the work. One run at a time makes a cache:
+   it holds ``.NAME.lock`` while it works, and a second run into the same cache is refused.
 
 With ``weights=None`` the encoder is randomly initialized (``seed``) and its batch-norm statistics
 are estimated on the first ``calibration_images`` training images: a random network's features
@@ -41,11 +42,18 @@ from data_prep import images as image_files
 from data_prep.features import (
     FeatureCache,
     FeatureCacheWriter,
+    cache_lock_path,
     partial_cache_path,
     partial_resume_key,
     skipped_images_path,
 )
-from data_prep.files import OutputPathError, atomic_write, check_output_file, file_sha256
+from data_prep.files import (
+    OutputPathError,
+    atomic_write,
+    check_output_file,
+    file_sha256,
+    held_alone,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -103,6 +111,7 @@ def extract_features(
     Raises:
         FeatureExtractionError: bad options, an unwritable destination, unusable images
             (``on_error="fail"``), a partial cache made with other settings.
+        OutputPathError: another run is making the same cache.
         ValueError, OSError, EncoderWeightsError: unreadable split file, unknown weights name,
             weights that cannot be loaded (each names the file or value).
     """
@@ -129,73 +138,79 @@ def extract_features(
     dataset = load_karpathy(karpathy_json, image_root)
     entries = _source_entries(dataset, splits, karpathy_json)
 
-    settings = {
-        "arch": arch, "layer": layer, "weights": weights, "image_size": image_size,
-        "batch_size": batch_size, "device": torch.device(device).type, "max_pixels": max_pixels,
-    }
-    if weights is None:
-        settings.update(seed=seed, calibration_images=calibration_images)
-    key = {"settings": settings, "images": _ids_fingerprint([e.image_id for e in entries])}
-    names = {entry.image_id: image_name(entry, image_root) for entry in entries}
-    finished = _finished_cache(out, key, names)
-    if finished is not None:
-        say(f"{out} is complete already ({len(finished)} images, made with these settings); "
-            "nothing to do")
-        return finished.encoder
-    _refuse_other_partial(out, key)
-    # Named and local weights load before the (long) pre-check, so that a missing file is
-    # reported at once (but not when the cache is done: rerunning offline has nothing to
-    # load); a random encoder needs readable images and comes after it.
-    encoder = None if weights is None else build_encoder(arch, weights, layer=layer)
+    # One writer per cache: a second run would read, or start over on, the partial file and
+    # encoder weights the first is writing.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    busy = (f"{out}: another run is making this cache now (it holds {cache_lock_path(out)}); "
+            "wait for it to end, or stop it")
+    with held_alone(cache_lock_path(out), busy):
+        settings = {
+            "arch": arch, "layer": layer, "weights": weights, "image_size": image_size,
+            "batch_size": batch_size, "device": torch.device(device).type, "max_pixels": max_pixels,
+        }
+        if weights is None:
+            settings.update(seed=seed, calibration_images=calibration_images)
+        key = {"settings": settings, "images": _ids_fingerprint([e.image_id for e in entries])}
+        names = {entry.image_id: image_name(entry, image_root) for entry in entries}
+        finished = _finished_cache(out, key, names)
+        if finished is not None:
+            say(f"{out} is complete already ({len(finished)} images, made with these settings); "
+                "nothing to do")
+            return finished.encoder
+        _refuse_other_partial(out, key)
+        # Named and local weights load before the (long) pre-check, so that a missing file is
+        # reported at once (but not when the cache is done: rerunning offline has nothing to
+        # load); a random encoder needs readable images and comes after it.
+        encoder = None if weights is None else build_encoder(arch, weights, layer=layer)
 
-    reasons = precheck_images(
-        [entry.path for entry in entries], num_workers=num_workers, progress=progress,
-        max_pixels=max_pixels,
-    )
-    bad = [(entry, reason) for entry, reason in zip(entries, reasons, strict=True) if reason]
-    if bad and on_error == "fail":
-        raise FeatureExtractionError(
-            _bad_images_message(bad, len(entries), "cannot be used", one_line=True)
-            + f" (fix or remove them, or rerun with --on-error skip to encode the other "
-            f"{len(entries) - len(bad)})"
-        )
-    if bad:
-        say(_bad_images_message(bad, len(entries), "cannot be used and will be skipped"))
-
-    if weights is None:
-        weights_sha256, init = _random_encoder_weights(
-            out, dataset.split("train"), arch=arch, image_size=image_size, seed=seed,
-            calibration_images=calibration_images,
-        )
-        encoder = build_encoder(arch, _partial_weights_path(out), layer=layer)
-        recorded_weights = str(encoder_weights_path(out).resolve())
-    else:
-        local = Path(weights)
-        weights_sha256 = file_sha256(local) if local.is_file() else None
-        recorded_weights, init = weights, "loaded weights"
-    key.update(weights_sha256=weights_sha256, init=init)
-    encoder = encoder.to(device).eval()
-    config = {
-        "arch": arch, "layer": layer, "weights": recorded_weights, "image_size": image_size,
-        "init": init,
-    }
-
-    grid = _grid(encoder, image_size, device)
-    writer = FeatureCacheWriter(
-        out, grid=grid, channels=encoder.channels, encoder=config,
-        names=names, resume_key=key,
-    )
-    with writer:
-        _report_start(writer, len(entries), say)
-        encoded = _encode(
-            writer, encoder, entries, reasons, image_size=image_size, batch_size=batch_size,
-            num_workers=num_workers, device=device, on_error=on_error, progress=progress,
+        reasons = precheck_images(
+            [entry.path for entry in entries], num_workers=num_workers, progress=progress,
             max_pixels=max_pixels,
         )
+        bad = [(entry, reason) for entry, reason in zip(entries, reasons, strict=True) if reason]
+        if bad and on_error == "fail":
+            raise FeatureExtractionError(
+                _bad_images_message(bad, len(entries), "cannot be used", one_line=True)
+                + f" (fix or remove them, or rerun with --on-error skip to encode the other "
+                f"{len(entries) - len(bad)})"
+            )
+        if bad:
+            say(_bad_images_message(bad, len(entries), "cannot be used and will be skipped"))
+
         if weights is None:
-            _install_copy(_partial_weights_path(out), encoder_weights_path(out))
-    if weights is None:
-        _partial_weights_path(out).unlink(missing_ok=True)
+            weights_sha256, init = _random_encoder_weights(
+                out, dataset.split("train"), arch=arch, image_size=image_size, seed=seed,
+                calibration_images=calibration_images,
+            )
+            encoder = build_encoder(arch, _partial_weights_path(out), layer=layer)
+            recorded_weights = str(encoder_weights_path(out).resolve())
+        else:
+            local = Path(weights)
+            weights_sha256 = file_sha256(local) if local.is_file() else None
+            recorded_weights, init = weights, "loaded weights"
+        key.update(weights_sha256=weights_sha256, init=init)
+        encoder = encoder.to(device).eval()
+        config = {
+            "arch": arch, "layer": layer, "weights": recorded_weights, "image_size": image_size,
+            "init": init,
+        }
+
+        grid = _grid(encoder, image_size, device)
+        writer = FeatureCacheWriter(
+            out, grid=grid, channels=encoder.channels, encoder=config,
+            names=names, resume_key=key,
+        )
+        with writer:
+            _report_start(writer, len(entries), say)
+            encoded = _encode(
+                writer, encoder, entries, reasons, image_size=image_size, batch_size=batch_size,
+                num_workers=num_workers, device=device, on_error=on_error, progress=progress,
+                max_pixels=max_pixels,
+            )
+            if weights is None:
+                _install_copy(_partial_weights_path(out), encoder_weights_path(out))
+        if weights is None:
+            _partial_weights_path(out).unlink(missing_ok=True)
     skipped = writer.skipped
     note = f", {len(skipped)} skipped (listed in {skipped_images_path(out)})" if skipped else ""
     say(f"encoded {encoded} images in this run; {out} holds {writer.rows} of {len(entries)}{note}")

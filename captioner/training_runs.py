@@ -20,10 +20,8 @@ a new shuffle.
 from __future__ import annotations
 
 import csv
-import fcntl
 import itertools
 import json
-import os
 import random
 import re
 import shutil
@@ -37,7 +35,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 
-from data_prep.files import atomic_write
+from data_prep.files import atomic_write, hold_exclusively, let_go
 
 LAST_NAME = "last.ckpt"
 PROGRESS_NAME = "progress.json"
@@ -210,20 +208,6 @@ class RunInUse(ValueError):
     """A run folder that another running fit holds (its message names the folder)."""
 
 
-_HELD_RUNS: set[int] = set()  # descriptors of the run folders this process holds
-
-
-def _let_go_in_child() -> None:
-    # A forked process (a loader worker) shares the lock until it closes its copy, and outlives
-    # a killed fit by about a second: the resume that follows would be refused.
-    for fd in _HELD_RUNS:
-        os.close(fd)
-    _HELD_RUNS.clear()
-
-
-os.register_at_fork(after_in_child=_let_go_in_child)
-
-
 class RunLock(Callback):
     """Holds a run's version folder while a fit trains in it, so that no other fit resumes
     into it (both would write ``last.ckpt``, ``metrics.csv`` and ``config.yaml`` there).
@@ -239,22 +223,17 @@ class RunLock(Callback):
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self._fd: int | None = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        _HELD_RUNS.add(self._fd)
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.release()
+        self._fd = hold_exclusively(folder)
+        if self._fd is None:
             raise RunInUse(f"{folder}: another fit is training in this run now; wait for it "
-                           "to end (or stop it) before resuming it") from None
+                           "to end (or stop it) before resuming it")
 
     def teardown(self, trainer: L.Trainer, pl_module, stage: str) -> None:
         self.release()
 
     def release(self) -> None:
-        if self._fd is not None and self._fd in _HELD_RUNS:  # not in a forked child
-            _HELD_RUNS.discard(self._fd)
-            os.close(self._fd)
+        if self._fd is not None:
+            let_go(self._fd)
         self._fd = None
 
 

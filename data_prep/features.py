@@ -52,6 +52,13 @@ _VERSION = 1
 _VERIFY_ROWS = 256  # rows read at a time when the checksums of a partial file are verified
 
 
+def cache_lock_path(path: str | Path) -> Path:
+    """The lock file that the one process making the cache ``path`` holds while it works
+    (:func:`data_prep.files.held_alone`): ``dir/.NAME.lock`` for ``dir/NAME.h5``."""
+    path = Path(path)
+    return path.with_name(f".{path.stem}.lock")
+
+
 def partial_cache_path(path: str | Path) -> Path:
     """The file a resumable :class:`FeatureCacheWriter` fills for the cache ``path``:
     ``dir/.NAME.partial.h5`` for ``dir/NAME.h5``."""

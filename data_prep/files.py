@@ -15,6 +15,7 @@ list of files (or other items) that a one-line message names.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
@@ -34,6 +35,71 @@ _KERNEL_FOLDERS = ("/proc", "/sys")
 
 class OutputPathError(ValueError):
     """An output path that cannot be written (its message names the path and the reason)."""
+
+
+# Descriptors of the files and folders this process holds (hold_exclusively).
+_HELD: set[int] = set()
+
+
+def _let_go_in_child() -> None:
+    # A forked process (a loader worker) shares each lock until it closes its copy, and outlives
+    # a killed parent by about a second: the rerun that follows would be refused.
+    for fd in _HELD:
+        os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_let_go_in_child)
+
+
+def hold_exclusively(path: Path) -> int | None:
+    """Take an exclusive ``flock`` on the folder or file ``path`` (a file is made if missing):
+    returns its descriptor, for :func:`let_go`, or None when another process holds it. The
+    kernel drops the lock when the process ends, also when it is killed; processes forked
+    while it is held let go of their copy at once."""
+    flags = os.O_RDONLY | os.O_DIRECTORY if path.is_dir() else os.O_RDWR | os.O_CREAT
+    fd = os.open(path, flags, file_mode())
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    _HELD.add(fd)
+    return fd
+
+
+def let_go(fd: int) -> None:
+    """Release a hold of :func:`hold_exclusively` (in a forked process: nothing left to do)."""
+    if fd in _HELD:
+        _HELD.discard(fd)
+        os.close(fd)
+
+
+@contextmanager
+def held_alone(lock: Path, busy: str) -> Iterator[None]:
+    """Run the block holding the lock file ``lock`` (made, then removed at the end), so that
+    no other process runs such a block on the same ``lock`` meanwhile.
+
+    Raises:
+        OutputPathError: ``busy``, when another process holds ``lock``.
+    """
+    while True:
+        fd = hold_exclusively(lock)
+        if fd is None:
+            raise OutputPathError(busy)
+        try:
+            # A holder that removed the file after we opened it left us a lock that the next
+            # process, which makes a new file, would not see: take the new file's.
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        let_go(fd)
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        let_go(fd)
 
 
 def file_mode() -> int:

@@ -335,6 +335,32 @@ def test_a_finished_cache_is_reused_without_loading_its_weights(tmp_path, capsys
     assert "nothing to do" in stdout
 
 
+def test_a_second_run_into_a_cache_being_made_is_refused_and_touches_nothing(tmp_path, capsys):
+    """Two runs into one cache: the second would read, or start over on, the partial file and
+    the random encoder's weights that the first is writing."""
+    from data_prep.features import cache_lock_path
+    from data_prep.files import hold_exclusively, let_go
+
+    data, images, ids = _make_dataset(tmp_path, 8)
+    out = tmp_path / "features.h5"
+    args = ["--data", data, "--images", images, "--out", out, *ENCODER_ARGS]
+    lock = cache_lock_path(out)
+    held = hold_exclusively(lock)  # as the first run holds it, from another process
+    pid = os.fork()
+    if pid == 0:  # the second run
+        code, _, err = _run(capsys, *args)
+        os._exit(0 if code == 2 and err == (
+            f"captioner prepare-features: {out}: another run is making this cache now (it "
+            f"holds {lock}); wait for it to end, or stop it\n") else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".features.lock", "data.json",
+                                                          "images"]
+    let_go(held)
+    code, _, err = _run(capsys, *args)
+    assert code == 0, err
+    assert FeatureCache(out).image_ids == ids and not lock.exists()
+
+
 def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path, capsys):
     data, images, _ = _make_dataset(tmp_path, 160)
     out, args, reference, reference_weights = _reference_run(tmp_path, capsys, data, images)
