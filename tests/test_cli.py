@@ -52,6 +52,16 @@ def test_a_user_error_is_one_line_and_captioner_debug_shows_its_traceback(monkey
     assert capsys.readouterr().err == (
         "captioner fit: --config a.yaml: Problems parsing config: while parsing in line 2 did "
         "not find ']'\n")
+    # An error of the operating system names its path first, not as Python's repr.
+    for exc, line in (
+        (PermissionError(13, "Permission denied", "runs/x"), "runs/x: permission denied"),
+        (OSError(30, "Read-only file system", "a/m.csv", None, "a/old.csv"),
+         "a/m.csv -> a/old.csv: read-only file system"),
+        (OSError(27, "File too large"), "file too large"),
+        (OSError("unable to lock file"), "unable to lock file"),  # no errno: as it is
+    ):
+        assert report_error("captioner fit", exc) == 2
+        assert capsys.readouterr().err == f"captioner fit: {line}\n"
     monkeypatch.setenv("CAPTIONER_DEBUG", "1")
     with pytest.raises(KeyError) as raised:
         try:

@@ -46,15 +46,29 @@ def report_error(prog: str, exc: BaseException, context: str = "", status: int =
     anything but 0), re-raise ``exc`` instead, for its traceback.
 
     Call it from the ``except`` block that caught ``exc``. The message is folded onto one line
-    (a YAML parser's spans several); a KeyError shows its text, not its repr.
+    (a YAML parser's spans several); a KeyError shows its text, not its repr; an error of the
+    operating system names its path first (``runs/x: read-only file system``).
     """
     if os.environ.get("CAPTIONER_DEBUG", "0") not in ("", "0"):
         raise exc
-    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-    message = " ".join(str(text).split())
+    message = " ".join(str(_describe(exc)).split())
     print(f"{prog}: {context}{': ' if context else ''}{message}{' ' if after else ''}{after}",
           file=sys.stderr)
     return status
+
+
+def _describe(exc: BaseException) -> object:
+    if isinstance(exc, KeyError) and exc.args:
+        return exc.args[0]
+    if isinstance(exc, OSError) and exc.strerror and str(exc).startswith("[Errno"):
+        # Python's "[Errno 30] Read-only file system: 'runs/x'" is written for programmers;
+        # the other lines name the file first.
+        reason = exc.strerror[:1].lower() + exc.strerror[1:]
+        if exc.filename is None:
+            return reason
+        where = exc.filename if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}"
+        return f"{where}: {reason}"
+    return exc
 
 
 @contextlib.contextmanager
