@@ -205,6 +205,38 @@ def check_plain_data(value: Any, where: str, depth: int = 0) -> None:
     raise CheckpointError(f"{where}: a {type(value).__name__} is not plain data")
 
 
+def weights_mismatch(model: Mapping[str, Any], stored: Mapping[str, Any], shown: int = 3
+                     ) -> str | None:
+    """Why the tensors ``stored`` (a checkpoint's ``state_dict``) cannot be loaded strictly into
+    a model whose ``state_dict()`` is ``model``, in one line: the missing and unexpected names
+    and the tensors of another shape, ``shown`` of each at most (torch's own message lists
+    every name, hundreds for a ResNet). None when they fit.
+
+    Args:
+        model, stored: parameter name -> tensor (anything else in ``stored`` counts as a
+            tensor of another shape).
+    """
+    missing = [name for name in model if name not in stored]
+    unexpected = [name for name in stored if name not in model]
+    reshaped = [
+        f"{name} {_shape(stored[name])} in the checkpoint, {_shape(model[name])} in the model"
+        for name in model
+        if name in stored and _shape(stored[name]) != _shape(model[name])
+    ]
+    parts = []
+    for what, names in (("missing from the checkpoint", missing),
+                        ("not in the model", unexpected), ("of another shape", reshaped)):
+        if names:
+            more = ", ..." if len(names) > shown else ""
+            noun = "tensor" if len(names) == 1 else "tensors"
+            parts.append(f"{len(names)} {noun} {what} ({', '.join(names[:shown])}{more})")
+    return "; ".join(parts) or None
+
+
+def _shape(value: Any) -> tuple[int, ...] | str:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning CheckpointIO plugin: atomic writes, ``weights_only=True`` reads."""
 

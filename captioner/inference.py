@@ -25,7 +25,7 @@ from PIL import Image
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from captioner.checkpointing import CheckpointError, load_safely
+from captioner.checkpointing import CheckpointError, load_safely, weights_mismatch
 from captioner.decoding_options import DecodingOptions
 from captioner.image_files import ImageResult, load_images
 from captioner.lightning_module import VOCABULARY_KEY, CaptioningModule
@@ -148,12 +148,12 @@ class Captioner:
                 f"{path}: vocabulary has {len(vocabulary)} words but vocab_size is "
                 f"{hparams.get('vocab_size')}"
             )
-        try:
-            module.load_state_dict(checkpoint["state_dict"], strict=True)
-        except RuntimeError as exc:  # missing, unexpected or mis-shaped tensors
+        problem = weights_mismatch(module.state_dict(), checkpoint["state_dict"])
+        if problem is not None:
             raise IncompatibleCheckpointError(
-                f"{path}: weights do not fit the model built from its hyperparameters: {exc}"
-            ) from exc
+                f"{path}: weights do not fit the model built from its hyperparameters: {problem}"
+            )
+        module.load_state_dict(checkpoint["state_dict"], strict=True)
         module.vocabulary = vocabulary
         return cls(module.to(map_location), vocabulary, path)
 

@@ -26,7 +26,7 @@ from pycocoevalcap.bleu.bleu import Bleu
 from torch import Tensor
 
 from captioner.attention import DeferredChecks
-from captioner.checkpointing import constructor_arguments
+from captioner.checkpointing import constructor_arguments, weights_mismatch
 from captioner.cider import cider_d
 from captioner.decoding import Hypothesis, beam_search
 from captioner.decoding_options import DecodingOptions
@@ -177,14 +177,25 @@ class CaptioningModule(L.LightningModule):
         checkpoint[VOCABULARY_KEY] = self.vocabulary.to_dict()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # The trainer's restore knows the file; the messages name it, as every other
+        # refusal of a --ckpt_path does.
+        path = self._trainer.ckpt_path if self._trainer is not None else None
+        source = f"{path}: the checkpoint's" if path else "the checkpoint's"
         if VOCABULARY_KEY not in checkpoint:
-            raise ValueError("checkpoint has no vocabulary: it was not written by captioner")
+            raise ValueError(f"{path or 'checkpoint'} has no vocabulary: it was not written by "
+                             "captioner")
         stored = Vocabulary.from_dict(checkpoint[VOCABULARY_KEY])
         if self.vocabulary is not None and stored != self.vocabulary:
             raise ValueError(
-                "the checkpoint's vocabulary differs from the one built from the data "
+                f"{source} vocabulary differs from the one built from the data "
                 f"({_vocabulary_difference(stored, self.vocabulary)}); use the same Karpathy "
                 "JSON and min_count as for training"
+            )
+        # Lightning loads the weights after this hook, and torch's error lists every name.
+        problem = weights_mismatch(self.state_dict(), checkpoint.get("state_dict", {}))
+        if problem is not None:
+            raise ValueError(
+                f"{source} weights do not fit the model built from its hyperparameters: {problem}"
             )
         self.vocabulary = stored
 

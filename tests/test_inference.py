@@ -75,8 +75,13 @@ def test_incompatible_checkpoints_are_refused_clearly(tiny_checkpoint, tmp_path)
     other_dims = dict(checkpoint, hyper_parameters={
         **checkpoint["hyper_parameters"], "hidden_dim": 64})
     save_atomically(other_dims, tmp_path / "dims.ckpt")
-    with pytest.raises(IncompatibleCheckpointError, match="weights do not fit"):
+    with pytest.raises(IncompatibleCheckpointError, match="weights do not fit") as refused:
         Captioner.load(tmp_path / "dims.ckpt")
+    # One readable line: counts and a few names, not torch's list of every tensor.
+    message = str(refused.value)
+    assert "tensors of another shape (" in message and "\n" not in message
+    assert "(32,) in the checkpoint, (64,) in the model" in message
+    assert len(message) < 600, message
 
     no_vocabulary = {k: v for k, v in checkpoint.items() if k != "vocabulary"}
     save_atomically(no_vocabulary, tmp_path / "novocab.ckpt")

@@ -356,6 +356,31 @@ def test_a_refused_resume_leaves_the_run_as_it_was(synthetic_data, tiny_cache, t
     assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]
 
 
+@pytest.mark.parametrize("command", ["fit", "test"])
+def test_a_checkpoint_whose_weights_do_not_fit_is_one_line(synthetic_data, tiny_cache, tmp_path,
+                                                           command):
+    # Hyperparameters that build a model, weights that do not fit it (a tensor missing): the
+    # refusal names the file and the tensor, and the run it came from is left as it was.
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    run = tmp_path / "runs" / "demo_softmax" / "version_0"
+    checkpoint = load_safely(run / "checkpoints" / "last.ckpt")
+    dropped = next(iter(checkpoint["state_dict"]))
+    del checkpoint["state_dict"][dropped]
+    damaged = tmp_path / "damaged.ckpt"
+    save_atomically(checkpoint, damaged)
+    before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+
+    code, _, err = _run(command, "--config", str(run / "config.yaml"), "--ckpt_path",
+                        str(damaged), "--trainer.max_epochs", "2")
+    assert code == 2 and "Traceback" not in err, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith(f"captioner {command}: ")]
+    assert len(errors) == 1, err[-3000:]
+    assert f"{damaged}: the checkpoint's weights do not fit" in errors[0], errors[0]
+    assert f"1 tensor missing from the checkpoint ({dropped})" in errors[0], errors[0]
+    assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before
+
+
 # Both fail after the run's config.yaml and hparams.yaml are written (on_fit_start) and before
 # training starts: in the sanity check, and in making the training loader after it.
 STOPPED_BEFORE_TRAINING = {
