@@ -38,6 +38,7 @@ from captioner.data import CaptionDataModule
 from captioner.lightning_module import CACHE_SETTINGS, CaptioningModule, check_feature_cache
 from captioner.training_runs import (
     LAST_NAME,
+    EvaluationStartGuard,
     FitStartGuard,
     LastCheckpoint,
     RunInUse,
@@ -385,10 +386,12 @@ class CaptionerCLI(LightningCLI):
     def before_validate(self) -> None:
         if self.trainer.is_global_zero:
             self._make_new_version()
+        # First: SaveConfigOnceRestored writes config.yaml at setup, and the guard must see
+        # the logger's new folder still empty to know it is this command's.
+        self.trainer.callbacks.insert(0, EvaluationStartGuard(self._new_root))
 
     def before_test(self) -> None:
-        if self.trainer.is_global_zero:
-            self._make_new_version()
+        self.before_validate()
 
     def _make_new_version(self) -> Path | None:
         """Give a logger that is to pick a new ``version_N`` the one :func:`new_version` makes

@@ -398,6 +398,26 @@ class FitStartGuard(Callback):
             _remove_if_empty(self.new_root)
 
 
+class EvaluationStartGuard(FitStartGuard):
+    """:class:`FitStartGuard` for ``validate`` and ``test``: the log folder they made (a new
+    ``ROOT/NAME/version_N``, or ``version_N/test_K/`` beside the run of the checkpoint) is
+    removed when they stop before scoring starts (a checkpoint refused while it is restored,
+    unreadable data), so that ``captioner runs`` lists no run that never was.
+
+    Args:
+        new_root: ``ROOT`` when it did not exist before this command, else None.
+    """
+
+    def __init__(self, new_root: Path | None = None) -> None:
+        super().__init__(None, new_root)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module) -> None:
+        self.started = True
+
+    def on_test_start(self, trainer: L.Trainer, pl_module) -> None:
+        self.started = True
+
+
 def _empty_log_dir(trainer: L.Trainer) -> Path | None:
     """The logger's version folder when it exists and is empty; else None (no logger too)."""
     log_dir = getattr(trainer.logger, "log_dir", None)

@@ -379,6 +379,24 @@ def test_a_checkpoint_whose_weights_do_not_fit_is_one_line(synthetic_data, tiny_
     assert f"{damaged}: the checkpoint's weights do not fit" in errors[0], errors[0]
     assert f"1 tensor missing from the checkpoint ({dropped})" in errors[0], errors[0]
     assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before
+    assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]
+
+
+def test_a_refused_test_of_a_runs_checkpoint_leaves_no_test_folder(synthetic_data, tiny_cache,
+                                                                   tmp_path):
+    # A test that never scored leaves no version_N/test/ (its config.yaml naming the
+    # checkpoint) behind: the next test of the run logs there as the first.
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    run = tmp_path / "runs" / "demo_softmax" / "version_0"
+    before = sorted(path.name for path in run.iterdir())
+    code, _, err = _run("test", "--config", str(run / "config.yaml"), "--ckpt_path", "best",
+                        "--data.min_count", "50")
+    assert code == 2 and "vocabulary differs" in err, err[-3000:]
+    assert sorted(path.name for path in run.iterdir()) == before
+    assert lightning_main(["test", "--config", str(run / "config.yaml"),
+                           "--ckpt_path", "best"]) == 0
+    assert (run / "test" / "metrics.csv").is_file()
 
 
 # Both fail after the run's config.yaml and hparams.yaml are written (on_fit_start) and before
