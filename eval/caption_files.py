@@ -14,12 +14,23 @@ class CaptionFileError(ValueError):
     """A results or references file is malformed; the message names the file and entry."""
 
 
+# What score reads as results, and what writes it: a JSON Lines file of `caption --format jsonl`
+# is the likeliest wrong input.
+_RESULTS_FORMAT = ('one JSON list of {"image_id", "caption"} objects, as `captioner caption '
+                   '--format coco` and `captioner evaluate` write')
+
+
 def _read_json(path: Path, what: str) -> Any:
     require_file(path, f"{what} file")
     try:
         with path.open(encoding="utf-8") as handle:
             return json.load(handle)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        if isinstance(exc, json.JSONDecodeError) and exc.msg == "Extra data" and exc.colno == 1:
+            expected = f"; a {what} file is {_RESULTS_FORMAT}" if what == "results" else ""
+            raise CaptionFileError(
+                f"{path}: JSON Lines (a JSON value on each line), not one JSON document{expected}"
+            ) from exc
         raise CaptionFileError(f"{path}: not valid JSON ({exc})") from exc
 
 

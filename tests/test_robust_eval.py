@@ -42,6 +42,10 @@ def _results(name):
         if name == "folder":
             path.mkdir()
             return path
+        if name == "JSON Lines":  # captioner caption --format jsonl
+            path.write_text('{"image": "a.png", "caption": "a dog"}\n'
+                            '{"image": "b.png", "caption": "a cat"}\n')
+            return path
         entries = {
             "missing image_id": [{"caption": "a dog"}, {"image_id": 6, "caption": "a cat"}],
             "caption not a string": [{"image_id": 5, "caption": ["a", "dog"]},
@@ -58,6 +62,8 @@ def _results(name):
         ("missing image_id", "entry 0 must have 'image_id' and 'caption'"),
         ("caption not a string", "entry 0: caption must be a string"),
         ("zero-byte file", "not valid JSON"),
+        ("JSON Lines", "JSON Lines (a JSON value on each line), not one JSON document; a results "
+                       "file is one JSON list of"),
         pytest.param("FIFO", "FIFO"),
         pytest.param("folder", "is a folder"),
     ],
