@@ -345,18 +345,26 @@ def check_feature_cache(settings: Mapping[str, Any], cache: FeatureCache, *,
         )
     # Caches written before the layer was configurable hold layer4 features.
     cached = {"layer": "layer4", **cache.encoder}
-    for key, option in CACHE_SETTINGS.items():
-        value = settings[option]
-        sha256 = cache.weights_sha256 if key == "weights" else None
-        if not _same_setting(cached.get(key), value, sha256):
-            advice = (f"to use this cache, set {option} to {cached.get(key)}" if checkpoint is None
-                      else f"the model of {checkpoint} keeps {option}={value}: give a feature "
-                      "cache written with that encoder, or --data.feature_cache null to read "
-                      "the images")
-            raise ValueError(
-                f"feature cache {path} was written with encoder {key}={cached.get(key)!r}, but "
-                f"the model has {key}={value!r}; {advice}"
-            )
+    # Every differing setting at once: a cache of another encoder usually differs in several
+    # (arch, layer, image size, weights), and one refusal per command would take as many runs.
+    differing = [
+        (key, option) for key, option in CACHE_SETTINGS.items()
+        if not _same_setting(cached.get(key), settings[option],
+                             cache.weights_sha256 if key == "weights" else None)
+    ]
+    if not differing:
+        return
+    written = ", ".join(f"{key}={cached.get(key)!r}" for key, _ in differing)
+    configured = ", ".join(f"{key}={settings[option]!r}" for key, option in differing)
+    if checkpoint is None:
+        advice = "to use this cache, set " + ", ".join(
+            f"{option} to {cached.get(key)}" for key, option in differing)
+    else:
+        kept = ", ".join(f"{option}={settings[option]}" for _, option in differing)
+        advice = (f"the model of {checkpoint} keeps {kept}: give a feature cache written with "
+                  "that encoder, or --data.feature_cache null to read the images")
+    raise ValueError(f"feature cache {path} was written with encoder {written}, but the model "
+                     f"has {configured}; {advice}")
 
 
 def _same_setting(cached: Any, configured: Any, sha256: str | None = None) -> bool:

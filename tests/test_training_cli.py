@@ -659,6 +659,25 @@ def test_a_cache_of_other_weights_than_a_checkpoints_asks_for_another_cache(tiny
         check_feature_cache(settings, cache)
 
 
+def test_a_cache_of_another_encoder_names_every_setting_that_differs(tiny_cache):
+    # Set one by one, the paper config's defaults (resnet101, layer4, 256 px, ImageNet weights)
+    # took four refused runs to fit a cache of --arch resnet18 --layer layer3.
+    from captioner.lightning_module import CACHE_SETTINGS, check_feature_cache
+
+    cache = FeatureCache(tiny_cache)
+    needed = {option: cache.encoder.get(key, "layer4") for key, option in CACHE_SETTINGS.items()}
+    settings = {"model.encoder_arch": "resnet101", "model.encoder_weights": "IMAGENET1K_V2",
+                "data.image_size": needed["data.image_size"] + 1,
+                "model.encoder_layer": "layer4" if needed["model.encoder_layer"] == "layer3"
+                else "layer3", "model.encoder_trainable": False}
+    with pytest.raises(ValueError) as error:
+        check_feature_cache(settings, cache)
+    message = str(error.value)
+    assert message.endswith("; to use this cache, set " + ", ".join(
+        f"{option} to {needed[option]}" for option in CACHE_SETTINGS.values())), message
+    assert "but the model has arch='resnet101', weights='IMAGENET1K_V2', image_size=" in message
+
+
 def test_validate_and_test_without_a_checkpoint_are_refused(synthetic_data, tiny_cache,
                                                              tmp_path, capsys):
     # Lightning would score the config's untrained model, in a new run folder.
