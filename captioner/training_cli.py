@@ -38,7 +38,7 @@ from captioner.data import CaptionDataModule
 from captioner.lightning_module import CACHE_SETTINGS, CaptioningModule, check_feature_cache
 from captioner.training_runs import (
     LAST_NAME,
-    EvaluationStartGuard,
+    EvaluationGuard,
     FitStartGuard,
     LastCheckpoint,
     RunInUse,
@@ -388,7 +388,7 @@ class CaptionerCLI(LightningCLI):
             self._make_new_version()
         # First: SaveConfigOnceRestored writes config.yaml at setup, and the guard must see
         # the logger's new folder still empty to know it is this command's.
-        self.trainer.callbacks.insert(0, EvaluationStartGuard(self._new_root))
+        self.trainer.callbacks.insert(0, EvaluationGuard(self._new_root))
 
     def before_test(self) -> None:
         self.before_validate()

@@ -398,11 +398,11 @@ class FitStartGuard(Callback):
             _remove_if_empty(self.new_root)
 
 
-class EvaluationStartGuard(FitStartGuard):
+class EvaluationGuard(FitStartGuard):
     """:class:`FitStartGuard` for ``validate`` and ``test``: the log folder they made (a new
     ``ROOT/NAME/version_N``, or ``version_N/test_K/`` beside the run of the checkpoint) is
-    removed when they stop before scoring starts (a checkpoint refused while it is restored,
-    unreadable data), so that ``captioner runs`` lists no run that never was.
+    removed when they stop before their scores are made (a checkpoint refused while it is
+    restored, unreadable data, Ctrl-C), so that ``captioner runs`` lists no run that never was.
 
     Args:
         new_root: ``ROOT`` when it did not exist before this command, else None.
@@ -411,10 +411,11 @@ class EvaluationStartGuard(FitStartGuard):
     def __init__(self, new_root: Path | None = None) -> None:
         super().__init__(None, new_root)
 
-    def on_validation_start(self, trainer: L.Trainer, pl_module) -> None:
+    # After on_*_epoch_end, where the module logs its scores.
+    def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
         self.started = True
 
-    def on_test_start(self, trainer: L.Trainer, pl_module) -> None:
+    def on_test_end(self, trainer: L.Trainer, pl_module) -> None:
         self.started = True
 
 

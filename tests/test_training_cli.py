@@ -399,6 +399,35 @@ def test_a_refused_test_of_a_runs_checkpoint_leaves_no_test_folder(synthetic_dat
     assert (run / "test" / "metrics.csv").is_file()
 
 
+def test_ctrl_c_in_a_test_leaves_no_unscored_run_folder(synthetic_data, tiny_cache, tmp_path,
+                                                         capsys, monkeypatch):
+    # A test of a checkpoint from outside the runs logs into a new version_N; stopped before
+    # its scores, that folder held only config.yaml, listed by `captioner runs` as a run with
+    # no checkpoint yet.
+    import signal
+
+    from captioner.lightning_module import CaptioningModule
+
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    outside = tmp_path / "outside.ckpt"
+    shutil.copy(tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints" / "last.ckpt",
+                outside)
+
+    def interrupted(self, batch, batch_idx):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(CaptioningModule, "test_step", interrupted)
+    handler = signal.getsignal(signal.SIGINT)  # Lightning ignores Ctrl-C while it shuts down
+    try:
+        code = lightning_main(["test", *args, "--ckpt_path", str(outside)])
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert code == 130
+    assert "captioner test: interrupted" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "runs" / "demo_softmax").iterdir()) == ["version_0"]
+
+
 # Both fail after the run's config.yaml and hparams.yaml are written (on_fit_start) and before
 # training starts: in the sanity check, and in making the training loader after it.
 STOPPED_BEFORE_TRAINING = {
