@@ -132,6 +132,29 @@ def test_captions_are_kept_when_a_metric_fails_after_them(synthetic_data, tiny_c
     assert not (out / "metrics_test.json").exists()
 
 
+def test_ctrl_c_in_the_metrics_says_where_the_captions_are_kept(
+        synthetic_data, tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    # Ctrl-C while SPICE runs: the captions stay, and the line says how to go on (the same
+    # command is refused now that they are in --out).
+    import eval.scoring
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(eval.scoring, "compute_metrics", interrupted)
+    out = tmp_path / "eval"
+    argv = ["--ckpt", str(tiny_checkpoint), "--data", str(synthetic_data.karpathy_json),
+            "--images", str(synthetic_data.image_root), "--metrics", "Bleu", "--beam-size", "1",
+            "--no-progress", "--out", str(out)]
+    assert evaluate.main(argv) == 130
+    results = out / "results_test.json"
+    assert capsys.readouterr().err.strip() == (
+        f"captioner evaluate: interrupted; the captions are kept in {results} (captioner score "
+        f"--results {results} --references {synthetic_data.karpathy_json} --split test scores "
+        "them; --overwrite evaluates again)")
+    assert len(json.loads(results.read_text())) == 4
+
+
 def test_an_earlier_evaluation_in_out_is_kept_unless_overwrite(synthetic_data, tiny_checkpoint,
                                                                 tmp_path, capsys, monkeypatch):
     import eval.scoring

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
+from captioner.cli import SIGINT_STATUS
 from captioner.commands.options import (
     add_decoding_arguments,
     decoding_options,
@@ -80,6 +82,15 @@ def main(argv: list[str]) -> int:
     except (SpiceJarsError, JavaToolError, FileNotFoundError, KeyError, ValueError) as exc:
         kept = f"(the captions are kept in {results})" if written else ""
         return report_error("captioner evaluate", exc, after=kept)
+    except KeyboardInterrupt:
+        if not written:
+            raise  # nothing kept: captioner.cli's one line
+        # Ctrl-C in the metrics (SPICE takes longest): the captions need not be made again,
+        # and the same command is refused now that they are in --out.
+        print(f"captioner evaluate: interrupted; the captions are kept in {results} (captioner "
+              f"score --results {results} --references {args.data} --split {args.split} scores "
+              "them; --overwrite evaluates again)", file=sys.stderr)
+        return SIGINT_STATUS
     write_json(metrics_file, report.to_dict(), indent=2)
     print(report.summary())
     print(f"\nwrote {results} and {metrics_file}")
