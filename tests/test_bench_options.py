@@ -77,7 +77,7 @@ def test_a_bad_option_is_one_line_with_status_2_before_any_work(module, argv, me
         module.main(argv)
     captured = capsys.readouterr()
     assert exited.value.code == 2 and captured.out == ""
-    prog = f"captioner bench {module.__name__.split('.')[-1]}: "
+    prog = f"captioner bench {module.__name__.split('.')[-1]}: error: "
     assert captured.err.startswith(prog + message.replace("{tmp}", str(tmp_path)))
     assert captured.err.count("\n") == 1
 

@@ -85,6 +85,28 @@ def test_every_command_honours_captioner_debug(tmp_path):
         assert loud.returncode != 0 and "Traceback" in loud.stderr
 
 
+def _argparse_commands() -> list[str]:
+    """The commands whose options argparse reads (fit, validate and test: LightningCLI's)."""
+    import importlib
+
+    from captioner.cli import _commands
+
+    return sorted(name for name, module in _commands().items()
+                  if not getattr(importlib.import_module(module), "NEEDS_COMMAND_NAME", False))
+
+
+@pytest.mark.parametrize("command", _argparse_commands())
+def test_a_bad_option_is_one_line_not_the_whole_usage(command, capsys):
+    from captioner.cli import main
+
+    words = [command, "model"] if command == "bench" else [command]  # bench's own: a benchmark
+    with pytest.raises(SystemExit) as exit_info:
+        main([*words, "--no-such-option"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"captioner {' '.join(words)}: error: ") and err.count("\n") == 1
+
+
 def test_a_config_file_that_is_not_yaml_is_named_on_one_line(tmp_path):
     broken = tmp_path / "broken.yaml"
     broken.write_text("model:\n  hidden_dim: [1\n")

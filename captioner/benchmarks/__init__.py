@@ -1,8 +1,8 @@
 """Benchmarks run by ``captioner bench``; they time, they do not test.
 
-What they share: a parser whose usage errors are one line, and the option types that refuse a
-bad value (an unknown name, a device the machine lacks) while the options are parsed, so that
-no benchmark starts, or runs for minutes, before it fails on one of its own options.
+What they share: the option types that refuse a bad value (an unknown name, a device the
+machine lacks) while the options are parsed, so that no benchmark starts, or runs for minutes,
+before it fails on one of its own options.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ import argparse
 import importlib
 from collections.abc import Callable
 from typing import Any
-
-from captioner.commands.options import command_parser
 
 
 def counting_device_solver(run: Callable[[], Any]) -> tuple[Any, int, int]:
@@ -23,16 +21,6 @@ def counting_device_solver(run: Callable[[], Any]) -> tuple[Any, int, int]:
     grids, fallback = stats["grids"], stats["fallback"]
     result = run()
     return result, stats["grids"] - grids, stats["fallback"] - fallback
-
-
-def bench_parser(prog: str, doc: str) -> argparse.ArgumentParser:
-    """:func:`~captioner.commands.options.command_parser` whose usage errors are one line,
-    ``prog: message``, with status 2, as :func:`~captioner.commands.options.report_error`
-    prints the other user errors: a benchmark's usage fills a screen, and the line that names
-    the option would scroll out of sight above it (``--help`` shows the usage)."""
-    parser = command_parser(prog, doc)
-    parser.error = lambda message: parser.exit(2, f"{prog}: {message}\n")
-    return parser
 
 
 def refuse_unwritable(parser: argparse.ArgumentParser, option: str, path, check) -> None:

@@ -29,8 +29,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from captioner.benchmarks import bench_parser, torch_device
-from captioner.commands.options import at_least
+from captioner.benchmarks import torch_device
+from captioner.commands.options import at_least, command_parser
 
 PROG = "captioner bench attention"
 HELP = "time forward+backward of softmax, sparsemax, entmax15 and TVmax (ratios printed)"
@@ -45,7 +45,7 @@ ROUND_SECONDS = 0.02  # each round repeats a call until it has run at least this
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = bench_parser(PROG, __doc__)
+    parser = command_parser(PROG, __doc__)
     parser.add_argument("--repeats", type=at_least(1, int), default=15,
                         help="timed rounds per mapping (default: %(default)s)")
     parser.add_argument("--threads", type=at_least(1, int), default=None,

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from captioner import CONFIGS
-from captioner.benchmarks import bench_parser, names, refuse_unwritable, torch_device
-from captioner.commands.options import at_least
+from captioner.benchmarks import names, refuse_unwritable, torch_device
+from captioner.commands.options import at_least, command_parser
 from data_prep.files import check_output_dir
 
 PROG = "captioner bench fit"
@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     from captioner.training_cli import MATMUL_PRECISIONS
 
     precisions = _precisions()
-    parser = bench_parser(PROG, __doc__)
+    parser = command_parser(PROG, __doc__)
     parser.add_argument("--mappings", type=names(_check_config), default="softmax,tvmax",
                         help="output attention mappings, each trained with configs/coco_<name>"
                         ".yaml (default: %(default)s)")

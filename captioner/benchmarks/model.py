@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from captioner.benchmarks import bench_parser, names, refuse_unwritable, torch_device
-from captioner.commands.options import at_least
+from captioner.benchmarks import names, refuse_unwritable, torch_device
+from captioner.commands.options import at_least, command_parser
 from data_prep.files import check_output_file, write_json
 
 PROG = "captioner bench model"
@@ -42,7 +42,7 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 def _parser() -> argparse.ArgumentParser:
     from captioner.attention.registry import MAPPINGS, mapping_class
 
-    parser = bench_parser(PROG, __doc__)
+    parser = command_parser(PROG, __doc__)
     parser.add_argument(
         "--mappings",
         type=names(mapping_class),

@@ -28,12 +28,21 @@ _DECODING_HELP = {
 }
 
 
+class CommandParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line, ``prog: error: message``, and status 2:
+    argparse prints the whole usage first, which for a command of twenty options buries the
+    line that says what is wrong (``--help`` shows the usage)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def command_parser(prog: str, doc: str) -> argparse.ArgumentParser:
     """The parser of command ``prog`` with its module docstring ``doc`` as the description,
     as plain text: the docstring's layout is kept, its reStructuredText markup (``code``,
     :role:`target`) is not shown in the terminal."""
     plain = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc).replace("`", "")
-    return argparse.ArgumentParser(
+    return CommandParser(
         prog=prog, description=plain, formatter_class=argparse.RawDescriptionHelpFormatter
     )
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from captioner.commands.options import report_error
+from captioner.commands.options import CommandParser, report_error
 
 HELP = "render the synthetic shapes dataset (Karpathy JSON, PNG images, COCO instance masks)"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="captioner prepare-synthetic",
         description=(
             "Render scenes of 1-3 coloured shapes on textured backgrounds with five captions "

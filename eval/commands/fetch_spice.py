@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from captioner.commands.options import report_error
+from captioner.commands.options import CommandParser, report_error
 
 HELP = "download and verify the Stanford CoreNLP and Nashorn jars that SPICE needs"
 
@@ -13,7 +12,7 @@ HELP = "download and verify the Stanford CoreNLP and Nashorn jars that SPICE nee
 def main(argv: list[str]) -> int:
     from eval.spice_jars import SpiceJarsError, default_maven_repo, fetch_spice, spice_cache_dir
 
-    parser = argparse.ArgumentParser(prog="captioner fetch-spice", description=HELP)
+    parser = CommandParser(prog="captioner fetch-spice", description=HELP)
     parser.add_argument(
         "--cache-dir",
         help=f"where to install (default: $CAPTIONER_SPICE_DIR or {spice_cache_dir(None)})",

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from captioner.commands.options import report_error
+from captioner.commands.options import CommandParser, report_error
 
 HELP = "summarize human ratings from the rating kit (Table 2 with CIs and agreement)"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="captioner rating-summary",
         description="Unblind the ratings exported by a rating kit with its key and report, per "
                     "model, mean caption score and mean attention relevance (paper Table 2) "

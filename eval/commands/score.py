@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from captioner.commands.options import at_least, report_error, warnings_as_lines
+from captioner.commands.options import CommandParser, at_least, report_error, warnings_as_lines
 
 HELP = "score a COCO results file: BLEU, METEOR, ROUGE_L, CIDEr, SPICE and REP"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="captioner score", description=HELP)
+    parser = CommandParser(prog="captioner score", description=HELP)
     parser.add_argument(
         "--results", required=True, help='COCO results JSON: [{"image_id": int, "caption": str}]'
     )
