@@ -134,7 +134,7 @@ def extract_features(
         raise FeatureExtractionError(str(exc)) from None
     max_pixels = image_files.MAX_IMAGE_PIXELS
     if not Path(image_root).is_dir():  # one line, not a "file not found" per image
-        raise FeatureExtractionError(f"image folder {image_root} does not exist")
+        raise FeatureExtractionError(f"{image_root}: image folder not found")
     dataset = load_karpathy(karpathy_json, image_root)
     entries = _source_entries(dataset, splits, karpathy_json)
 

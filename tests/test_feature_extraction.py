@@ -430,7 +430,7 @@ def test_user_errors_are_one_line_before_any_work(tmp_path, capsys, monkeypatch)
     code, _, err = _run(capsys, "--data", data, "--images", tmp_path / "pics", "--out",
                         tmp_path / "f.h5", *ENCODER_ARGS)
     err = _user_error(code, err)
-    assert f"image folder {tmp_path / 'pics'} does not exist" in err and err.count("\n") == 1
+    assert f"{tmp_path / 'pics'}: image folder not found" in err and err.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.json", "file", "folder.h5",
                                                           "images"]
 
