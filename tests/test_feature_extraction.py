@@ -431,6 +431,11 @@ def test_user_errors_are_one_line_before_any_work(tmp_path, capsys, monkeypatch)
                         tmp_path / "f.h5", *ENCODER_ARGS)
     err = _user_error(code, err)
     assert f"{tmp_path / 'pics'}: image folder not found" in err and err.count("\n") == 1
+    with pytest.raises(SystemExit) as exit_info:
+        _run(capsys, *base, "--out", tmp_path / "f.h5", *ENCODER_ARGS, "--splits", " , ")
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "captioner prepare-features: error: argument --splits: ' , ' names no split\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.json", "file", "folder.h5",
                                                           "images"]
 

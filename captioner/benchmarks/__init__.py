@@ -45,22 +45,3 @@ def torch_device(name: str):
         return resolve_device(name)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def names(check: Callable[[str], None]) -> Callable[[str], list[str]]:
-    """An argparse ``type``: a comma-separated list of at least one name, ``check(name)``
-    raising ValueError (its message the usage error) for a name that the benchmark cannot
-    run, so that a bad name is refused before the good ones are timed."""
-
-    def parse(text: str) -> list[str]:
-        listed = [name.strip() for name in text.split(",") if name.strip()]
-        if not listed:
-            raise argparse.ArgumentTypeError(f"{text!r} names no mapping")
-        try:
-            for name in listed:
-                check(name)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-        return listed
-
-    return parse

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from captioner import CONFIGS
-from captioner.benchmarks import names, refuse_unwritable, torch_device
-from captioner.commands.options import at_least, command_parser
+from captioner.benchmarks import refuse_unwritable, torch_device
+from captioner.commands.options import at_least, command_parser, names
 from data_prep.files import check_output_dir
 
 PROG = "captioner bench fit"
@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
 
     precisions = _precisions()
     parser = command_parser(PROG, __doc__)
-    parser.add_argument("--mappings", type=names(_check_config), default="softmax,tvmax",
+    parser.add_argument("--mappings", type=names("mapping", _check_config), default="softmax,tvmax",
                         help="output attention mappings, each trained with configs/coco_<name>"
                         ".yaml (default: %(default)s)")
     for flag, default, what in (("--images", 8000, "training images"),

@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from captioner.benchmarks import names, refuse_unwritable, torch_device
-from captioner.commands.options import at_least, command_parser
+from captioner.benchmarks import refuse_unwritable, torch_device
+from captioner.commands.options import at_least, command_parser, names
 from data_prep.files import check_output_file, write_json
 
 PROG = "captioner bench model"
@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = command_parser(PROG, __doc__)
     parser.add_argument(
         "--mappings",
-        type=names(mapping_class),
+        type=names("mapping", mapping_class),
         default=",".join(DEFAULT_MAPPINGS),
         help="comma-separated output attention mappings (default: %(default)s)",
     )

@@ -12,7 +12,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -172,6 +172,26 @@ def at_least(low: float, kind: type, *, strictly: bool = False):
                 f"must be {'>' if strictly else '>='} {low}, got {text}"
             )
         return value
+
+    return parse
+
+
+def names(what: str, check: Callable[[str], None] | None = None
+          ) -> Callable[[str], list[str]]:
+    """An argparse ``type``: a comma-separated list of at least one ``what`` ("split"),
+    each passed to ``check``, whose ValueError is the usage error (a benchmark's unknown
+    mapping is refused before the good ones are timed)."""
+
+    def parse(text: str) -> list[str]:
+        listed = [name.strip() for name in text.split(",") if name.strip()]
+        if not listed:
+            raise argparse.ArgumentTypeError(f"{text!r} names no {what}")
+        try:
+            for name in listed if check else ():
+                check(name)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return listed
 
     return parse
 

@@ -27,7 +27,7 @@ import os
 import sys
 from pathlib import Path
 
-from captioner.commands.options import DEVICE_HELP, command_parser, report_error
+from captioner.commands.options import DEVICE_HELP, command_parser, names, report_error
 from captioner.feature_extraction import ON_ERROR, extract_features
 
 HELP = "cache frozen-encoder grid features (float16, HDF5) for the images of a Karpathy JSON"
@@ -57,7 +57,8 @@ def _parser() -> argparse.ArgumentParser:
         help="images are resized to this many pixels square (default: %(default)s)",
     )
     parser.add_argument(
-        "--splits", default="train,val,test", help="comma-separated splits (default: %(default)s)"
+        "--splits", type=names("split"), default="train,val,test",
+        help="comma-separated splits (default: %(default)s)"
     )
     parser.add_argument(
         "--batch-size", type=int, default=32, help="images per batch (default: %(default)s)"
@@ -96,7 +97,7 @@ def main(argv: list[str]) -> int:
             layer=args.layer,
             weights=weights,
             image_size=args.image_size,
-            splits=tuple(s.strip() for s in args.splits.split(",") if s.strip()),
+            splits=tuple(args.splits),
             batch_size=args.batch_size,
             num_workers=args.num_workers,
             device=str(resolve_device(args.device)),
