@@ -130,6 +130,7 @@ class CaptionerCLI(LightningCLI):
         self._checkpoint_step = 0  # global step of the --ckpt_path checkpoint
         self._resumed_run: Path | None = None  # the run folder fit resumes into
         self._new_root: Path | None = None  # the runs folder, when this command makes it
+        self._run_lock: RunLock | None = None  # fit's hold on its run folder (before_fit)
         self._config_keys: dict[str | None, list[str]] = {}  # _keys_set_by, per --config
         super().__init__(*args, **kwargs)
 
@@ -150,6 +151,12 @@ class CaptionerCLI(LightningCLI):
             if not self.trainer.interrupted:
                 raise
             raise Interrupted(self._after_interrupt(subcommand)) from None
+        finally:
+            # Here, not at the trainer's teardown: Lightning calls no teardown hook when a fit
+            # stops on an exception (Ctrl-C too), and the callbacks' on_exception, which still
+            # write into the run, come first.
+            if self._run_lock is not None:
+                self._run_lock.release()
 
     def _after_interrupt(self, subcommand: str) -> str:
         if subcommand != "fit":
@@ -376,7 +383,7 @@ class CaptionerCLI(LightningCLI):
             folder = self._resumed_run or self._make_new_version()
             if folder is not None:
                 try:
-                    self.trainer.callbacks.append(RunLock(folder))
+                    self._run_lock = RunLock(folder)
                 except RunInUse as exc:
                     raise UserError(f"--ckpt_path last: {exc}") from None
             if self._resumed_run is not None:

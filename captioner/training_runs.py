@@ -208,14 +208,14 @@ class RunInUse(ValueError):
     """A run folder that another running fit holds (its message names the folder)."""
 
 
-class RunLock(Callback):
+class RunLock:
     """Holds a run's version folder while a fit trains in it, so that no other fit resumes
     into it (both would write ``last.ckpt``, ``metrics.csv`` and ``config.yaml`` there).
 
     An exclusive ``flock`` on the folder itself: no file is added to the run, and the kernel
     drops the lock when the process ends, also when it is killed, so a killed run resumes.
-    Released at the trainer's teardown (one process may train several runs); forked
-    processes (loader workers) let go of it at once.
+    The fit lets go with :meth:`release` once it has ended, also on an exception (one process
+    may train several runs); forked processes (loader workers) let go of it at once.
 
     Raises:
         RunInUse: another process holds ``folder``.
@@ -227,9 +227,6 @@ class RunLock(Callback):
         if self._fd is None:
             raise RunInUse(f"{folder}: another fit is training in this run now; wait for it "
                            "to end (or stop it) before resuming it")
-
-    def teardown(self, trainer: L.Trainer, pl_module, stage: str) -> None:
-        self.release()
 
     def release(self) -> None:
         if self._fd is not None:

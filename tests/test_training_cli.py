@@ -475,10 +475,8 @@ def test_runs_started_together_each_get_their_own_version_folder(synthetic_data,
     folders = [Path(cli.trainer.logger.log_dir) for cli in (first, second)]
     assert [folder.name for folder in folders] == ["version_0", "version_1"]
     assert all(folder.is_dir() for folder in folders)
-    for cli in (first, second):  # what teardown does: let go of the runs
-        for callback in cli.trainer.callbacks:
-            if hasattr(callback, "release"):
-                callback.release()
+    for cli in (first, second):  # what the end of the command does: let go of the runs
+        cli._run_lock.release()
 
 
 def test_a_run_being_trained_is_not_resumed_by_another_fit(synthetic_data, tiny_cache,
@@ -499,6 +497,36 @@ def test_a_run_being_trained_is_not_resumed_by_another_fit(synthetic_data, tiny_
     os.close(training)  # the fit ended (or was killed): the run resumes
     assert lightning_main(["fit", *args, "--ckpt_path", "last",
                            "--trainer.max_epochs", "2"]) == 0
+    assert read_epochs_done(run) == 2
+
+
+def test_an_interrupted_fit_lets_go_of_its_run(synthetic_data, tiny_cache, tmp_path,
+                                              monkeypatch, capsys):
+    # Lightning calls no teardown hook when a fit stops on an exception (Ctrl-C among them):
+    # the run stayed held until the process ended, and a resume in the same process was
+    # refused as if another fit were training in it.
+    import signal
+
+    from captioner.lightning_module import CaptioningModule
+
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    run = tmp_path / "runs" / "demo_softmax" / "version_0"
+
+    def interrupted(self, batch, batch_idx):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(CaptioningModule, "training_step", interrupted)
+        handler = signal.getsignal(signal.SIGINT)  # Lightning ignores Ctrl-C while it stops
+        try:
+            assert lightning_main(["fit", *args, "--ckpt_path", "last",
+                                   "--trainer.max_epochs", "2"]) == 130
+        finally:
+            signal.signal(signal.SIGINT, handler)
+    capsys.readouterr()
+    assert lightning_main(["fit", *args, "--ckpt_path", "last",
+                           "--trainer.max_epochs", "2"]) == 0, capsys.readouterr().err
     assert read_epochs_done(run) == 2
 
 
