@@ -25,6 +25,7 @@ import json
 import random
 import re
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -215,7 +216,8 @@ class RunLock:
     An exclusive ``flock`` on the folder itself: no file is added to the run, and the kernel
     drops the lock when the process ends, also when it is killed, so a killed run resumes.
     The fit lets go with :meth:`release` once it has ended, also on an exception (one process
-    may train several runs); forked processes (loader workers) let go of it at once.
+    may train several runs); forked processes (loader workers) let go of it at once. Where
+    the file system cannot lock a folder (NFS), it warns and holds nothing.
 
     Raises:
         RunInUse: another process holds ``folder``.
@@ -223,10 +225,19 @@ class RunLock:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self._fd = hold_exclusively(folder)
-        if self._fd is None:
+        self._fd: int | None = None
+        try:
+            fd = hold_exclusively(folder)
+        except OSError as exc:
+            # The lock guards against a second fit; a file system that locks no folder (NFS)
+            # must not stop this one.
+            warnings.warn(f"{folder}: {exc.strerror}: a second fit resuming this run while "
+                          "this one trains would not be refused", stacklevel=2)
+            return
+        if fd is None:
             raise RunInUse(f"{folder}: another fit is training in this run now; wait for it "
                            "to end (or stop it) before resuming it")
+        self._fd = fd
 
     def release(self) -> None:
         if self._fd is not None:

@@ -56,7 +56,13 @@ def hold_exclusively(path: Path) -> int | None:
     """Take an exclusive ``flock`` on the folder or file ``path`` (a file is made if missing):
     returns its descriptor, for :func:`let_go`, or None when another process holds it. The
     kernel drops the lock when the process ends, also when it is killed; processes forked
-    while it is held let go of their copy at once."""
+    while it is held let go of their copy at once.
+
+    Raises:
+        OSError: the file system cannot lock ``path`` (it names ``path``): NFS emulates
+            ``flock`` with byte-range locks, and refuses an exclusive one on a descriptor not
+            open for writing, as a folder's always is (EBADF); some mounts lock nothing.
+    """
     flags = os.O_RDONLY | os.O_DIRECTORY if path.is_dir() else os.O_RDWR | os.O_CREAT
     fd = os.open(path, flags, file_mode())
     try:
@@ -64,6 +70,9 @@ def hold_exclusively(path: Path) -> int | None:
     except BlockingIOError:
         os.close(fd)
         return None
+    except OSError as exc:
+        os.close(fd)
+        raise OSError(exc.errno, f"cannot be locked ({exc.strerror})", str(path)) from None
     _HELD.add(fd)
     return fd
 

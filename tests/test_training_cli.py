@@ -556,6 +556,30 @@ def test_a_held_run_is_let_go_when_its_fit_ends_though_a_forked_worker_lives_on(
         worker.join()
 
 
+def test_a_run_on_a_file_system_that_locks_no_folder_trains_with_a_warning(tmp_path,
+                                                                           monkeypatch):
+    # NFS emulates flock with byte-range locks and refuses an exclusive one on a descriptor
+    # not open for writing, as a folder's is: every fit failed with 'bad file descriptor'.
+    import errno
+    import fcntl as real_fcntl
+
+    import data_prep.files
+    from captioner.training_runs import RunLock
+
+    def nfs_flock(fd, operation):
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    monkeypatch.setattr(data_prep.files, "fcntl", type("NFS", (), {
+        "flock": staticmethod(nfs_flock), "LOCK_EX": real_fcntl.LOCK_EX,
+        "LOCK_NB": real_fcntl.LOCK_NB}))
+    open_before = len(os.listdir("/proc/self/fd"))
+    with pytest.warns(UserWarning, match=re.escape(f"{tmp_path}: cannot be locked (Bad file "
+                                                   "descriptor): a second fit")):
+        held = RunLock(tmp_path)
+    held.release()
+    assert len(os.listdir("/proc/self/fd")) == open_before  # its descriptor closed
+
+
 def read_epochs_done(run: Path) -> int:
     return json.loads((run / "checkpoints" / "progress.json").read_text())["epochs_done"]
 
