@@ -51,8 +51,8 @@ def render_page(page: str, data: dict, title: str) -> str:
 def page_files(page: Path, element: str) -> set[str]:
     """The files that a page written by :func:`render_page` shows, as its data (the JSON of its
     ``<script id=ELEMENT>``) lists them, relative to its folder: every image's ``src``, every
-    word's ``overlay`` and the ``colorbar`` (a gallery's). None when the page or its data
-    cannot be read, so that nothing the page does not list is taken for its own."""
+    word's ``overlay`` and the ``colorbar`` (a gallery's). An empty set when the page or its
+    data cannot be read, so that nothing the page does not list is taken for its own."""
     try:
         text = page.read_text(encoding="utf-8")
         found = re.search(rf'<script id="{re.escape(element)}" type="application/json">(.*?)'
