@@ -20,7 +20,6 @@ a new shuffle.
 from __future__ import annotations
 
 import csv
-import itertools
 import json
 import random
 import re
@@ -195,14 +194,13 @@ def new_version(root: Path, name: str) -> int:
     making: ``mkdir`` fails for all but one process, and the others go on to N + 1.
     """
     (root / name).mkdir(parents=True, exist_ok=True)
-    start = max((version for version, _ in version_folders(root, name)), default=-1) + 1
-    for version in itertools.count(start):
+    version = max((version for version, _ in version_folders(root, name)), default=-1) + 1
+    while True:
         try:
             (root / name / f"version_{version}").mkdir()
+            return version
         except FileExistsError:
-            continue
-        return version
-    raise AssertionError("unreachable")
+            version += 1
 
 
 class RunInUse(ValueError):

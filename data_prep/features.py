@@ -54,8 +54,9 @@ _VERIFY_ROWS = 256  # rows read at a time when the checksums of a partial file a
 
 def cache_lock_path(path: str | Path) -> Path:
     """The lock file that the one process making the cache ``path`` holds while it works
-    (:func:`data_prep.files.held_alone`): ``dir/.NAME.lock`` for ``dir/NAME.h5``."""
-    path = Path(path)
+    (:func:`data_prep.files.held_alone`): ``dir/.NAME.lock`` for ``dir/NAME.h5``, beside the
+    file a symbolic link leads to (two runs reaching one cache by two links hold one lock)."""
+    path = Path(os.path.realpath(path))
     return path.with_name(f".{path.stem}.lock")
 
 

@@ -107,8 +107,10 @@ def held_alone(lock: Path, busy: str) -> Iterator[None]:
     try:
         yield
     finally:
-        lock.unlink(missing_ok=True)
-        let_go(fd)
+        try:
+            lock.unlink(missing_ok=True)  # before letting go: the next holder makes a new file
+        finally:
+            let_go(fd)
 
 
 def file_mode() -> int:

@@ -190,6 +190,9 @@ def train(mapping: str, data: DemoData, settings: DemoSettings, out: Path, seed:
 
 # What a demo run writes into --out beside its data (OUT/synthetic-*) and OUT/runs (kept: run
 # versions add up, and each holds the config it trained with).
+# The lock file of the demo running in --out (eval/commands/demo.py): neither a result nor
+# another's file.
+LOCK_NAME = ".demo.lock"
 RESULT_PATTERNS = ("results.json", "metrics.png", "gallery", "figures", "*.ckpt",
                    "captions_*.json", TRAININGS_FILE)
 
@@ -203,7 +206,7 @@ def earlier_results(out: Path) -> list[str]:
         ValueError: ``out`` also holds files that are not the demo's (it is never emptied)."""
     if not out.is_dir():
         return []
-    names = sorted(entry.name for entry in out.iterdir())
+    names = sorted(entry.name for entry in out.iterdir() if entry.name != LOCK_NAME)
     ours = {name for name in names if any(Path(name).match(p) for p in RESULT_PATTERNS)}
     foreign = [name for name in names
                if name not in ours and name != "runs" and not name.startswith("synthetic-")]

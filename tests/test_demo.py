@@ -129,6 +129,23 @@ def test_an_earlier_runs_results_are_neither_mixed_with_nor_replaced_unasked(tmp
     assert "holds files that are not the demo's (notes.txt)" in capsys.readouterr().err
 
 
+def test_a_second_demo_into_a_folder_in_use_is_one_line_and_touches_nothing(tmp_path, capsys):
+    from data_prep.files import hold_exclusively, let_go
+
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / "softmax.ckpt").write_text("earlier")  # an unfinished run's, being trained on
+    held = hold_exclusively(out / ".demo.lock")  # as the running demo holds it
+    try:
+        assert main(["--quick", "--out", str(out), "--overwrite"]) == 2
+    finally:
+        let_go(held)
+    assert capsys.readouterr().err == (
+        f"captioner demo: {out}: another captioner demo is running in this folder now (it "
+        f"holds {out / '.demo.lock'}); wait for it to end, or choose another --out\n")
+    assert sorted(p.name for p in out.iterdir()) == [".demo.lock", "softmax.ckpt"]
+
+
 @pytest.mark.parametrize("lam", ["nan", "inf", "0"])
 def test_a_lambda_grid_must_be_finite_and_positive(lam, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -34,6 +34,7 @@ model's captions in one Java run, which loads its parser once.
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from dataclasses import replace
@@ -41,8 +42,14 @@ from pathlib import Path
 
 from captioner.cli import SIGINT_STATUS
 from captioner.commands.options import command_parser, report_error
-from data_prep.files import check_output_dir, clear_folder, first_names
-from eval.demo import FULL, QUICK, earlier_results, run_demo
+from data_prep.files import (
+    OutputPathError,
+    check_output_dir,
+    clear_folder,
+    first_names,
+    held_alone,
+)
+from eval.demo import FULL, LOCK_NAME, QUICK, DemoSettings, earlier_results, run_demo
 from eval.demo_trainings import FILE_NAME as TRAININGS_FILE
 from eval.demo_trainings import TrainingRecord
 
@@ -82,6 +89,27 @@ def main(argv: list[str]) -> int:
     out = args.out.resolve()
     try:
         check_output_dir(out)
+        out.mkdir(parents=True, exist_ok=True)
+    except ValueError as exc:  # data_prep.files.OutputPathError
+        return report_error("captioner demo", exc)
+    except OSError as exc:
+        return report_error("captioner demo", exc, f"cannot create the folder {out}")
+    busy = (f"{out}: another captioner demo is running in this folder now (it holds "
+            f"{out / LOCK_NAME}); wait for it to end, or choose another --out")
+    try:
+        # One demo at a time in a folder: two would train into one run folder, rewrite one
+        # record of trainings, and clear each other's results.
+        with held_alone(out / LOCK_NAME, busy):
+            return _demo_in(out, args, settings, seeds)
+    except OutputPathError as exc:  # this one, or a feature cache another run is making
+        return report_error("captioner demo", exc)
+
+
+def _demo_in(out: Path, args: argparse.Namespace, settings: DemoSettings,
+             seeds: list[int]) -> int:
+    """The demo into the folder ``out``, which this process holds: earlier results checked,
+    cleared or gone on from, the steps run and the table printed; the exit status."""
+    try:
         earlier = earlier_results(out)
         if "results.json" in earlier and not args.overwrite:
             raise ValueError(
@@ -91,12 +119,8 @@ def main(argv: list[str]) -> int:
         unfinished = earlier and not args.overwrite
         if unfinished:
             TrainingRecord(out)  # read before any work: a damaged record is one line
-    except ValueError as exc:  # data_prep.files.OutputPathError among them
+    except ValueError as exc:
         return report_error("captioner demo", exc)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        return report_error("captioner demo", exc, f"cannot create the folder {out}")
     if unfinished:
         print(f"going on with the unfinished demo run in {out}: captioners it finished "
               "training with the same settings are reused")
@@ -124,7 +148,10 @@ def main(argv: list[str]) -> int:
 
 def _interrupted(out: Path) -> str:
     """What an interrupted run into ``out`` kept, for its last line."""
-    count = len(TrainingRecord(out).trainings)
+    try:
+        count = len(TrainingRecord(out).trainings)
+    except ValueError:  # a record damaged meanwhile: its next reading names it
+        count = 0
     if not count:
         return "interrupted before a captioner finished training"
     return (f"interrupted; {count} captioner{'s' * (count != 1)} finished training "
