@@ -385,7 +385,7 @@ class CaptionerCLI(LightningCLI):
                 try:
                     self._run_lock = RunLock(folder)
                 except RunInUse as exc:
-                    raise UserError(f"--ckpt_path last: {exc}") from None
+                    raise UserError(str(exc)) from None  # names the run, however it was given
             if self._resumed_run is not None:
                 hold_metrics_for_resume(self._resumed_run)
         self.trainer.callbacks.append(FitStartGuard(resumed, self._new_root))
