@@ -222,7 +222,6 @@ class RunLock:
     """
 
     def __init__(self, folder: Path) -> None:
-        self.folder = folder
         self._fd: int | None = None
         try:
             fd = hold_exclusively(folder)

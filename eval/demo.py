@@ -188,11 +188,11 @@ def train(mapping: str, data: DemoData, settings: DemoSettings, out: Path, seed:
     return checkpoint, score
 
 
-# What a demo run writes into --out beside its data (OUT/synthetic-*) and OUT/runs (kept: run
-# versions add up, and each holds the config it trained with).
 # The lock file of the demo running in --out (eval/commands/demo.py): neither a result nor
 # another's file.
 LOCK_NAME = ".demo.lock"
+# What a demo run writes into --out beside its data (OUT/synthetic-*) and OUT/runs (kept: run
+# versions add up, and each holds the config it trained with).
 RESULT_PATTERNS = ("results.json", "metrics.png", "gallery", "figures", "*.ckpt",
                    "captions_*.json", TRAININGS_FILE)
 

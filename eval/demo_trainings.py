@@ -63,15 +63,18 @@ class TrainingRecord:
 def _read(path: Path) -> list[Training]:
     if not path.exists():
         return []
-    problem = f"{path}: is not the demo's record of finished trainings"
+
+    def damaged(why: str) -> ValueError:
+        return ValueError(f"{path}: is not the demo's record of finished trainings ({why}); "
+                          "pass --overwrite to start the run over")
+
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{problem} ({exc}); pass --overwrite to start the run over") from None
+        raise damaged(str(exc)) from None
     entries = document.get("trainings") if isinstance(document, dict) else None
     if not isinstance(entries, list):
-        raise ValueError(f"{problem} (no list 'trainings'); pass --overwrite to start the run "
-                         "over")
+        raise damaged("no list 'trainings'")
     trainings = []
     for index, entry in enumerate(entries):
         try:
@@ -79,8 +82,8 @@ def _read(path: Path) -> list[Training]:
         except TypeError:
             training = None
         if training is None or not _well_typed(training):
-            raise ValueError(f"{problem} (entry {index} is not {{config, encoder_sha256, "
-                             "checkpoint, val_CIDEr}}); pass --overwrite to start the run over")
+            raise damaged(f"entry {index} is not {{config, encoder_sha256, checkpoint, "
+                          "val_CIDEr}")
         trainings.append(training)
     return trainings
 

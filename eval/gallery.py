@@ -46,10 +46,9 @@ from data_prep.files import atomic_write
 from eval.static_page import page_files, render_page
 
 GALLERY_FORMAT = "captioner-gallery/1"
-# What `build_gallery` writes directly inside its folder (see the layout above), and the id of
-# the page's data element, which lists the images and overlays it wrote inside them.
+# What `build_gallery` writes directly inside its folder (see the layout above); its page's
+# data lists the images and overlays it wrote inside them.
 GALLERY_ENTRIES = ("index.html", "colorbar.png", "images", "attention")
-GALLERY_DATA = "gallery-data"
 COLORBAR_STEPS = 256
 
 
@@ -214,7 +213,7 @@ def gallery_files(folder: Path) -> set[str]:
     """What `build_gallery` wrote into ``folder``, as paths relative to it (``index.html``,
     ``images/0001.jpg``, ...): its fixed entries and the files its page lists; none of the
     files inside ``images/`` and ``attention/`` when the page cannot be read."""
-    return {*GALLERY_ENTRIES, *page_files(folder / "index.html", GALLERY_DATA)}
+    return {*GALLERY_ENTRIES, *page_files(folder / "index.html")}
 
 
 def caption_gallery(

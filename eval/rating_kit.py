@@ -44,10 +44,9 @@ from eval.static_page import page_files, render_page, script_json
 from eval.stopwords import content_word_indices
 
 KIT_FORMAT = "captioner-rating-kit/1"
-# What `build_kit` writes directly inside its folder (see the layout above), and the id of the
-# page's data element, which lists the images and overlays it wrote inside them.
+# What `build_kit` writes directly inside its folder (see the layout above); its page's data
+# lists the images and overlays it wrote inside them.
 KIT_ENTRIES = ("index.html", "images", "attention")
-KIT_DATA = "kit-data"
 KEY_FORMAT = "captioner-rating-key/1"
 RATINGS_FORMAT = "captioner-ratings/1"
 SCORES = (1, 2, 3, 4, 5)
@@ -215,7 +214,7 @@ def kit_files(folder: Path) -> set[str]:
     """What `build_kit` wrote into ``folder``, as paths relative to it (``index.html``,
     ``images/0001.jpg``, ...): its fixed entries and the files its page lists; none of the
     files inside ``images/`` and ``attention/`` when the page cannot be read."""
-    return {*KIT_ENTRIES, *page_files(folder / "index.html", KIT_DATA)}
+    return {*KIT_ENTRIES, *page_files(folder / "index.html")}
 
 
 def sample_readable(

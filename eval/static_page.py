@@ -48,15 +48,16 @@ def render_page(page: str, data: dict, title: str) -> str:
     )
 
 
-def page_files(page: Path, element: str) -> set[str]:
-    """The files that a page written by :func:`render_page` shows, as its data (the JSON of its
-    ``<script id=ELEMENT>``) lists them, relative to its folder: every image's ``src``, every
-    word's ``overlay`` and the ``colorbar`` (a gallery's). An empty set when the page or its
-    data cannot be read, so that nothing the page does not list is taken for its own."""
+def page_files(page: Path) -> set[str]:
+    """The files that a page written by :func:`render_page` shows, as its data (the JSON in
+    the template's one ``<script type="application/json">``, where ``{{DATA}}`` goes) lists
+    them, relative to its folder: every image's ``src``, every word's ``overlay`` and the
+    ``colorbar`` (a gallery's). An empty set when the page or its data cannot be read, so that
+    nothing the page does not list is taken for its own."""
     try:
         text = page.read_text(encoding="utf-8")
-        found = re.search(rf'<script id="{re.escape(element)}" type="application/json">(.*?)'
-                          "</script>", text, re.DOTALL)
+        found = re.search(r'<script id="[^"]*" type="application/json">(.*?)</script>', text,
+                          re.DOTALL)
         data = json.loads(found.group(1)) if found else {}
         images = data.get("images", [])
         overlays = [word["overlay"] for image in images for caption in image["captions"]
