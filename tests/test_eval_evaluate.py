@@ -1,6 +1,7 @@
 """`captioner evaluate` on the shared tiny TVmax checkpoint and synthetic data."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -112,19 +113,27 @@ def test_an_undefined_metric_is_one_warning_line(synthetic_data, tiny_checkpoint
     assert "warning: CIDEr" in err and "UserWarning" not in err
 
 
-def test_captions_are_kept_when_a_metric_fails_after_them(synthetic_data, tiny_checkpoint,
-                                                          tmp_path, capsys, monkeypatch):
+def _evaluate_with_metrics_raising(error: BaseException, data, checkpoint, out: Path,
+                                   monkeypatch) -> int:
+    """``captioner evaluate`` into ``out`` whose metrics raise ``error`` once the captions are
+    written; its exit status."""
     import eval.scoring
 
     def fail(*args, **kwargs):
-        raise ValueError("SPICE stopped")
+        raise error
 
     monkeypatch.setattr(eval.scoring, "compute_metrics", fail)
+    return evaluate.main([
+        "--ckpt", str(checkpoint), "--data", str(data.karpathy_json), "--images",
+        str(data.image_root), "--metrics", "Bleu", "--beam-size", "1", "--no-progress", "--out",
+        str(out)])
+
+
+def test_captions_are_kept_when_a_metric_fails_after_them(synthetic_data, tiny_checkpoint,
+                                                          tmp_path, capsys, monkeypatch):
     out = tmp_path / "eval"
-    argv = ["--ckpt", str(tiny_checkpoint), "--data", str(synthetic_data.karpathy_json),
-            "--images", str(synthetic_data.image_root), "--metrics", "Bleu", "--beam-size", "1",
-            "--no-progress", "--out", str(out)]
-    assert evaluate.main(argv) == 2
+    assert _evaluate_with_metrics_raising(ValueError("SPICE stopped"), synthetic_data,
+                                          tiny_checkpoint, out, monkeypatch) == 2
     results = out / "results_test.json"
     assert capsys.readouterr().err.strip() == (
         f"captioner evaluate: SPICE stopped (the captions are kept in {results})")
@@ -136,17 +145,9 @@ def test_ctrl_c_in_the_metrics_says_where_the_captions_are_kept(
         synthetic_data, tiny_checkpoint, tmp_path, capsys, monkeypatch):
     # Ctrl-C while SPICE runs: the captions stay, and the line says how to go on (the same
     # command is refused now that they are in --out).
-    import eval.scoring
-
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(eval.scoring, "compute_metrics", interrupted)
     out = tmp_path / "eval"
-    argv = ["--ckpt", str(tiny_checkpoint), "--data", str(synthetic_data.karpathy_json),
-            "--images", str(synthetic_data.image_root), "--metrics", "Bleu", "--beam-size", "1",
-            "--no-progress", "--out", str(out)]
-    assert evaluate.main(argv) == 130
+    assert _evaluate_with_metrics_raising(KeyboardInterrupt(), synthetic_data, tiny_checkpoint,
+                                          out, monkeypatch) == 130
     results = out / "results_test.json"
     assert capsys.readouterr().err.strip() == (
         f"captioner evaluate: interrupted; the captions are kept in {results} (captioner score "
