@@ -8,15 +8,19 @@ Batches are dicts:
 
 - training: ``inputs`` float32 (B, 3, S, S) images or float16 (B, h, w, C) cached grid
   features (half the bytes to copy to a GPU; the model computes in float32); ``captions``
-  int64 (B, L) = START, token ids, END, then PAD (0) up to the longest caption.
+  int64 (B, L) = START, token ids, END, then PAD (0) up to the longest caption. With
+  ``preload_features: device`` the loaders' ``inputs`` are int64 (B,) rows of the features held
+  on the device, swapped for the features once the batch is there (``on_after_batch_transfer``).
 - validation / test: ``inputs`` as above; ``image_ids`` int64 (B,); ``references``: list of B
   lists of reference strings (the Karpathy tokens joined by single spaces).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 import lightning as L
 import numpy as np
@@ -75,7 +79,9 @@ class CachedFeatureInputs:
         ids = sorted({entry.image_id for entry in entries} - set(self._memory_row))
         if not ids:
             return
-        loaded = read_in_chunks(self.cache, ids)
+        loaded = np.empty((len(ids), *self.cache.grid, self.cache.channels), dtype=np.float16)
+        for start, chunk in read_in_chunks(self.cache, ids):
+            loaded[start : start + len(chunk)] = chunk
         if self._memory is not None:
             loaded = np.concatenate([self._memory, loaded])
         offset = len(self._memory_row)
@@ -99,18 +105,84 @@ class CachedFeatureInputs:
 _PRELOAD_CHUNK = 1024  # images per HDF5 read while preloading
 
 
-def read_in_chunks(cache: FeatureCache, image_ids: list[int]) -> np.ndarray:
-    """Features of ``image_ids`` (float16 (N, h, w, C)), read in chunks behind a progress bar."""
+def read_in_chunks(cache: FeatureCache, image_ids: list[int]) -> Iterator[tuple[int, np.ndarray]]:
+    """(first position, float16 (n, h, w, C) features) of ``image_ids`` in order, read a chunk
+    at a time behind a progress bar."""
     from tqdm.auto import tqdm
 
-    out = np.empty((len(image_ids), *cache.grid, cache.channels), dtype=np.float16)
     with tqdm(total=len(image_ids), desc="preloading features", unit="image",
               disable=len(image_ids) <= _PRELOAD_CHUNK) as bar:
         for start in range(0, len(image_ids), _PRELOAD_CHUNK):
-            chunk = image_ids[start : start + _PRELOAD_CHUNK]
-            out[start : start + len(chunk)] = cache.get_many(chunk)
+            chunk = cache.get_many(image_ids[start : start + _PRELOAD_CHUNK])
+            yield start, chunk
             bar.update(len(chunk))
-    return out
+
+
+class DeviceFeatures:
+    """The cached features of the splits in use held in one tensor on the training device
+    (``preload_features: device``): no features cross the input pipeline at all.
+
+    The loaders carry each image's row in that tensor (:meth:`many`: int64 (N,)) in place of its
+    features, and :meth:`gather` swaps the rows of a batch for the features (float16 (N, h, w, C))
+    once the batch is on the device. The features are read from the HDF5 file there, straight
+    into the device tensor, at the first batch: the device is not known before.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._rows: dict[int, int] = {}
+        self._features: torch.Tensor | None = None
+
+    def preload(self, entries) -> None:
+        """Give the images of ``entries`` their rows (read at the next :meth:`gather`)."""
+        for entry in entries:
+            self._rows.setdefault(entry.image_id, len(self._rows))
+
+    def many(self, entries) -> torch.Tensor:
+        return torch.tensor([self._rows[entry.image_id] for entry in entries], dtype=torch.long)
+
+    def __call__(self, entry: ImageEntry) -> torch.Tensor:
+        return self.many([entry])[0]
+
+    def gather(self, rows: torch.Tensor) -> torch.Tensor:
+        """float16 (N, h, w, C) features of int64 ``rows`` (N,), on the device of ``rows``."""
+        features = self._features
+        if features is None or features.device != rows.device or len(features) < len(self._rows):
+            features = self._features = self._read_onto(rows.device)
+        return features.index_select(0, rows)
+
+    def _read_onto(self, device: torch.device) -> torch.Tensor:
+        """Every row's features on ``device``; only the rows added since the last read are
+        read when the features are there already."""
+        held = self._features if self._features is not None and self._features.device == device \
+            else None
+        first = 0 if held is None else len(held)
+        ids = list(self._rows)[first:]
+        with FeatureCache(self.path) as cache:
+            shape = (len(ids), *cache.grid, cache.channels)
+            _check_device_memory(device, shape, self.path)
+            added = torch.empty(shape, dtype=torch.float16, device=device)
+            for start, chunk in read_in_chunks(cache, ids):
+                added[start : start + len(chunk)] = torch.from_numpy(chunk)
+        return added if held is None else torch.cat([held, added])
+
+    def __getstate__(self) -> dict:
+        # Workers only look rows up; the device tensor stays in the training process.
+        return {**self.__dict__, "_features": None}
+
+
+def _check_device_memory(device: torch.device, shape: tuple[int, ...], path: Path) -> None:
+    """Refuse, in one line, features that would not fit in ``device``'s free memory."""
+    if device.type != "cuda":
+        return
+    needed = int(np.prod(shape)) * 2  # float16
+    free, _ = torch.cuda.mem_get_info(device)
+    if needed > free:
+        raise ValueError(
+            f"data.preload_features device: the features of {shape[0]:,} images in {path} need "
+            f"{needed / 2**30:.1f} GiB on {device}, which has {free / 2**30:.1f} GiB free; "
+            "use data.preload_features true (host memory) or false"
+        )
 
 
 class CaptionPairs(Dataset):
@@ -217,9 +289,11 @@ class CaptionDataModule(L.LightningDataModule):
         eval_batch_size: images per validation / test batch (decoded with beam search).
         num_workers: DataLoader worker processes. Batches of cached features are read into
             one array each, so few workers keep a GPU busy.
-        preload_features: read the cached features of the splits in use into memory once
-            (float16, h*w*C*2 bytes per image: 32 GB for COCO's 123,287 images at 8x8x2048),
-            instead of reading them from the HDF5 file at every batch.
+        preload_features: read the cached features of the splits in use once instead of
+            from the HDF5 file at every batch (float16, h*w*C*2 bytes per image: 32 GB for
+            COCO's 123,287 images at 8x8x2048): ``true`` into host memory, ``"device"`` into
+            the training device's memory, where each batch's features are gathered by one
+            kernel (:class:`DeviceFeatures`; each DDP process holds its own copy).
         pin_memory: page-locked batches for faster, asynchronous copies to a GPU (default:
             when CUDA is available).
     """
@@ -235,10 +309,16 @@ class CaptionDataModule(L.LightningDataModule):
         batch_size: int = 64,
         eval_batch_size: int = 32,
         num_workers: int = 4,
-        preload_features: bool = False,
+        preload_features: bool | Literal["device"] = False,
         pin_memory: bool | None = None,
     ) -> None:
         super().__init__()
+        if preload_features not in (False, True, "device"):
+            raise ValueError(f"data.preload_features must be false, true or device, "
+                             f"got {preload_features!r}")
+        if preload_features and feature_cache is None:
+            raise ValueError(f"data.preload_features {str(preload_features).lower()} preloads "
+                             "cached features: it needs data.feature_cache")
         self.karpathy_json = Path(karpathy_json)
         self.image_root = Path(image_root)
         self.feature_cache = None if feature_cache is None else Path(feature_cache)
@@ -247,7 +327,7 @@ class CaptionDataModule(L.LightningDataModule):
         feature_cache = None if self.feature_cache is None else str(self.feature_cache)
         self.save_hyperparameters()
         self.datasets: dict[str, Dataset] = {}
-        self._feature_inputs: CachedFeatureInputs | None = None
+        self._feature_inputs: CachedFeatureInputs | DeviceFeatures | None = None
 
     @cached_property
     def karpathy(self) -> KarpathyDataset:
@@ -309,8 +389,15 @@ class CaptionDataModule(L.LightningDataModule):
         if self.feature_cache is None:
             return ImageInputs(self.hparams.image_size)
         if self._feature_inputs is None:  # one reader (and one preload) for every split
-            self._feature_inputs = CachedFeatureInputs(self.feature_cache)
+            on_device = self.hparams.preload_features == "device"
+            self._feature_inputs = (DeviceFeatures if on_device else CachedFeatureInputs)(
+                self.feature_cache)
         return self._feature_inputs
+
+    def on_after_batch_transfer(self, batch: dict, dataloader_idx: int) -> dict:
+        if isinstance(self._feature_inputs, DeviceFeatures):
+            batch["inputs"] = self._feature_inputs.gather(batch["inputs"])
+        return batch
 
     def _check_inputs_exist(self, entries) -> None:
         """Fail before training when an image file or a cached feature is missing."""

@@ -129,6 +129,7 @@ def fit_tiny(
     *,
     max_steps: int = 4,
     feature_cache: Path | None = None,
+    preload_features: bool | str = False,
     accelerator: str = "cpu",
     **model_overrides,
 ):
@@ -148,6 +149,7 @@ def fit_tiny(
         karpathy_json=dataset.karpathy_json,
         image_root=dataset.image_root,
         feature_cache=feature_cache,
+        preload_features=preload_features,
         min_count=1,
         image_size=TINY_IMAGE_SIZE,
         batch_size=8,

@@ -116,6 +116,48 @@ def test_lightning_fit_on_gpu(synthetic_data, tiny_fit, tmp_path, output_attenti
     assert torch.isfinite(metrics["train/loss"]) and "val/CIDEr" in metrics
 
 
+@pytest.fixture(scope="module")
+def tiny_cache(synthetic_data, tmp_path_factory):
+    """Features of the tiny dataset by the tiny model's encoder (random ResNet-18, layer4)."""
+    from conftest import TINY_IMAGE_SIZE
+
+    from captioner.feature_extraction import extract_features
+
+    out = tmp_path_factory.mktemp("features") / "features_resnet18.h5"
+    extract_features(synthetic_data.karpathy_json, synthetic_data.image_root, out,
+                     arch="resnet18", weights=None, image_size=TINY_IMAGE_SIZE, batch_size=8,
+                     num_workers=0, progress=False)
+    return out
+
+
+def test_features_held_on_the_gpu_are_gathered_there(synthetic_data, tiny_cache):
+    from captioner.data import DeviceFeatures
+    from data_prep.features import FeatureCache
+    from data_prep.karpathy import load_karpathy
+
+    entries = load_karpathy(synthetic_data.karpathy_json, synthetic_data.image_root).split("train")
+    held = DeviceFeatures(tiny_cache)
+    held.preload(entries)
+    picked = entries[::-3]
+    got = held.gather(held.many(picked).cuda())
+    assert got.device.type == "cuda" and got.dtype == torch.float16
+    expected = FeatureCache(tiny_cache).get_many([entry.image_id for entry in picked])
+    assert torch.equal(got.cpu(), torch.from_numpy(expected))
+
+
+def test_lightning_fit_on_gpu_with_the_features_held_there(synthetic_data, tiny_fit, tiny_cache,
+                                                           tmp_path):
+    from data_prep.features import FeatureCache
+
+    trainer, _, data = tiny_fit(synthetic_data, tmp_path, accelerator="gpu",
+                                feature_cache=tiny_cache, preload_features="device",
+                                encoder_weights=FeatureCache(tiny_cache).encoder["weights"])
+    assert trainer.strategy.root_device.type == "cuda" and trainer.global_step == 4
+    assert data.hparams.preload_features == "device"
+    metrics = trainer.callback_metrics
+    assert torch.isfinite(metrics["train/loss"]) and "val/CIDEr" in metrics
+
+
 def test_caption_command_on_cuda_matches_cpu(tiny_checkpoint, synthetic_data, capsys):
     from captioner.commands import caption as command
 

@@ -4,13 +4,14 @@ and the benchmark that times it in a real fit."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from captioner.data import CaptionDataModule
-from data_prep.features import FeatureCacheWriter
+from data_prep.features import FeatureCache, FeatureCacheWriter
 
 GRID, CHANNELS = (2, 3), 4
 
@@ -76,6 +77,85 @@ def test_preloaded_features_are_read_once_and_survive_pickling(cached_dataset, m
     copy = pickle.loads(pickle.dumps(inputs))  # what a spawned worker receives
     entries = module.datasets["train"].entries[:3]
     assert torch.equal(copy.many(entries), torch.from_numpy(features[:3]))
+
+
+def test_device_preload_carries_rows_and_gathers_the_features_after_the_transfer(
+    cached_dataset, monkeypatch
+):
+    import pickle
+
+    karpathy, cache, features = cached_dataset
+    read = _module(karpathy, cache)
+    held = _module(karpathy, cache, preload_features="device")
+    for loader in ("train_dataloader", "val_dataloader"):
+        torch.manual_seed(0)
+        expected = list(getattr(read, loader)())
+        torch.manual_seed(0)
+        carried = list(getattr(held, loader)())
+        assert len(carried) == len(expected)
+        for rows, batch in zip(carried, expected, strict=True):
+            assert rows["inputs"].dtype == torch.long and rows["inputs"].dim() == 1
+            gathered = held.on_after_batch_transfer(dict(rows), 0)
+            assert gathered["inputs"].dtype == torch.float16
+            assert torch.equal(gathered["inputs"], batch["inputs"])
+            assert all(torch.equal(gathered[k], batch[k]) for k in batch if k != "inputs"
+                       and isinstance(batch[k], torch.Tensor))
+
+    def no_file_reads(*args, **kwargs):
+        raise AssertionError("read the HDF5 file although the features are held")
+
+    monkeypatch.setattr(FeatureCache, "get_many", no_file_reads)
+    batch = held.on_after_batch_transfer(next(iter(held.val_dataloader())), 0)
+    assert torch.equal(batch["inputs"], torch.from_numpy(features[6:8]))
+    # A worker receives the rows only, never the held features.
+    inputs = held.datasets["train"].inputs
+    copy = pickle.loads(pickle.dumps(inputs))
+    entries = held.datasets["train"].entries
+    assert copy.many(entries[2:4]).tolist() == [2, 3]
+    assert len(pickle.dumps(inputs)) < features.nbytes
+
+
+def test_device_preload_reads_only_the_images_added_since(cached_dataset, monkeypatch):
+    from captioner.data import DeviceFeatures
+
+    karpathy, cache, features = cached_dataset
+    module = _module(karpathy, cache)
+    train, val = module.datasets["train"].entries, module.datasets["val"].entries
+    held = DeviceFeatures(cache)
+    held.preload(train)
+    assert torch.equal(held.gather(torch.tensor([5, 0])), torch.from_numpy(features[[5, 0]]))
+    reads = []
+    original = FeatureCache.get_many
+    monkeypatch.setattr(FeatureCache, "get_many",
+                        lambda self, ids: reads.append(list(ids)) or original(self, ids))
+    held.preload(val + train[:2])  # the train images have their rows already
+    assert torch.equal(held.gather(held.many(val + train[:1])),
+                       torch.from_numpy(features[[6, 7, 0]]))
+    assert reads == [[106, 107]]
+
+
+def test_device_preload_refuses_features_larger_than_the_free_device_memory(monkeypatch):
+    from captioner.data import _check_device_memory
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (20 * 2**30, 80 * 2**30))
+    # 100,000 images x 8x8x2048 float16 = 26,214,400,000 bytes = 24.4 GiB.
+    with pytest.raises(ValueError, match=r"data.preload_features device: the features of "
+                       r"100,000 images in f.h5 need 24.4 GiB on cuda:0, which has 20.0 GiB free"):
+        _check_device_memory(torch.device("cuda:0"), (100_000, 8, 8, 2048), Path("f.h5"))
+    _check_device_memory(torch.device("cuda:0"), (80_000, 8, 8, 2048), Path("f.h5"))  # 19.5 GiB
+
+
+@pytest.mark.parametrize(("preload", "cache", "message"), [
+    ("memory", True, "data.preload_features must be false, true or device, got 'memory'"),
+    (True, False, "data.preload_features true preloads cached features: it needs "
+                  "data.feature_cache"),
+    ("device", False, "data.preload_features device preloads cached features"),
+])
+def test_a_preload_setting_without_meaning_is_refused(cached_dataset, preload, cache, message):
+    karpathy, features_file, _ = cached_dataset
+    with pytest.raises(ValueError, match=message):
+        CaptionDataModule(karpathy, karpathy.parent, feature_cache=features_file if cache else None,
+                          preload_features=preload)
 
 
 def test_pin_memory_follows_the_setting(cached_dataset):

@@ -133,6 +133,35 @@ def _run(*argv: str) -> tuple[int, str, str]:
     return run.returncode, run.stdout, run.stderr
 
 
+def test_features_preloaded_on_the_device_train_the_weights_of_features_read_per_batch(
+    synthetic_data, tiny_cache, tmp_path
+):
+    # The loaders then carry rows, swapped for the features after the transfer: validation too.
+    weights = {}
+    for preload in ("false", "device"):
+        out = tmp_path / preload
+        args = _cli_args(synthetic_data, tiny_cache, out, "--data.preload_features", preload)
+        assert lightning_main(["fit", *args, "--trainer.max_epochs", "2"]) == 0
+        run = out / "runs" / "demo_softmax" / "version_0"
+        weights[preload] = load_safely(run / "checkpoints" / "last.ckpt")["state_dict"]
+        metrics = list(csv.DictReader((run / "metrics.csv").open()))
+        assert any(row.get("val/CIDEr") for row in metrics)
+    saved = yaml.safe_load((tmp_path / "device" / "runs" / "demo_softmax" / "version_0"
+                            / "config.yaml").read_text())
+    assert saved["data"]["preload_features"] == "device"
+    assert weights["false"].keys() == weights["device"].keys()
+    assert all(torch.equal(weights["false"][k], weights["device"][k]) for k in weights["false"])
+
+
+def test_an_unknown_preload_setting_is_refused_in_one_line(synthetic_data, tiny_cache, tmp_path,
+                                                           capsys):
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--data.preload_features", "memory")
+    assert lightning_main(["fit", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "data.preload_features" in err and "memory" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
+
+
 # With loader workers too: were they kept from epoch to epoch, an uninterrupted run would
 # start them once and a resumed run again, drawing its shuffle and dropout masks elsewhere.
 @pytest.mark.parametrize("workers", ["0", "2"])

@@ -57,8 +57,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-workers", type=at_least(0, int), default=None,
                         help="DataLoader workers (default: the config's, at most the usable "
                         "CPUs)")
-    parser.add_argument("--preload-features", action="store_true",
-                        help="hold the features in memory (data.preload_features)")
+    parser.add_argument("--preload-features", nargs="?", const="true", default="false",
+                        choices=("false", "true", "device"),
+                        help="data.preload_features: hold the features in host memory (true, "
+                        "the value when none is given) or on the training device (device) "
+                        "(default: %(default)s)")
     parser.add_argument("--precision", choices=precisions, default=None, metavar="P",
                         help="--trainer.precision of the fit: " + ", ".join(precisions)
                         + " (default: the config's)")
@@ -186,7 +189,7 @@ def _fit_arguments(mapping: str, args: argparse.Namespace, karpathy: Path, cache
         "--data.karpathy_json", str(karpathy), "--data.image_root", str(karpathy.parent),
         "--data.feature_cache", str(cache), "--data.min_count", "1",
         "--data.batch_size", str(args.batch_size),
-        "--data.preload_features", str(args.preload_features).lower(),
+        "--data.preload_features", args.preload_features,
         "--model.encoder_weights", "null",
         "--trainer.accelerator", args.accelerator, "--trainer.devices", "1",
         "--trainer.max_steps", str(args.steps), "--trainer.limit_val_batches", "0",
