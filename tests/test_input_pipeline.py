@@ -187,3 +187,25 @@ def test_bench_fit_times_a_real_fit_against_the_model(tmp_path, capsys, steps, w
     # The data are written once and reused.
     settings = json.loads((tmp_path / "data" / "settings.json").read_text())
     assert settings == {"images": 12, "grid": 2, "channels": 2048, "vocab_size": 30, "seed": 0}
+
+
+def test_bench_fit_times_the_steps_up_to_the_end_of_the_last_one(monkeypatch):
+    """Not the fit's work after its last step (the epoch's checkpoint, then on_train_end)."""
+    from types import SimpleNamespace
+
+    from captioner.benchmarks import fit
+
+    now = [10.0]
+    monkeypatch.setattr(fit.time, "perf_counter", lambda: now[0])
+    timer = fit._step_timer(warmup_steps=2)
+    trainer = SimpleNamespace(global_step=0, max_steps=6)
+    module = SimpleNamespace(device=torch.device("cpu"))
+    for step in range(6):  # a second each
+        trainer.global_step = step
+        timer.on_train_batch_start(trainer, module, None, step)
+        now[0] += 1.0
+        trainer.global_step = step + 1
+        timer.on_train_batch_end(trainer, module, None, None, step)
+    now[0] += 100.0  # the epoch's end: a checkpoint written
+    timer.on_train_end(trainer, module)
+    assert (timer.seconds, timer.steps) == (4.0, 4)

@@ -208,7 +208,9 @@ def _fit_arguments(mapping: str, args: argparse.Namespace, karpathy: Path, cache
 
 
 def _step_timer(warmup_steps: int):
-    """A callback timing the training steps after ``warmup_steps`` (one sync at each end)."""
+    """A callback timing the training steps after ``warmup_steps`` up to the end of the last
+    one (one sync at each end): what the fit does once it has stepped, such as writing its
+    checkpoint at the end of the epoch, is left out."""
     import lightning as L
     import torch
 
@@ -226,8 +228,8 @@ def _step_timer(warmup_steps: int):
             if trainer.global_step == warmup_steps and self.start is None:
                 self.start, self.first_step = self._now(module), trainer.global_step
 
-        def on_train_end(self, trainer, module) -> None:
-            if self.start is not None:
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+            if self.start is not None and trainer.global_step == trainer.max_steps:
                 self.seconds = self._now(module) - self.start
                 self.steps = trainer.global_step - self.first_step
 
