@@ -153,6 +153,26 @@ def test_features_preloaded_on_the_device_train_the_weights_of_features_read_per
     assert all(torch.equal(weights["false"][k], weights["device"][k]) for k in weights["false"])
 
 
+def test_features_too_large_for_the_device_stop_the_fit_in_one_line(
+    synthetic_data, tiny_cache, tmp_path, capsys, monkeypatch
+):
+    import captioner.data
+
+    check = captioner.data._check_device_memory
+    # As on a GPU with 1 KiB free (the check reads the free memory of CUDA devices only).
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1024, 2**30))
+    monkeypatch.setattr(captioner.data, "_check_device_memory",
+                        lambda device, shape, path: check(torch.device("cuda:0"), shape, path))
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--data.preload_features", "device")
+    assert lightning_main(["fit", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert re.fullmatch(
+        rf"captioner fit: data.preload_features device: the features of \d+ images in "
+        rf"{re.escape(str(tiny_cache))} need 0.0 GiB on cuda:0, which has 0.0 GiB free; use "
+        r"data.preload_features true \(host memory\) or false", err), err
+
+
 def test_an_unknown_preload_setting_is_refused_in_one_line(synthetic_data, tiny_cache, tmp_path,
                                                            capsys):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--data.preload_features", "memory")
