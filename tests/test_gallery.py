@@ -212,7 +212,7 @@ def test_command_refuses_a_reused_out_or_replaces_it_wholly(tiny_checkpoint, syn
     out = tmp_path / "out"
     args = ["--ckpt", str(tiny_checkpoint), "--out", str(out), *FAST]
     assert command.main([*map(str, images[:3]), *args]) == 0
-    capsys.readouterr()
+    assert capsys.readouterr().out == (f"gallery of 3 images x 1 model: {out / 'index.html'}\n")
     assert command.main([str(images[3]), *args]) == 2
     assert capsys.readouterr().err == (
         f"captioner gallery: {out}: holds the gallery of an earlier run ({out / 'index.html'}); "

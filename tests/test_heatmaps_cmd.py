@@ -72,7 +72,7 @@ def test_a_reused_out_is_refused_or_replaced_wholly(tiny_checkpoint, tmp_path, c
     args = ["--ckpt", str(tiny_checkpoint), "--out", str(out), *FAST]
     assert command.main([str(first), *args]) == 0
     before = sorted(out.rglob("*"))
-    capsys.readouterr()
+    assert capsys.readouterr().out.startswith(f"wrote heatmaps of 1 image x 1 model to {out} ")
 
     # Refused before any work, the earlier figures untouched.
     assert command.main([str(second), *args]) == 2

@@ -62,6 +62,7 @@ def test_an_existing_key_or_kit_is_never_replaced_silently(tiny_checkpoint, synt
 
     assert command.main([*args, "--seed", "1", "--overwrite"]) == 0
     printed = capsys.readouterr().out
+    assert f": 2 images x 1 model -> {out / 'index.html'}\n" in printed
     assert f"blinding key (keep it from the raters): {key_path} (replaced the earlier key)" \
         in printed
     new_key = json.loads(key_path.read_text())

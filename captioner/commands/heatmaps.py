@@ -42,6 +42,7 @@ from captioner.commands.options import (
     add_figure_arguments,
     add_overwrite_argument,
     command_parser,
+    counted,
     decoding_options,
     report_error,
 )
@@ -167,7 +168,8 @@ def main(argv: list[str]) -> int:
             json.dump(index, handle, indent=1, ensure_ascii=False)
     except (OSError, ValueError) as exc:
         return report_error("captioner heatmaps", exc, status=1)
-    print(f"wrote heatmaps of {len(images)} images x {len(models)} models to {args.out} "
+    print(f"wrote heatmaps of {counted(len(images), 'image')} x "
+          f"{counted(len(models), 'model')} to {args.out} "
           f"(colour scale 0..{vmax:.4g})")
     if failed:
         print(f"captioner heatmaps: {len(failed)} of {len(paths)} images could not be read",

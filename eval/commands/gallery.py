@@ -41,6 +41,7 @@ from captioner.commands.options import (
     add_sample_arguments,
     check_sample_arguments,
     command_parser,
+    counted,
     decoding_options,
     report_error,
 )
@@ -155,7 +156,8 @@ def main(argv: list[str]) -> int:
         page = _write_page(args, images, models, earlier)
     except (OSError, ValueError) as exc:
         return report_error("captioner gallery", exc, status=1)
-    print(f"gallery of {len(images)} images x {len(models)} models: {page}")
+    print(f"gallery of {counted(len(images), 'image')} x {counted(len(models), 'model')}: "
+          f"{page}")
     unreadable = len(skipped) + len(failed)
     if unreadable:
         print(f"captioner gallery: {unreadable} of {len(paths) + len(skipped)} images could "

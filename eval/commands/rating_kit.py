@@ -26,6 +26,7 @@ from captioner.commands.options import (
     add_sample_arguments,
     check_sample_arguments,
     command_parser,
+    counted,
     decoding_options,
     report_error,
 )
@@ -165,7 +166,8 @@ def main(argv: list[str]) -> int:
         kit = _write_kit(args, images, models, key_path, earlier)
     except (OSError, ValueError) as exc:
         return report_error("captioner rating-kit", exc, status=1)
-    print(f"rating kit {kit.kit_id}: {len(images)} images x {len(models)} models -> {kit.html}")
+    print(f"rating kit {kit.kit_id}: {counted(len(images), 'image')} x "
+          f"{counted(len(models), 'model')} -> {kit.html}")
     print(f"blinding key (keep it from the raters): {key_path}"
           + (" (replaced the earlier key)" if replaces_key else ""))
     if skipped:
