@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from data_prep.files import atomic_write, check_input_file, first_names
+from data_prep.files import atomic_write, check_input_file, counted, first_names
 
 # Keys that LightningCLI stores beside a module's own hyperparameters (Lightning >= 2.3).
 LIGHTNING_HPARAM_KEYS = frozenset({"_instantiator", "_class_path"})
@@ -227,8 +227,7 @@ def weights_mismatch(model: Mapping[str, Any], stored: Mapping[str, Any], shown:
     for what, names in (("missing from the checkpoint", missing),
                         ("not in the model", unexpected), ("of another shape", reshaped)):
         if names:
-            noun = "tensor" if len(names) == 1 else "tensors"
-            parts.append(f"{len(names)} {noun} {what} ({first_names(names, shown)})")
+            parts.append(f"{counted(len(names), 'tensor')} {what} ({first_names(names, shown)})")
     return "; ".join(parts) or None
 
 

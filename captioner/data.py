@@ -146,25 +146,23 @@ class DeviceFeatures:
 
     def gather(self, rows: torch.Tensor) -> torch.Tensor:
         """float16 (N, h, w, C) features of int64 ``rows`` (N,), on the device of ``rows``."""
-        features = self._features
-        if features is None or features.device != rows.device or len(features) < len(self._rows):
-            features = self._features = self._read_onto(rows.device)
-        return features.index_select(0, rows)
+        if self._features is None or self._features.device != rows.device:
+            self._features = self._read(0, rows.device)
+        if len(self._features) < len(self._rows):  # rows added since (test after fit)
+            self._features = torch.cat([self._features,
+                                        self._read(len(self._features), rows.device)])
+        return self._features.index_select(0, rows)
 
-    def _read_onto(self, device: torch.device) -> torch.Tensor:
-        """Every row's features on ``device``; only the rows added since the last read are
-        read when the features are there already."""
-        held = self._features if self._features is not None and self._features.device == device \
-            else None
-        first = 0 if held is None else len(held)
+    def _read(self, first: int, device: torch.device) -> torch.Tensor:
+        """The features of the rows from ``first`` on, read onto ``device``."""
         ids = list(self._rows)[first:]
         with FeatureCache(self.path) as cache:
             shape = (len(ids), *cache.grid, cache.channels)
             _check_device_memory(device, shape, self.path)
-            added = torch.empty(shape, dtype=torch.float16, device=device)
+            features = torch.empty(shape, dtype=torch.float16, device=device)
             for start, chunk in read_in_chunks(cache, ids):
-                added[start : start + len(chunk)] = torch.from_numpy(chunk)
-        return added if held is None else torch.cat([held, added])
+                features[start : start + len(chunk)] = torch.from_numpy(chunk)
+        return features
 
     def __getstate__(self) -> dict:
         # Workers only look rows up; the device tensor stays in the training process.

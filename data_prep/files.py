@@ -285,6 +285,11 @@ def first_names(names: Sequence[object], limit: int = 10, separator: str = ", ")
     return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
 
 
+def counted(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless one: "1 image", "2 images" (regular nouns)."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def refuse_repeated(paths: Sequence[Path], what: str) -> None:
     """ValueError naming the first ``what`` ("checkpoint", "image") that ``paths`` hold twice,
     compared as the files they lead to (``a.ckpt``, ``./a.ckpt``, a link to it and a folder's

@@ -42,10 +42,10 @@ from captioner.commands.options import (
     add_figure_arguments,
     add_overwrite_argument,
     command_parser,
-    counted,
     decoding_options,
     report_error,
 )
+from data_prep.files import counted
 
 if TYPE_CHECKING:
     from captioner.decoding_options import DecodingOptions

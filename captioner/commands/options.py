@@ -37,11 +37,6 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def counted(count: int, noun: str) -> str:
-    """``count`` and ``noun``, plural unless one: "1 image", "2 images" (regular nouns)."""
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
 def command_parser(prog: str, doc: str) -> argparse.ArgumentParser:
     """The parser of command ``prog`` with its module docstring ``doc`` as the description,
     as plain text: the docstring's layout is kept, its reStructuredText markup (``code``,

@@ -46,6 +46,7 @@ from data_prep.files import (
     OutputPathError,
     check_output_dir,
     clear_folder,
+    counted,
     first_names,
     held_alone,
 )
@@ -154,6 +155,6 @@ def _interrupted(out: Path) -> str:
         count = 0
     if not count:
         return "interrupted before a captioner finished training"
-    return (f"interrupted; {count} captioner{'s' * (count != 1)} finished training "
+    return (f"interrupted; {counted(count, 'captioner')} finished training "
             f"({out / TRAININGS_FILE}): the same command goes on from there, --overwrite "
             "starts over")

@@ -41,10 +41,10 @@ from captioner.commands.options import (
     add_sample_arguments,
     check_sample_arguments,
     command_parser,
-    counted,
     decoding_options,
     report_error,
 )
+from data_prep.files import counted
 
 HELP = "side-by-side attention gallery of several checkpoints (static HTML)"
 DEFAULT_SPLIT_SAMPLE = 20

@@ -26,10 +26,10 @@ from captioner.commands.options import (
     add_sample_arguments,
     check_sample_arguments,
     command_parser,
-    counted,
     decoding_options,
     report_error,
 )
+from data_prep.files import counted
 
 HELP = "build a blinded human-rating kit (static HTML) comparing checkpoints"
 
