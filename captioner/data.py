@@ -17,6 +17,7 @@ Batches are dicts:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
@@ -51,6 +52,10 @@ class ImageInputs:
 
     def __call__(self, entry: ImageEntry) -> torch.Tensor:
         return self.transform(load_image(entry.path))
+
+    def many(self, entries) -> torch.Tensor:
+        """float32 (N, 3, S, S): each image decoded on its own."""
+        return torch.stack([self(entry) for entry in entries])
 
 
 class CachedFeatureInputs:
@@ -184,46 +189,52 @@ def _check_device_memory(device: torch.device, shape: tuple[int, ...], path: Pat
 
 
 class CaptionPairs(Dataset):
-    """One sample per (image, reference caption) pair: (inputs, caption ids with START/END)."""
+    """One sample per (image, reference caption) pair; a batch is built whole by
+    :meth:`__getitems__` (the DataLoader calls it with the sampled indices): the inputs by one
+    ``inputs.many`` call, the captions by one slice of an array padded once here, so no Python
+    runs per sample in the training loop.
+
+    captions: int64 (pairs, longest) = START, token ids, END, then PAD; lengths: (pairs,).
+    """
 
     def __init__(self, entries, inputs, vocabulary: Vocabulary, max_caption_length: int) -> None:
         self.entries = entries
         self.inputs = inputs
-        self.encoded = [
-            [
-                [Vocabulary.START_ID, *vocabulary.encode(tokens[:max_caption_length]),
-                 Vocabulary.END_ID]
-                for tokens in entry.sentences
-            ]
+        encoded = [
+            [Vocabulary.START_ID, *vocabulary.encode(tokens[:max_caption_length]),
+             Vocabulary.END_ID]
             for entry in entries
+            for tokens in entry.sentences
         ]
-        counts = np.array([len(captions) for captions in self.encoded])
-        self.image_index = np.repeat(np.arange(len(entries)), counts)
-        self.caption_index = np.concatenate([np.arange(n) for n in counts]) if len(counts) else []
+        self.image_index = np.repeat(np.arange(len(entries)),
+                                     [len(entry.sentences) for entry in entries])
+        self.lengths = np.array([len(caption) for caption in encoded], dtype=np.int64)
+        width = int(self.lengths.max(initial=0))
+        self.captions = np.full((len(encoded), width), Vocabulary.PAD_ID, dtype=np.int64)
+        self.captions[np.arange(width) < self.lengths[:, None]] = [
+            token for caption in encoded for token in caption
+        ]
 
     def __len__(self) -> int:
         return len(self.image_index)
 
-    def __getitem__(self, index: int):
-        image, caption = int(self.image_index[index]), int(self.caption_index[index])
-        return self.inputs(self.entries[image]), self.encoded[image][caption]
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pair: the image's inputs and its caption, int64 (length,)."""
+        return (self.inputs(self.entries[self.image_index[index]]),
+                torch.from_numpy(self.captions[index, : self.lengths[index]]))
 
-    def __getitems__(self, indices: list[int]) -> list:
-        """A batch of samples; cached features are read into one batch array (the DataLoader
-        calls this instead of ``__getitem__`` per sample, and collates no per-sample tensors)."""
-        if not hasattr(self.inputs, "many"):
-            return [self[index] for index in indices]
-        images = self.image_index[indices].tolist()
-        captions = self.caption_index[indices].tolist()
-        features = self.inputs.many([self.entries[image] for image in images])
-        return [
-            (features[row], self.encoded[image][caption])
-            for row, (image, caption) in enumerate(zip(images, captions, strict=True))
-        ]
+    def __getitems__(self, indices: list[int]) -> dict:
+        """The training batch of ``indices`` (see the module docstring)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        entries = [self.entries[image] for image in self.image_index[indices]]
+        width = int(self.lengths[indices].max())
+        return {"inputs": self.inputs.many(entries),
+                "captions": torch.from_numpy(self.captions[indices, :width])}
 
 
 class CaptionImages(Dataset):
-    """One sample per image: (inputs, image id, list of reference strings)."""
+    """One sample per image: (inputs, image id, list of reference strings); a batch is built
+    whole by :meth:`__getitems__`, its inputs by one ``inputs.many`` call."""
 
     def __init__(self, entries, inputs) -> None:
         self.entries = entries
@@ -236,37 +247,21 @@ class CaptionImages(Dataset):
         entry = self.entries[index]
         return self.inputs(entry), entry.image_id, _references(entry)
 
-    def __getitems__(self, indices: list[int]) -> list:
-        """A batch of samples, cached features read into one array (see CaptionPairs)."""
-        if not hasattr(self.inputs, "many"):
-            return [self[index] for index in indices]
+    def __getitems__(self, indices: list[int]) -> dict:
+        """The validation or test batch of ``indices`` (see the module docstring)."""
         entries = [self.entries[index] for index in indices]
-        features = self.inputs.many(entries)
-        return [
-            (features[row], entry.image_id, _references(entry))
-            for row, entry in enumerate(entries)
-        ]
+        return {"inputs": self.inputs.many(entries),
+                "image_ids": torch.tensor([entry.image_id for entry in entries]),
+                "references": [_references(entry) for entry in entries]}
 
 
 def _references(entry: ImageEntry) -> list[str]:
     return [" ".join(tokens) for tokens in entry.sentences]
 
 
-def collate_pairs(samples) -> dict:
-    inputs, captions = zip(*samples, strict=True)
-    padded = torch.full((len(captions), max(map(len, captions))), Vocabulary.PAD_ID)
-    for row, caption in enumerate(captions):
-        padded[row, : len(caption)] = torch.tensor(caption)
-    return {"inputs": torch.stack(inputs), "captions": padded}
-
-
-def collate_images(samples) -> dict:
-    inputs, image_ids, references = zip(*samples, strict=True)
-    return {
-        "inputs": torch.stack(inputs),
-        "image_ids": torch.tensor(image_ids, dtype=torch.long),
-        "references": list(references),
-    }
+def _built_by_getitems(batch: dict) -> dict:
+    """The DataLoader's ``collate_fn``: the datasets' ``__getitems__`` built the batch."""
+    return batch
 
 
 class CaptionDataModule(L.LightningDataModule):
@@ -285,8 +280,10 @@ class CaptionDataModule(L.LightningDataModule):
         image_size: images are resized to ``image_size`` x ``image_size`` (paper: 256).
         batch_size: image-caption pairs per training batch.
         eval_batch_size: images per validation / test batch (decoded with beam search).
-        num_workers: DataLoader worker processes. Batches of cached features are read into
-            one array each, so few workers keep a GPU busy.
+        num_workers: DataLoader worker processes; None (the default): 4, and none with
+            ``preload_features: device``, whose batches are index lookups that take the
+            training process less time to make than to receive from a worker. Batches of
+            cached features are read into one array each, so few workers keep a GPU busy.
         preload_features: read the cached features of the splits in use once instead of
             from the HDF5 file at every batch (float16, h*w*C*2 bytes per image: 32 GB for
             COCO's 123,287 images at 8x8x2048): ``true`` into host memory, ``"device"`` into
@@ -306,7 +303,7 @@ class CaptionDataModule(L.LightningDataModule):
         image_size: int = 256,
         batch_size: int = 64,
         eval_batch_size: int = 32,
-        num_workers: int = 4,
+        num_workers: int | None = None,
         preload_features: bool | Literal["device"] = False,
         pin_memory: bool | None = None,
     ) -> None:
@@ -326,6 +323,13 @@ class CaptionDataModule(L.LightningDataModule):
         self.save_hyperparameters()
         self.datasets: dict[str, Dataset] = {}
         self._feature_inputs: CachedFeatureInputs | DeviceFeatures | None = None
+
+    @property
+    def loader_workers(self) -> int:
+        """The loaders' worker processes: ``num_workers``, or its default (see the class)."""
+        if self.hparams.num_workers is not None:
+            return self.hparams.num_workers
+        return 0 if self.hparams.preload_features == "device" else 4
 
     @cached_property
     def karpathy(self) -> KarpathyDataset:
@@ -451,12 +455,15 @@ class CaptionDataModule(L.LightningDataModule):
         pin = self.hparams.pin_memory
         if pin is None:
             pin = torch.cuda.is_available()
+        if self.hparams.num_workers is None and self.loader_workers == 0:
+            # No workers by choice (see the class): Lightning's advice to add some is not for us.
+            warnings.filterwarnings("ignore", message=r"The '\w+' does not have many workers")
         return DataLoader(
             self.datasets[split],
             batch_size=self.hparams.batch_size if train else self.hparams.eval_batch_size,
             shuffle=train,
             drop_last=False,
-            num_workers=self.hparams.num_workers,
+            num_workers=self.loader_workers,
             # Workers start afresh every epoch, as without workers: each epoch's iterator then
             # draws its shuffle and worker seeds from the global RNG at the same point in an
             # uninterrupted run and in a resumed one (whose loaders are new), so that resuming
@@ -464,7 +471,7 @@ class CaptionDataModule(L.LightningDataModule):
             # epoch, and a resume made them again. The cost: the workers start once per epoch.
             persistent_workers=False,
             pin_memory=pin,
-            collate_fn=collate_pairs if train else collate_images,
+            collate_fn=_built_by_getitems,
         )
 
     def train_dataloader(self) -> DataLoader:

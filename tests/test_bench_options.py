@@ -99,16 +99,16 @@ def test_the_fit_lowers_the_configs_workers_to_the_usable_cpus(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
 
     def datamodule(workers):
-        return SimpleNamespace(hparams=SimpleNamespace(num_workers=workers))
+        return SimpleNamespace(hparams=SimpleNamespace(num_workers=None), loader_workers=workers)
 
     four = datamodule(4)
     assert fit._loader_workers(four, None) == "2 (the config's 4, capped at the usable CPUs)"
     assert four.hparams.num_workers == 2
     one = datamodule(1)
     assert fit._loader_workers(one, None) == "1 (the config's)"
-    assert one.hparams.num_workers == 1
+    assert one.hparams.num_workers is None
     given = datamodule(4)  # --num-workers 3 is in the fit's own arguments already
-    assert fit._loader_workers(given, 3) == "3" and given.hparams.num_workers == 4
+    assert fit._loader_workers(given, 3) == "3" and given.hparams.num_workers is None
 
 
 

@@ -18,12 +18,14 @@ GRID, CHANNELS = (2, 3), 4
 
 @pytest.fixture
 def cached_dataset(tmp_path):
-    """Karpathy JSON of 6 train (2 captions each) and 2 val images, and their feature cache."""
+    """Karpathy JSON of 6 train (2 captions each, the second of 2 to 4 tokens) and 2 val images,
+    and their feature cache."""
     images = [
         {"imgid": i, "cocoid": 100 + i, "filepath": "x", "filename": f"{i}.jpg",
          "split": "train" if i < 6 else "val",
          "sentences": [{"tokens": ["a", f"w{i}"], "raw": f"a w{i}"},
-                       {"tokens": ["b", f"w{i}"], "raw": f"b w{i}"}]}
+                       {"tokens": ["b", *[f"w{i}"] * (1 + i % 3)],
+                        "raw": " ".join(["b", *[f"w{i}"] * (1 + i % 3)])}]}
         for i in range(8)
     ]
     karpathy = tmp_path / "dataset.json"
@@ -43,16 +45,26 @@ def _module(karpathy, cache, **kwargs):
 
 
 @pytest.mark.parametrize("preload", [False, True])
-def test_a_batch_read_at_once_equals_the_samples_read_one_by_one(cached_dataset, preload):
+def test_a_training_batch_holds_the_sampled_pairs_padded_to_its_longest(cached_dataset, preload):
+    from data_prep.vocab import Vocabulary
+
     karpathy, cache, features = cached_dataset
     module = _module(karpathy, cache, preload_features=preload)
-    train = module.datasets["train"]
-    indices = [7, 0, 3, 3, 11]
+    train, vocabulary = module.datasets["train"], module.vocabulary
+    images = json.loads(karpathy.read_text())["images"][:6]
+    pairs = [sentence["tokens"] for image in images for sentence in image["sentences"]]
+    indices = [7, 0, 3, 3, 11]  # pair 7 is image 3's second caption
     batch = train.__getitems__(indices)
-    for (inputs, caption), index in zip(batch, indices, strict=True):
-        expected_inputs, expected_caption = train[index]
-        assert torch.equal(inputs, expected_inputs) and caption == expected_caption
+    assert torch.equal(batch["inputs"], torch.from_numpy(features[[i // 2 for i in indices]]))
+    width = max(len(pairs[index]) for index in indices) + 2
+    assert batch["captions"].shape == (5, width) and batch["captions"].dtype == torch.long
+    for row, index in enumerate(indices):
+        caption = [Vocabulary.START_ID, *vocabulary.encode(pairs[index]), Vocabulary.END_ID]
+        padding = [Vocabulary.PAD_ID] * (width - len(caption))
+        assert batch["captions"][row].tolist() == caption + padding
+        inputs, alone = train[index]
         assert torch.equal(inputs, torch.from_numpy(features[index // 2]))
+        assert alone.tolist() == caption
     collated = next(iter(module.train_dataloader()))
     assert collated["inputs"].dtype == torch.float16  # the model computes in float32
     assert collated["inputs"].shape == (5, *GRID, CHANNELS)
@@ -177,13 +189,14 @@ def test_bench_fit_times_a_real_fit_against_the_model(tmp_path, capsys, steps, w
                      "--data", str(tmp_path / "data")]) == 0
     out = capsys.readouterr().out
     header, row = [line for line in out.splitlines() if line.startswith(("mapping", "softmax"))]
-    assert header.split()[:4] == ["mapping", "loader", "it/s", "fit"]
+    assert header.split()[:6] == ["mapping", "loader", "it/s", "loop", "ms", "fit"]
     values = [float(v.rstrip("x")) for v in row.split()[1:]]
-    assert len(values) == 7 and all(v > 0 for v in values)
+    assert len(values) == 8 and all(v > 0 for v in values)
     assert "COCO epoch: 566,747 caption pairs = 141,687 steps" in out
     assert f"steps {warmup + 1}-{steps} timed" in out
     # Without --precision, the precision that the config gave the fit.
     assert ", precision 32-true (the config's), loader workers 0, " in out
+    assert "loop ms: the training thread's CPU time per loader batch" in out
     # The data are written once and reused.
     settings = json.loads((tmp_path / "data" / "settings.json").read_text())
     assert settings == {"images": 12, "grid": 2, "channels": 2048, "vocab_size": 30, "seed": 0}
@@ -209,3 +222,44 @@ def test_bench_fit_times_the_steps_up_to_the_end_of_the_last_one(monkeypatch):
     now[0] += 100.0  # the epoch's end: a checkpoint written
     timer.on_train_end(trainer, module)
     assert (timer.seconds, timer.steps) == (4.0, 4)
+
+
+def test_the_loaders_build_device_batches_in_the_training_process_unless_told(cached_dataset):
+    """Rows of held features take less to index than to receive from a worker."""
+    karpathy, cache, _ = cached_dataset
+
+    def workers(**settings):
+        module = CaptionDataModule(karpathy, karpathy.parent, feature_cache=cache, min_count=1,
+                                   **settings)
+        module.setup("fit")
+        return module.train_dataloader().num_workers, module.val_dataloader().num_workers
+
+    assert workers() == workers(preload_features=True) == (4, 4)
+    assert workers(preload_features="device") == (0, 0)
+    assert workers(preload_features="device", num_workers=2) == (2, 2)
+    assert workers(num_workers=0) == (0, 0)
+
+
+def test_lightning_advises_no_workers_for_the_loaders_that_need_none(cached_dataset,
+                                                                      monkeypatch):
+    """Its advice stays for a user's own ``num_workers: 0`` (images, say), where it may help."""
+    import warnings
+    from types import SimpleNamespace
+
+    from lightning.pytorch.trainer.connectors import data_connector
+
+    karpathy, cache, _ = cached_dataset
+    monkeypatch.setattr(data_connector, "suggested_max_num_workers", lambda devices: 8)
+    trainer = SimpleNamespace(num_devices=1, reload_dataloaders_every_n_epochs=0)
+
+    def advice(**settings) -> list[str]:
+        module = CaptionDataModule(karpathy, karpathy.parent, feature_cache=cache, min_count=1,
+                                   **settings)
+        module.setup("fit")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            data_connector._worker_check(trainer, module.train_dataloader(), "train_dataloader")
+        return [str(w.message) for w in caught if "many workers" in str(w.message)]
+
+    assert len(advice(num_workers=0)) == 1
+    assert advice(preload_features="device") == []

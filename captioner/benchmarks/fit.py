@@ -236,9 +236,12 @@ def _step_timer(warmup_steps: int):
     return StepTimer()
 
 
-def time_loader(datamodule, batches: int) -> float:
+def time_loader(datamodule, batches: int) -> tuple[float, float]:
     """Milliseconds per training batch of the input pipeline alone (no model), after one
-    batch to start the workers; at most ``batches``, and no more than one epoch holds.
+    batch to start the workers; at most ``batches``, and no more than one epoch holds. Two
+    times: elapsed, and the CPU time of the calling thread, the training loop's own share of
+    the pipeline (with workers, receiving their batches), which a step bound by launching
+    kernels pays in full.
 
     Raises:
         ValueError: an epoch of one batch (:func:`min_images` says how many images avoid it).
@@ -251,10 +254,11 @@ def time_loader(datamodule, batches: int) -> float:
     batches = min(batches, len(loader) - 1)
     loader = iter(loader)
     next(loader)
-    start = time.perf_counter()
+    start, thread_start = time.perf_counter(), time.thread_time()
     for _ in range(batches):
         next(loader)
-    return 1000.0 * (time.perf_counter() - start) / batches
+    elapsed, thread = time.perf_counter() - start, time.thread_time() - thread_start
+    return 1000.0 * elapsed / batches, 1000.0 * thread / batches
 
 
 def time_fit(mapping: str, args: argparse.Namespace, karpathy: Path, cache: Path,
@@ -265,13 +269,13 @@ def time_fit(mapping: str, args: argparse.Namespace, karpathy: Path, cache: Path
 
     cli = build_cli(_fit_arguments(mapping, args, karpathy, cache, runs), run=False)
     workers = _loader_workers(cli.datamodule, args.num_workers)
-    loader_ms = time_loader(cli.datamodule, min(args.steps, 200))
+    loader_ms, loop_ms = time_loader(cli.datamodule, min(args.steps, 200))
     timer = _step_timer(args.warmup_steps)
     cli.trainer.callbacks.append(timer)
     _, grids, fallback = counting_device_solver(
         lambda: cli.trainer.fit(cli.model, datamodule=cli.datamodule))
     return {"fit_ms": 1000.0 * timer.seconds / timer.steps, "steps": timer.steps,
-            "loader_ms": loader_ms,
+            "loader_ms": loader_ms, "loop_ms": loop_ms,
             # Lightning moves the module back to the CPU when fit ends.
             "module": cli.model, "device": cli.trainer.strategy.root_device,
             "grids": grids, "fallback": fallback, "workers": workers,
@@ -285,7 +289,7 @@ def _loader_workers(datamodule, given: int | None) -> str:
     epoch's start)."""
     if given is not None:
         return str(given)
-    config, usable = datamodule.hparams.num_workers, len(os.sched_getaffinity(0))
+    config, usable = datamodule.loader_workers, len(os.sched_getaffinity(0))
     if config <= usable:
         return f"{config} (the config's)"
     datamodule.hparams.num_workers = usable  # read when the loaders are made, after this
@@ -340,7 +344,7 @@ def main(argv: list[str]) -> int:
             fit = time_fit(mapping, args, karpathy, cache, Path(scratch) / "runs")
             model_ms = time_model_step(fit["module"].to(fit["device"]), args)
             rows[mapping] = {"fit_ms": fit["fit_ms"], "model_ms": model_ms,
-                             "loader_ms": fit["loader_ms"],
+                             "loader_ms": fit["loader_ms"], "loop_ms": fit["loop_ms"],
                              "device": str(fit["device"]), "steps": fit["steps"],
                              "grids": fit["grids"], "fallback": fit["fallback"],
                              "workers": fit["workers"], "precision": fit["precision"]}
@@ -358,17 +362,20 @@ def _report(rows: dict[str, dict], args: argparse.Namespace) -> str:
         f"{precision}, loader workers {first['workers']}, float32 matmul "
         f"{args.float32_matmul_precision}, preload {args.preload_features}; "
         f"steps {args.warmup_steps + 1}-{args.steps} timed",
-        f"{'mapping':<10}{'loader it/s':>12}{'fit it/s':>10}{'fit ms':>9}{'model ms':>10}"
-        f"{'fit/model':>11}{'COCO epoch min':>16}{f'{PAPER_EPOCHS} epochs h':>13}",
+        f"{'mapping':<10}{'loader it/s':>12}{'loop ms':>9}{'fit it/s':>10}{'fit ms':>9}"
+        f"{'model ms':>10}{'fit/model':>11}{'COCO epoch min':>16}{f'{PAPER_EPOCHS} epochs h':>13}",
     ]
     for mapping, row in rows.items():
         epoch_min = row["fit_ms"] * steps_per_epoch / 60_000
         lines.append(
-            f"{mapping:<10}{1000 / row['loader_ms']:>12.1f}{1000 / row['fit_ms']:>10.1f}"
+            f"{mapping:<10}{1000 / row['loader_ms']:>12.1f}{row['loop_ms']:>9.3f}"
+            f"{1000 / row['fit_ms']:>10.1f}"
             f"{row['fit_ms']:>9.1f}{row['model_ms']:>10.1f}"
             f"{row['fit_ms'] / row['model_ms']:>10.2f}x"
             f"{epoch_min:>16.1f}{epoch_min * PAPER_EPOCHS / 60:>13.1f}"
         )
+    lines.append("loop ms: the training thread's CPU time per loader batch (with workers, to "
+                 "receive it)")
     lines.append(f"COCO epoch: {COCO_TRAIN_PAIRS:,} caption pairs = {steps_per_epoch:,} steps, "
                  "training only (no validation)")
     lines += [f"{mapping}: TVmax device solver left {row['fallback']} of {row['grids']} grids "
