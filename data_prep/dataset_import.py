@@ -258,7 +258,8 @@ def _read_jsonl(path: Path, log: ProblemLog) -> list[CaptionRecord]:
             continue
         where = f"{path.name} line {number}"
         try:
-            record = json.loads(line)
+            # Without its line end, which would otherwise be the column of a cut-off record.
+            record = json.loads(line.rstrip("\r\n"))
         except json.JSONDecodeError as exc:
             log.add("malformed_record", where, f"{path} line {number}: not valid JSON "
                     f"({exc.msg} at column {exc.colno})", where=where, order=number)
