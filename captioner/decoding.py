@@ -34,6 +34,7 @@ Call ``decoder.eval()`` first: decoding with dropout active is rarely what is wa
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -316,35 +317,28 @@ def beam_search(
         input_next = torch.cat([input_history, step.input_attention.unsqueeze(1)], dim=1)
         flat_scores = beam_scores.view(-1)
 
-        stuck = torch.isfinite(flat_scores) & ~torch.isfinite(log_probs).any(dim=-1)
-        pool.add(
-            image_of_row[stuck],
-            history[stuck],
-            output_history[stuck],
-            input_history[stuck],
-            flat_scores[stuck],
-            t,
-        )
+        # Log-probs and beam scores are finite or -inf, so "> -inf" tests finiteness in one
+        # kernel (torch.isfinite launches four); one nonzero (a host sync) serves the indexing.
+        stuck = (flat_scores > -math.inf) & (log_probs.amax(dim=-1) == -math.inf)
+        rows = stuck.nonzero().squeeze(1)
+        if rows.numel():
+            pool.add(image_of_row[rows], history[rows], output_history[rows],
+                     input_history[rows], flat_scores[rows], t)
 
         expanded = (flat_scores.unsqueeze(1) + log_probs).view(active.numel(), -1)
         top_scores, top_index = expanded.topk(candidates, dim=1)
         first_row = (torch.arange(active.numel(), device=device) * beams).unsqueeze(1)
         source_row = first_row + torch.div(top_index, vocab_size, rounding_mode="floor")
         words = top_index % vocab_size
-        valid = torch.isfinite(top_scores)
+        valid = top_scores > -math.inf
         is_end = words == end_id
 
         finishing = valid & is_end & (rank < beams)
         image_idx, cand_idx = finishing.nonzero(as_tuple=True)
-        rows = source_row[image_idx, cand_idx]
-        pool.add(
-            active[image_idx],
-            history[rows],
-            output_history[rows],
-            input_history[rows],
-            top_scores[image_idx, cand_idx],
-            t + 1,
-        )
+        if image_idx.numel():
+            rows = source_row[image_idx, cand_idx]
+            pool.add(active[image_idx], history[rows], output_history[rows],
+                     input_history[rows], top_scores[image_idx, cand_idx], t + 1)
 
         # The best beam_size continuing candidates (fewer when a sparse mapping or trigram
         # blocking leaves fewer finite ones; the missing beams become dead, score -inf).
@@ -355,10 +349,11 @@ def beam_search(
         rows = source_row.gather(1, order).view(-1)
 
         # Images with beam_size finished hypotheses or no live beam leave the search.
-        remaining = (pool.counts[active] < beams) & torch.isfinite(beam_scores).any(dim=1)
-        if not bool(remaining.any()):
+        remaining = (pool.counts[active] < beams) & (beam_scores > -math.inf).any(dim=1)
+        still_searched = int(remaining.sum())  # the step's last host sync
+        if not still_searched:
             return pool.best()
-        if not bool(remaining.all()):
+        if still_searched < active.numel():
             kept = remaining.nonzero().squeeze(1)
             kept_rows = (kept.unsqueeze(1) * beams + beam_offsets).view(-1)
             active, beam_scores = active[kept], beam_scores[kept]
@@ -371,7 +366,7 @@ def beam_search(
         output_history, input_history = output_next[rows], input_next[rows]
         state = step.state.index_select(rows)
 
-    live = torch.isfinite(beam_scores.view(-1))
+    live = beam_scores.view(-1) > -math.inf
     pool.add(
         active.repeat_interleave(beams)[live],
         history[live],

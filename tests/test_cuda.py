@@ -86,6 +86,31 @@ def test_beam_search_on_cuda_matches_cpu(output_attention):
         torch.testing.assert_close(got.output_attention.cpu(), expected.output_attention)
 
 
+def test_beam_search_reads_the_device_at_most_three_times_a_step():
+    """Which beams are stuck, which finish, how many images are still searched: one host read
+    each per word (the attention checks are read once, at the end). The end token is banned,
+    so that every search runs ``max_length`` words, and the difference of two lengths leaves
+    out what a search reads once."""
+    import warnings
+
+    decoder = small_decoder().eval().cuda()
+    features = random_batch(batch=4)[0].cuda()
+
+    def reads(max_length: int) -> int:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                beam_search(decoder, features, start_id=START, end_id=END, beam_size=3,
+                            max_length=max_length, banned_ids=(END,))
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return sum("synchroniz" in str(warning.message) for warning in caught)
+
+    reads(4)  # CUDA's lazy start-up is not the search's
+    assert 0 < reads(8) - reads(4) <= 3 * 4
+
+
 def test_captioner_on_cuda_matches_cpu(tiny_checkpoint, synthetic_data):
     from captioner.inference import Captioner
     from data_prep.karpathy import load_karpathy
