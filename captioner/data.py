@@ -17,6 +17,7 @@ Batches are dicts:
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from collections.abc import Iterator
 from functools import cached_property
@@ -211,9 +212,8 @@ class CaptionPairs(Dataset):
         self.lengths = np.array([len(caption) for caption in encoded], dtype=np.int64)
         width = int(self.lengths.max(initial=0))
         self.captions = np.full((len(encoded), width), Vocabulary.PAD_ID, dtype=np.int64)
-        self.captions[np.arange(width) < self.lengths[:, None]] = [
-            token for caption in encoded for token in caption
-        ]
+        self.captions[np.arange(width) < self.lengths[:, None]] = np.fromiter(
+            itertools.chain.from_iterable(encoded), dtype=np.int64, count=self.lengths.sum())
 
     def __len__(self) -> int:
         return len(self.image_index)
