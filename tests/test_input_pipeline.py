@@ -180,9 +180,13 @@ def test_pin_memory_follows_the_setting(cached_dataset):
 # 12 images x 5 captions = 15 batches of 4: 20 steps run into a second epoch, and the loader
 # alone is timed on the first epoch's batches only.
 @pytest.mark.parametrize(("steps", "warmup"), [(4, 1), (20, 0)])
-def test_bench_fit_times_a_real_fit_against_the_model(tmp_path, capsys, steps, warmup):
-    from captioner.benchmarks import fit
+def test_bench_fit_times_a_real_fit_against_the_model(tmp_path, capsys, monkeypatch, steps,
+                                                      warmup):
+    from captioner.benchmarks import fit, model
 
+    model_steps = []
+    step = model.train_step
+    monkeypatch.setattr(model, "train_step", lambda *a, **k: model_steps.append(step(*a, **k)))
     assert fit.main(["--images", "12", "--grid", "2", "--vocab-size", "30", "--batch-size", "4",
                      "--steps", str(steps), "--warmup-steps", str(warmup), "--mappings", "softmax",
                      "--num-workers", "0", "--accelerator", "cpu",
@@ -194,6 +198,8 @@ def test_bench_fit_times_a_real_fit_against_the_model(tmp_path, capsys, steps, w
     assert len(values) == 8 and all(v > 0 for v in values)
     assert "COCO epoch: 566,747 caption pairs = 141,687 steps" in out
     assert f"steps {warmup + 1}-{steps} timed" in out
+    # The model's own step is averaged over as many steps as the fit's, after 3 untimed.
+    assert len(model_steps) == 3 + steps - warmup
     # Without --precision, the precision that the config gave the fit.
     assert ", precision 32-true (the config's), loader workers 0, " in out
     assert "loop ms: the training thread's CPU time per loader batch" in out

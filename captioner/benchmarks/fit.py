@@ -296,11 +296,12 @@ def _loader_workers(datamodule, given: int | None) -> str:
     return f"{usable} (the config's {config}, capped at the usable CPUs)"
 
 
-def time_model_step(module, args: argparse.Namespace, repeats: int = 30) -> float:
+def time_model_step(module, args: argparse.Namespace, steps: int) -> float:
     """Milliseconds of the model's own training step on one resident batch of the fit's shape
     and precision: the step of ``captioner fit`` (forward from float16 features, loss,
     backward, the module's gradient clipping, Adam, one host sync for the deferred checks)
-    without the input pipeline and without Lightning."""
+    without the input pipeline and without Lightning, averaged over ``steps`` steps: as many
+    as the fit's timer took, so that fit/model compares averages of equal length."""
     import torch
 
     from captioner.benchmarks.model import train_step
@@ -326,10 +327,10 @@ def time_model_step(module, args: argparse.Namespace, repeats: int = 30) -> floa
         step()
     sync()
     start = time.perf_counter()
-    for _ in range(repeats):
+    for _ in range(steps):
         step()
     sync()
-    return 1000.0 * (time.perf_counter() - start) / repeats
+    return 1000.0 * (time.perf_counter() - start) / steps
 
 
 def main(argv: list[str]) -> int:
@@ -342,7 +343,7 @@ def main(argv: list[str]) -> int:
         rows = {}
         for mapping in args.mappings:
             fit = time_fit(mapping, args, karpathy, cache, Path(scratch) / "runs")
-            model_ms = time_model_step(fit["module"].to(fit["device"]), args)
+            model_ms = time_model_step(fit["module"].to(fit["device"]), args, fit["steps"])
             rows[mapping] = {"fit_ms": fit["fit_ms"], "model_ms": model_ms,
                              "loader_ms": fit["loader_ms"], "loop_ms": fit["loop_ms"],
                              "device": str(fit["device"]), "steps": fit["steps"],
