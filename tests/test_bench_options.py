@@ -98,15 +98,21 @@ def test_the_fit_lowers_the_configs_workers_to_the_usable_cpus(monkeypatch):
     """More workers than CPUs only contend for them (and torch warns at length)."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
 
-    def datamodule(workers):
-        return SimpleNamespace(hparams=SimpleNamespace(num_workers=None), loader_workers=workers)
+    def datamodule(workers, config=None):
+        return SimpleNamespace(hparams=SimpleNamespace(num_workers=config), loader_workers=workers)
 
-    four = datamodule(4)
-    assert fit._loader_workers(four, None) == "2 (the config's 4, capped at the usable CPUs)"
+    four = datamodule(4)  # the DataModule's default, the config saying null
+    assert fit._loader_workers(four, None) == "2 (the default 4, capped at the usable CPUs)"
     assert four.hparams.num_workers == 2
-    one = datamodule(1)
+    eight = datamodule(8, config=8)
+    assert fit._loader_workers(eight, None) == "2 (the config's 8, capped at the usable CPUs)"
+    assert eight.hparams.num_workers == 2
+    none = datamodule(0)  # the default with device-held features
+    assert fit._loader_workers(none, None) == "0 (the default)"
+    assert none.hparams.num_workers is None
+    one = datamodule(1, config=1)
     assert fit._loader_workers(one, None) == "1 (the config's)"
-    assert one.hparams.num_workers is None
+    assert one.hparams.num_workers == 1
     given = datamodule(4)  # --num-workers 3 is in the fit's own arguments already
     assert fit._loader_workers(given, 3) == "3" and given.hparams.num_workers is None
 
