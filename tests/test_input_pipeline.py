@@ -192,7 +192,8 @@ def test_bench_fit_times_a_real_fit_against_the_model(tmp_path, capsys, monkeypa
                      "--num-workers", "0", "--accelerator", "cpu",
                      "--data", str(tmp_path / "data")]) == 0
     out = capsys.readouterr().out
-    header, row = [line for line in out.splitlines() if line.startswith(("mapping", "softmax"))]
+    header, row = [line for line in out.splitlines()
+                   if line.startswith(("mapping", "softmax ")) and "phases" not in line]
     assert header.split()[:6] == ["mapping", "loader", "it/s", "loop", "ms", "fit"]
     values = [float(v.rstrip("x")) for v in row.split()[1:]]
     assert len(values) == 8 and all(v > 0 for v in values)
@@ -203,6 +204,18 @@ def test_bench_fit_times_a_real_fit_against_the_model(tmp_path, capsys, monkeypa
     # Without --precision, the precision that the config gave the fit.
     assert ", precision 32-true (the config's), loader workers 0, " in out
     assert "loop ms: the training thread's CPU time per loader batch" in out
+    # The phases of the fit's steps add up to its time a step, those of the model's own step to
+    # its time but the loop's few microseconds.
+    phases = next(line for line in out.splitlines() if line.startswith("softmax phases"))
+    fit_part, model_part = phases.split(": ", 1)[1].split("; ")
+    fit_phases = dict(item.rsplit(" ", 1) for item in fit_part.removeprefix("fit ").split(", "))
+    model_phases = dict(item.rsplit(" ", 1) for item in model_part.removeprefix("model ")
+                        .split(", "))
+    assert list(fit_phases) == ["forward+loss", "backward", "optimizer", "between steps"]
+    assert list(model_phases) == ["forward+loss", "backward", "optimizer", "checks"]
+    fit_ms, model_ms = values[3], values[4]
+    assert sum(map(float, fit_phases.values())) == pytest.approx(fit_ms, rel=0.01, abs=0.02)
+    assert sum(map(float, model_phases.values())) == pytest.approx(model_ms, rel=0.1)
     # The data are written once and reused.
     settings = json.loads((tmp_path / "data" / "settings.json").read_text())
     assert settings == {"images": 12, "grid": 2, "channels": 2048, "vocab_size": 30, "seed": 0}
@@ -219,15 +232,23 @@ def test_bench_fit_times_the_steps_up_to_the_end_of_the_last_one(monkeypatch):
     timer = fit._step_timer(warmup_steps=2)
     trainer = SimpleNamespace(global_step=0, max_steps=6)
     module = SimpleNamespace(device=torch.device("cpu"))
-    for step in range(6):  # a second each
+    for step in range(6):  # a second each, then 0.125 s to the next
         trainer.global_step = step
         timer.on_train_batch_start(trainer, module, None, step)
-        now[0] += 1.0
+        now[0] += 0.25
+        timer.on_before_backward(trainer, module, None)
+        now[0] += 0.5
+        timer.on_after_backward(trainer, module)
+        now[0] += 0.25
         trainer.global_step = step + 1
         timer.on_train_batch_end(trainer, module, None, None, step)
+        now[0] += 0.125
     now[0] += 100.0  # the epoch's end: a checkpoint written
     timer.on_train_end(trainer, module)
-    assert (timer.seconds, timer.steps) == (4.0, 4)
+    assert (timer.seconds, timer.steps) == (4.375, 4)
+    # Steps 3-6, and the 3 gaps between them.
+    assert timer.phase_seconds == {"forward+loss": 1.0, "backward": 2.0, "optimizer": 1.0,
+                                   "between steps": 0.375}
 
 
 def test_the_loaders_build_device_batches_in_the_training_process_unless_told(cached_dataset):

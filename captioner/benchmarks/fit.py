@@ -208,10 +208,18 @@ def _fit_arguments(mapping: str, args: argparse.Namespace, karpathy: Path, cache
     return arguments
 
 
+# Where the host spends a fit's step, between Lightning's hooks: the training step (forward
+# and loss), backward, the rest of the step (clipping, the optimizer), and from its end to the
+# next step's start (the module reading its checks back, Lightning's loop, the next batch).
+FIT_PHASES = ("forward+loss", "backward", "optimizer", "between steps")
+
+
 def _step_timer(warmup_steps: int):
     """A callback timing the training steps after ``warmup_steps`` up to the end of the last
     one (one sync at each end): what the fit does once it has stepped, such as writing its
-    checkpoint at the end of the epoch, is left out."""
+    checkpoint at the end of the epoch, is left out. Between those ends it also sums the host
+    time of each of :data:`FIT_PHASES` (``phase_seconds``), by the clock at Lightning's hooks
+    with no sync added."""
     import lightning as L
     import torch
 
@@ -219,20 +227,39 @@ def _step_timer(warmup_steps: int):
         def __init__(self) -> None:
             self.start = self.seconds = None
             self.steps = 0
+            self.phase_seconds = dict.fromkeys(FIT_PHASES, 0.0)
+            self._last = None
 
         def _now(self, module) -> float:
             if module.device.type == "cuda":
                 torch.cuda.synchronize(module.device)
             return time.perf_counter()
 
+        def _phase_ends(self, phase: str) -> None:
+            if self._last is not None:
+                now = time.perf_counter()
+                self.phase_seconds[phase] += now - self._last
+                self._last = now
+
         def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
             if trainer.global_step == warmup_steps and self.start is None:
                 self.start, self.first_step = self._now(module), trainer.global_step
+                self._last = self.start
+            else:
+                self._phase_ends("between steps")
+
+        def on_before_backward(self, trainer, module, loss) -> None:
+            self._phase_ends("forward+loss")
+
+        def on_after_backward(self, trainer, module) -> None:
+            self._phase_ends("backward")
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+            self._phase_ends("optimizer")
             if self.start is not None and trainer.global_step == trainer.max_steps:
                 self.seconds = self._now(module) - self.start
                 self.steps = trainer.global_step - self.first_step
+                self._last = None
 
     return StepTimer()
 
@@ -276,6 +303,8 @@ def time_fit(mapping: str, args: argparse.Namespace, karpathy: Path, cache: Path
     _, grids, fallback = counting_device_solver(
         lambda: cli.trainer.fit(cli.model, datamodule=cli.datamodule))
     return {"fit_ms": 1000.0 * timer.seconds / timer.steps, "steps": timer.steps,
+            "fit_phases_ms": {phase: 1000.0 * seconds / timer.steps
+                              for phase, seconds in timer.phase_seconds.items()},
             "loader_ms": loader_ms, "loop_ms": loop_ms,
             # Lightning moves the module back to the CPU when fit ends.
             "module": cli.model, "device": cli.trainer.strategy.root_device,
@@ -299,15 +328,16 @@ def _loader_workers(datamodule, given: int | None) -> str:
     return f"{usable} ({source} {workers}, capped at the usable CPUs)"
 
 
-def time_model_step(module, args: argparse.Namespace, steps: int) -> float:
+def time_model_step(module, args: argparse.Namespace, steps: int) -> tuple[float, dict]:
     """Milliseconds of the model's own training step on one resident batch of the fit's shape
     and precision: the step of ``captioner fit`` (forward from float16 features, loss,
     backward, the module's gradient clipping, Adam, one host sync for the deferred checks)
     without the input pipeline and without Lightning, averaged over ``steps`` steps: as many
-    as the fit's timer took, so that fit/model compares averages of equal length."""
+    as the fit's timer took, so that fit/model compares averages of equal length. Also the
+    host milliseconds of each of ``STEP_PHASES`` (no sync added), per step."""
     import torch
 
-    from captioner.benchmarks.model import train_step
+    from captioner.benchmarks.model import STEP_PHASES, train_step
 
     device, hp = module.device, module.hparams
     optimizer = torch.optim.Adam([p for p in module.parameters() if p.requires_grad],
@@ -319,21 +349,31 @@ def time_model_step(module, args: argparse.Namespace, steps: int) -> float:
                              generator=generator).to(device)
     bf16 = args.precision is not None and args.precision.startswith("bf16")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    phase_seconds = dict.fromkeys(STEP_PHASES, 0.0)
+    last = [0.0]
+
+    def mark(phase: str) -> None:
+        now = time.perf_counter()
+        phase_seconds[phase] += now - last[0]
+        last[0] = now
 
     def step() -> None:
         autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else None
+        last[0] = time.perf_counter()
         train_step(module.model, optimizer, features, captions, output_mapping=hp.output_mapping,
-                   clip_norm=hp.gradient_clip_norm, autocast=autocast)
+                   clip_norm=hp.gradient_clip_norm, autocast=autocast, mark=mark)
 
     module.train()
     for _ in range(3):
         step()
     sync()
+    phase_seconds.update(dict.fromkeys(STEP_PHASES, 0.0))
     start = time.perf_counter()
     for _ in range(steps):
         step()
     sync()
-    return 1000.0 * (time.perf_counter() - start) / steps
+    phases_ms = {phase: 1000.0 * seconds / steps for phase, seconds in phase_seconds.items()}
+    return 1000.0 * (time.perf_counter() - start) / steps, phases_ms
 
 
 def main(argv: list[str]) -> int:
@@ -346,8 +386,11 @@ def main(argv: list[str]) -> int:
         rows = {}
         for mapping in args.mappings:
             fit = time_fit(mapping, args, karpathy, cache, Path(scratch) / "runs")
-            model_ms = time_model_step(fit["module"].to(fit["device"]), args, fit["steps"])
+            model_ms, model_phases_ms = time_model_step(fit["module"].to(fit["device"]), args,
+                                                        fit["steps"])
             rows[mapping] = {"fit_ms": fit["fit_ms"], "model_ms": model_ms,
+                             "fit_phases_ms": fit["fit_phases_ms"],
+                             "model_phases_ms": model_phases_ms,
                              "loader_ms": fit["loader_ms"], "loop_ms": fit["loop_ms"],
                              "device": str(fit["device"]), "steps": fit["steps"],
                              "grids": fit["grids"], "fallback": fit["fallback"],
@@ -382,6 +425,17 @@ def _report(rows: dict[str, dict], args: argparse.Namespace) -> str:
                  "receive it)")
     lines.append(f"COCO epoch: {COCO_TRAIN_PAIRS:,} caption pairs = {steps_per_epoch:,} steps, "
                  "training only (no validation)")
+    for mapping, row in rows.items():
+        lines.append(f"{mapping} phases, ms a step: fit {_phases(row['fit_phases_ms'])}; model "
+                     f"{_phases(row['model_phases_ms'])}")
+    lines.append("phases: the host's time between Lightning's hooks (fit) and in the model's own "
+                 "step, no sync added: a step bound by launching kernels spends its time where "
+                 "they are launched, one bound by the GPU where the host waits for it (the "
+                 "checks; in the fit they are read between steps)")
     lines += [f"{mapping}: TVmax device solver left {row['fallback']} of {row['grids']} grids "
               "to the CPU solver" for mapping, row in rows.items() if row["grids"]]
     return "\n".join(lines)
+
+
+def _phases(milliseconds: dict[str, float]) -> str:
+    return ", ".join(f"{phase} {ms:.2f}" for phase, ms in milliseconds.items())

@@ -37,6 +37,9 @@ HELP = "time a training step and batched beam search per attention mapping, as r
 DEFAULT_MAPPINGS = ("softmax", "sparsemax", "tvmax")
 START_ID, END_ID = 1, 2
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+# The phases of train_step, in order: the loss, backward, clipping and the optimizer step, and
+# reading the deferred checks back (where the host waits for the device).
+STEP_PHASES = ("forward+loss", "backward", "optimizer", "checks")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -111,11 +114,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def train_step(model, optimizer, inputs, captions, *, output_mapping: str = "softmax",
-               clip_norm: float | None = None, autocast=None) -> None:
+               clip_norm: float | None = None, autocast=None,
+               mark: Callable[[str], None] | None = None) -> None:
     """One training step as ``captioner fit`` takes it: the teacher-forced loss of
     ``output_mapping`` (under ``autocast``, a context manager, when given) with its input
     checks deferred, backward, the gradient norm clipped to ``clip_norm`` when given, an
-    optimizer step, and then the checks read back (the step's one host sync)."""
+    optimizer step, and then the checks read back (the step's one host sync). ``mark``, when
+    given, is called with each of :data:`STEP_PHASES` as that phase ends."""
     import contextlib
 
     import torch
@@ -123,14 +128,19 @@ def train_step(model, optimizer, inputs, captions, *, output_mapping: str = "sof
     from captioner.attention import DeferredChecks
     from captioner.losses import teacher_forced_loss
 
+    mark = mark or (lambda phase: None)
     with DeferredChecks() as checks, autocast or contextlib.nullcontext():
         loss = teacher_forced_loss(model, inputs, captions, output_mapping=output_mapping)
+    mark("forward+loss")
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    mark("backward")
     if clip_norm is not None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
     optimizer.step()
+    mark("optimizer")
     checks.raise_first()
+    mark("checks")
 
 
 class _Runner:
