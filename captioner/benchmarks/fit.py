@@ -9,7 +9,9 @@ also times the input pipeline alone (the training DataLoader, no model) and, in 
 the model's own training step on one resident batch of the same shape (the fit's step, gradient
 clipping and deferred checks included, without data loading and without Lightning), so that
 fit/model says how much of a real step the input pipeline and the trainer add: at 1.00x they
-are hidden entirely.
+are hidden entirely. Where they add it shows in the phases of a step, timed by the host's clock
+with no sync added: the fit's between Lightning's hooks (forward and loss, backward, optimizer,
+between steps), the model's own around the same calls (and the checks read back).
 """
 
 from __future__ import annotations
