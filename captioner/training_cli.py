@@ -17,7 +17,6 @@ On top of Lightning's CLI over :class:`CaptioningModule` and :class:`CaptionData
 
 from __future__ import annotations
 
-import itertools
 import logging
 import sys
 import warnings
@@ -44,6 +43,7 @@ from captioner.training_runs import (
     RunInUse,
     RunLock,
     SaveConfigOnceRestored,
+    claim_evaluation_folder,
     hold_metrics_for_resume,
     latest_resumable,
     new_version,
@@ -51,7 +51,7 @@ from captioner.training_runs import (
     version_number,
 )
 from data_prep.features import FeatureCache
-from data_prep.files import check_output_dir
+from data_prep.files import check_output_dir, let_go
 
 CHECKPOINT_DEFAULTS = {
     "checkpoint.monitor": "val/CIDEr",
@@ -131,6 +131,8 @@ class CaptionerCLI(LightningCLI):
         self._resumed_run: Path | None = None  # the run folder fit resumes into
         self._new_root: Path | None = None  # the runs folder, when this command makes it
         self._run_lock: RunLock | None = None  # fit's hold on its run folder (before_fit)
+        self._evaluated_run: Path | None = None  # the run whose checkpoint validate/test score
+        self._evaluation_hold: int | None = None  # their hold on their folder in that run
         self._config_keys: dict[str | None, list[str]] = {}  # _keys_set_by, per --config
         super().__init__(*args, **kwargs)
 
@@ -157,6 +159,8 @@ class CaptionerCLI(LightningCLI):
             # write into the run, come first.
             if self._run_lock is not None:
                 self._run_lock.release()
+            if self._evaluation_hold is not None:
+                let_go(self._evaluation_hold)
 
     def _after_interrupt(self, subcommand: str) -> str:
         if subcommand != "fit":
@@ -366,7 +370,7 @@ class CaptionerCLI(LightningCLI):
             init_args["version"] = self._resume_version
         ckpt_path = config.get("ckpt_path")
         if subcommand in ("validate", "test") and ckpt_path:
-            _log_beside_the_run(init_args, Path(ckpt_path), subcommand)
+            self._evaluated_run = _log_beside_the_run(init_args, Path(ckpt_path), subcommand)
             # They log into version_N/<subcommand>/, so the best-checkpoint callback restored
             # from the run warns that its folder changed: true, and of no use to them.
             warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
@@ -393,12 +397,25 @@ class CaptionerCLI(LightningCLI):
     def before_validate(self) -> None:
         if self.trainer.is_global_zero:
             self._make_new_version()
+            self._claim_evaluation_folder()
         # First: SaveConfigOnceRestored writes config.yaml at setup, and the guard must see
         # the logger's new folder still empty to know it is this command's.
         self.trainer.callbacks.insert(0, EvaluationGuard(self._new_root))
 
     def before_test(self) -> None:
         self.before_validate()
+
+    def _claim_evaluation_folder(self) -> None:
+        """Give validate / test of a run's checkpoint the first folder beside the run that no
+        earlier or running evaluation holds (:func:`claim_evaluation_folder`), held until the
+        command ends. The other DDP processes keep ``version_N/<subcommand>``: they write
+        nothing."""
+        if self._evaluated_run is None:
+            return
+        name, self._evaluation_hold = claim_evaluation_folder(self._evaluated_run,
+                                                              self.subcommand)
+        # The loggers read their private _version on first use (as in _make_new_version).
+        self.trainer.logger._version = f"{self._evaluated_run.name}/{name}"
 
     def _make_new_version(self) -> Path | None:
         """Give a logger that is to pick a new ``version_N`` the one :func:`new_version` makes
@@ -457,19 +474,18 @@ class CaptionerCLI(LightningCLI):
         return "\n".join(line for line in lines if line)
 
 
-def _log_beside_the_run(init_args, checkpoint: Path, subcommand: str) -> None:
-    """Log validate / test of a checkpoint of ``ROOT/NAME/version_N/checkpoints/`` into
-    ``ROOT/NAME/version_N/<subcommand>/`` instead of a new run version; when an earlier one
-    logged its metrics there, into ``<subcommand>_2/``, ``_3/``, ... (the CSV logger would
-    delete them)."""
+def _log_beside_the_run(init_args, checkpoint: Path, subcommand: str) -> Path | None:
+    """Log validate / test of a checkpoint of ``ROOT/NAME/version_N/checkpoints/`` into that
+    run's folder instead of a new run version, and return the run's folder (else None). The
+    logger's version says ``version_N/<subcommand>`` until the process of global rank 0, the
+    one that logs, claims its folder there (:meth:`CaptionerCLI.before_validate`)."""
     folder = checkpoint.resolve().parent
-    if folder.name == "checkpoints" and version_number(folder.parent) is not None:
-        init_args["save_dir"] = str(folder.parents[2])
-        init_args["name"] = folder.parents[1].name
-        names = (subcommand if k == 1 else f"{subcommand}_{k}" for k in itertools.count(1))
-        free = next(name for name in names
-                    if not (folder.parent / name / "metrics.csv").exists())
-        init_args["version"] = f"{folder.parent.name}/{free}"
+    if folder.name != "checkpoints" or version_number(folder.parent) is None:
+        return None
+    init_args["save_dir"] = str(folder.parents[2])
+    init_args["name"] = folder.parents[1].name
+    init_args["version"] = f"{folder.parent.name}/{subcommand}"
+    return folder.parent
 
 
 class GivenOption(NamedTuple):

@@ -20,6 +20,7 @@ a new shuffle.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import random
 import re
@@ -240,6 +241,37 @@ class RunLock:
         if self._fd is not None:
             let_go(self._fd)
         self._fd = None
+
+
+def claim_evaluation_folder(run: Path, subcommand: str) -> tuple[str, int | None]:
+    """The folder beside the run ``run`` (``ROOT/NAME/version_N``) that ``validate`` or
+    ``test`` of one of its checkpoints logs into, made and held: the first of
+    ``<subcommand>``, ``<subcommand>_2``, ... that holds no ``metrics.csv`` of an earlier one
+    (the CSV logger would delete it) and that no other evaluation holds now, so that two
+    started together write into two folders. The hold is an exclusive ``flock`` on the
+    folder, which the kernel drops when the process ends.
+
+    Returns:
+        The folder's name and the descriptor of the hold, for :func:`let_go` once the
+        evaluation ends (None where the file system cannot lock a folder, NFS: there two
+        evaluations started together may still share one).
+    """
+    for k in itertools.count(1):
+        name = subcommand if k == 1 else f"{subcommand}_{k}"
+        folder = run / name
+        if (folder / "metrics.csv").exists():
+            continue
+        folder.mkdir(exist_ok=True)
+        try:
+            fd = hold_exclusively(folder)
+        except OSError:
+            return name, None
+        if fd is None:  # another evaluation is logging there now
+            continue
+        if (folder / "metrics.csv").exists():  # one that ended between the two looks
+            let_go(fd)
+            continue
+        return name, fd
 
 
 def latest_resumable(root: Path, name: str) -> tuple[int, Path] | None:

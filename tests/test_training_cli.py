@@ -330,6 +330,58 @@ def test_validate_and_test_take_a_cli_checkpoint_and_best(synthetic_data, tiny_c
         "last.ckpt")
 
 
+def test_an_evaluation_logging_in_a_run_sends_another_one_beside_it(synthetic_data, tiny_cache,
+                                                                    tmp_path, monkeypatch):
+    """Two tests of one run's checkpoint started together write into two folders."""
+    from data_prep.files import hold_exclusively, let_go
+
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    run = tmp_path / "runs" / "demo_softmax" / "version_0"
+    (run / "test").mkdir()
+    running = hold_exclusively(run / "test")  # another `captioner test` of the run, scoring
+    try:
+        assert lightning_main(["test", *args, "--ckpt_path", "best"]) == 0
+    finally:
+        let_go(running)
+    assert not any((run / "test").iterdir())
+    assert list(csv.DictReader((run / "test_2" / "metrics.csv").open()))[0]["test/CIDEr"]
+    # The command let go of its folder when it ended.
+    held = hold_exclusively(run / "test_2")
+    assert held is not None
+    let_go(held)
+    # The other test ended without scores, its folder left empty: the next test takes it.
+    assert lightning_main(["test", *args, "--ckpt_path", "best"]) == 0
+    assert list(csv.DictReader((run / "test" / "metrics.csv").open()))[0]["test/CIDEr"]
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith("test")) == [
+        "test", "test_2"]
+
+
+def test_an_evaluation_folder_is_the_first_with_no_scores_that_nobody_holds(tmp_path):
+    from captioner.training_runs import claim_evaluation_folder
+    from data_prep.files import hold_exclusively, let_go
+
+    (tmp_path / "validate").mkdir()
+    (tmp_path / "validate" / "metrics.csv").write_text("val/CIDEr\n0.5\n")
+    (tmp_path / "validate_3").mkdir()  # left empty by an evaluation that failed
+    (tmp_path / "validate_2").mkdir()
+    other = hold_exclusively(tmp_path / "validate_2")
+    try:
+        name, hold = claim_evaluation_folder(tmp_path, "validate")
+        assert name == "validate_3" and hold is not None
+        # Held now: the next one goes on to validate_4, which it makes.
+        name_next, hold_next = claim_evaluation_folder(tmp_path, "validate")
+        assert name_next == "validate_4" and (tmp_path / "validate_4").is_dir()
+        let_go(hold_next)
+        let_go(hold)
+    finally:
+        let_go(other)
+    name, hold = claim_evaluation_folder(tmp_path, "validate")
+    assert name == "validate_2"
+    let_go(hold)
+
+
 def test_runs_says_a_version_holds_the_test_of_a_checkpoint_from_elsewhere(
     synthetic_data, tiny_cache, tmp_path
 ):
