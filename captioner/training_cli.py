@@ -384,7 +384,7 @@ class CaptionerCLI(LightningCLI):
         if self._resumed_run is not None:
             resumed = (self._resumed_run, self._checkpoint_step)
         if self.trainer.is_global_zero:
-            folder = self._resumed_run or self._make_new_version()
+            folder = self._resumed_run or self._make_new_version() or self._named_version()
             if folder is not None:
                 try:
                     self._run_lock = RunLock(folder)
@@ -416,6 +416,17 @@ class CaptionerCLI(LightningCLI):
                                                               self.subcommand)
         # The loggers read their private _version on first use (as in _make_new_version).
         self.trainer.logger._version = f"{self._evaluated_run.name}/{name}"
+
+    def _named_version(self) -> Path | None:
+        """The folder of a version the command named (``--trainer.logger.init_args.version``),
+        made now, so that a fit holds it as it holds any run (two fits naming one version
+        would write into one folder); None without such a logger."""
+        logger = self.trainer.logger
+        if getattr(logger, "_version", None) is None or not hasattr(logger, "log_dir"):
+            return None
+        folder = Path(logger.log_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
 
     def _make_new_version(self) -> Path | None:
         """Give a logger that is to pick a new ``version_N`` the one :func:`new_version` makes

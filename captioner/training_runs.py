@@ -210,7 +210,8 @@ class RunInUse(ValueError):
 
 class RunLock:
     """Holds a run's version folder while a fit trains in it, so that no other fit resumes
-    into it (both would write ``last.ckpt``, ``metrics.csv`` and ``config.yaml`` there).
+    into it or names its version (both would write ``last.ckpt``, ``metrics.csv`` and
+    ``config.yaml`` there).
 
     An exclusive ``flock`` on the folder itself: no file is added to the run, and the kernel
     drops the lock when the process ends, also when it is killed, so a killed run resumes.
@@ -234,7 +235,7 @@ class RunLock:
             return
         if fd is None:
             raise RunInUse(f"{folder}: another fit is training in this run now; wait for it "
-                           "to end (or stop it) before resuming it")
+                           "to end (or stop it) before training in it again")
         self._fd = fd
 
     def release(self) -> None:

@@ -631,6 +631,26 @@ def test_an_interrupted_fit_lets_go_of_its_run(synthetic_data, tiny_cache, tmp_p
     assert read_epochs_done(run) == 2
 
 
+def test_a_fit_holds_a_version_named_on_its_command_line(synthetic_data, tiny_cache, tmp_path,
+                                                         capsys):
+    from captioner.training_runs import RunLock
+
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.max_epochs", "1",
+                     "--trainer.logger.init_args.version", "mine")
+    run = tmp_path / "runs" / "demo_softmax" / "mine"
+    run.mkdir(parents=True)
+    other = RunLock(run)  # another fit naming that version, training
+    try:
+        assert lightning_main(["fit", *args]) != 0
+    finally:
+        other.release()
+    err = capsys.readouterr().err
+    assert f"{run}: another fit is training in this run now" in err
+    assert "Traceback" not in err and not (run / "checkpoints").exists()
+    assert lightning_main(["fit", *args]) == 0
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+
+
 def _wait_a_minute(started) -> None:
     started.set()
     time.sleep(60)
