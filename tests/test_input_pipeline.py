@@ -247,7 +247,7 @@ def test_bench_fit_times_the_steps_up_to_the_end_of_the_last_one(monkeypatch):
     timer.on_train_end(trainer, module)
     assert (timer.seconds, timer.steps) == (4.375, 4)
     # Steps 3-6, and the 3 gaps between them.
-    assert timer.phase_seconds == {"forward+loss": 1.0, "backward": 2.0, "optimizer": 1.0,
+    assert timer.phases.seconds == {"forward+loss": 1.0, "backward": 2.0, "optimizer": 1.0,
                                    "between steps": 0.375}
 
 

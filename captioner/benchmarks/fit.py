@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from captioner import CONFIGS
-from captioner.benchmarks import refuse_unwritable, torch_device
+from captioner.benchmarks import PhaseClock, refuse_unwritable, torch_device
 from captioner.commands.options import at_least, command_parser, names
 from data_prep.files import check_output_dir
 
@@ -220,8 +220,8 @@ def _step_timer(warmup_steps: int):
     """A callback timing the training steps after ``warmup_steps`` up to the end of the last
     one (one sync at each end): what the fit does once it has stepped, such as writing its
     checkpoint at the end of the epoch, is left out. Between those ends it also sums the host
-    time of each of :data:`FIT_PHASES` (``phase_seconds``), by the clock at Lightning's hooks
-    with no sync added."""
+    time of each of :data:`FIT_PHASES` (``phases``), by the clock at Lightning's hooks with
+    no sync added."""
     import lightning as L
     import torch
 
@@ -229,39 +229,32 @@ def _step_timer(warmup_steps: int):
         def __init__(self) -> None:
             self.start = self.seconds = None
             self.steps = 0
-            self.phase_seconds = dict.fromkeys(FIT_PHASES, 0.0)
-            self._last = None
+            self.phases = PhaseClock(FIT_PHASES)
 
         def _now(self, module) -> float:
             if module.device.type == "cuda":
                 torch.cuda.synchronize(module.device)
             return time.perf_counter()
 
-        def _phase_ends(self, phase: str) -> None:
-            if self._last is not None:
-                now = time.perf_counter()
-                self.phase_seconds[phase] += now - self._last
-                self._last = now
-
         def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
             if trainer.global_step == warmup_steps and self.start is None:
                 self.start, self.first_step = self._now(module), trainer.global_step
-                self._last = self.start
+                self.phases.start()
             else:
-                self._phase_ends("between steps")
+                self.phases.ends("between steps")
 
         def on_before_backward(self, trainer, module, loss) -> None:
-            self._phase_ends("forward+loss")
+            self.phases.ends("forward+loss")
 
         def on_after_backward(self, trainer, module) -> None:
-            self._phase_ends("backward")
+            self.phases.ends("backward")
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-            self._phase_ends("optimizer")
+            self.phases.ends("optimizer")
             if self.start is not None and trainer.global_step == trainer.max_steps:
+                self.phases.stop()
                 self.seconds = self._now(module) - self.start
                 self.steps = trainer.global_step - self.first_step
-                self._last = None
 
     return StepTimer()
 
@@ -305,8 +298,7 @@ def time_fit(mapping: str, args: argparse.Namespace, karpathy: Path, cache: Path
     _, grids, fallback = counting_device_solver(
         lambda: cli.trainer.fit(cli.model, datamodule=cli.datamodule))
     return {"fit_ms": 1000.0 * timer.seconds / timer.steps, "steps": timer.steps,
-            "fit_phases_ms": {phase: 1000.0 * seconds / timer.steps
-                              for phase, seconds in timer.phase_seconds.items()},
+            "fit_phases_ms": timer.phases.milliseconds_per_step(timer.steps),
             "loader_ms": loader_ms, "loop_ms": loop_ms,
             # Lightning moves the module back to the CPU when fit ends.
             "module": cli.model, "device": cli.trainer.strategy.root_device,
@@ -351,31 +343,23 @@ def time_model_step(module, args: argparse.Namespace, steps: int) -> tuple[float
                              generator=generator).to(device)
     bf16 = args.precision is not None and args.precision.startswith("bf16")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    phase_seconds = dict.fromkeys(STEP_PHASES, 0.0)
-    last = [0.0]
 
-    def mark(phase: str) -> None:
-        now = time.perf_counter()
-        phase_seconds[phase] += now - last[0]
-        last[0] = now
-
-    def step() -> None:
+    def step(phases: PhaseClock) -> None:
         autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else None
-        last[0] = time.perf_counter()
+        phases.start()
         train_step(module.model, optimizer, features, captions, output_mapping=hp.output_mapping,
-                   clip_norm=hp.gradient_clip_norm, autocast=autocast, mark=mark)
+                   clip_norm=hp.gradient_clip_norm, autocast=autocast, mark=phases.ends)
 
     module.train()
     for _ in range(3):
-        step()
+        step(PhaseClock(STEP_PHASES))
     sync()
-    phase_seconds.update(dict.fromkeys(STEP_PHASES, 0.0))
+    phases = PhaseClock(STEP_PHASES)
     start = time.perf_counter()
     for _ in range(steps):
-        step()
+        step(phases)
     sync()
-    phases_ms = {phase: 1000.0 * seconds / steps for phase, seconds in phase_seconds.items()}
-    return 1000.0 * (time.perf_counter() - start) / steps, phases_ms
+    return 1000.0 * (time.perf_counter() - start) / steps, phases.milliseconds_per_step(steps)
 
 
 def main(argv: list[str]) -> int:
