@@ -55,9 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     if name not in commands:
         print(f"captioner: unknown command {name!r}\n\n{_usage(commands)}", file=sys.stderr)
         return 2
-    if "CAPTIONER_TVMAX_SOLVER" in os.environ:
-        # Read when TVmax's module is imported, inside a command's work; a bad value is the
-        # user's error, so say so before any command starts, not in a traceback.
+    if any(key.startswith("CAPTIONER_TVMAX_") for key in os.environ):
+        # TVmax's settings (CAPTIONER_TVMAX_SOLVER, CAPTIONER_TVMAX_OVERLAP) are read when its
+        # module is imported, inside a command's work; a bad value is the user's error, so say
+        # so before any command starts, not in a traceback.
         try:
             importlib.import_module("captioner.attention.tvmax")
         except ValueError as exc:

@@ -205,7 +205,7 @@ def test_overwrite_never_deletes_files_beside_an_earlier_result(
     assert main([*args, "--overwrite"]) == 0
 
 
-def test_an_unknown_tvmax_solver_in_the_environment_is_one_line(tiny_checkpoint, synthetic_data):
+def test_unknown_tvmax_settings_in_the_environment_are_one_line(tiny_checkpoint, synthetic_data):
     image = next((synthetic_data.image_root / "test").iterdir())
     run = _captioner("caption", str(image), "--ckpt", str(tiny_checkpoint), "--no-progress",
                      CAPTIONER_TVMAX_SOLVER="gpu")
@@ -213,5 +213,9 @@ def test_an_unknown_tvmax_solver_in_the_environment_is_one_line(tiny_checkpoint,
     assert run.stderr == ("captioner caption: CAPTIONER_TVMAX_SOLVER must be one of ('host', "
                           "'device'), got 'gpu'\n")
     run = _captioner("caption", str(image), "--ckpt", str(tiny_checkpoint), "--no-progress",
-                     CAPTIONER_TVMAX_SOLVER="host")
+                     CAPTIONER_TVMAX_OVERLAP="yes")
+    assert (run.returncode, run.stdout) == (2, "")
+    assert run.stderr == "captioner caption: CAPTIONER_TVMAX_OVERLAP must be 0 or 1, got 'yes'\n"
+    run = _captioner("caption", str(image), "--ckpt", str(tiny_checkpoint), "--no-progress",
+                     CAPTIONER_TVMAX_SOLVER="host", CAPTIONER_TVMAX_OVERLAP="1")
     assert run.returncode == 0 and run.stdout.startswith(f"{image}\t")

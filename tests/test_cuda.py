@@ -349,3 +349,29 @@ def test_training_step_checks_do_not_sync_per_call():
     checks.raise_first()
     assert _syncs(step) == 0
     assert _syncs(checks.raise_first) == 1
+
+
+def test_tvmax_background_solves_keep_the_training_pass_and_its_thread_unsynced(monkeypatch):
+    """CAPTIONER_TVMAX_OVERLAP: the output attention's host solves wait for their copies in
+    the background thread, so the training pass's own thread never waits for the device
+    (without it, TVmax's copy to the host is one sync), and the pass is the same."""
+    decoder = small_decoder("softmax", "tvmax", output_attention_kwargs={"lam": 0.1}).cuda()
+    features, captions = random_batch(batch=4, length=10)
+    features, captions = features.cuda(), captions.cuda()
+    checks = att.DeferredChecks()
+    passes = []
+
+    def step():
+        decoder.zero_grad()
+        with checks:
+            output = decoder(features, captions[:, :-1])
+            caption_loss(output.scores, captions[:, 1:]).backward()
+        passes.append((output.scores.detach(), output.output_attention.detach(),
+                       [p.grad.clone() for p in decoder.parameters()]))
+
+    step()  # warm up, without the overlap
+    monkeypatch.setattr(_tvmax_module(), "OVERLAP", True)
+    step()
+    checks.raise_first()
+    assert _syncs(step) == 0
+    torch.testing.assert_close(passes[2], passes[0])

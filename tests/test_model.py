@@ -184,3 +184,42 @@ def test_bf16_autocast_keeps_the_mappings_in_float32(output_attention):
         assert weights.dtype == torch.float32
         torch.testing.assert_close(weights.sum((-2, -1)), torch.ones(weights.shape[:2]))
     assert all(torch.isfinite(p.grad).all() for p in decoder.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("length", [3, 4, 9])  # fewer words than a group, a group, groups and one
+@pytest.mark.parametrize("input_attention", ["softmax", "tvmax"])
+def test_output_attention_solved_in_the_background_gives_the_same_pass(
+    monkeypatch, length, input_attention
+):
+    """With TVmax's background solves the output attention starts on every OVERLAP_WORDS words
+    during the loop: the same outputs and gradients up to the order of the sums (a group's
+    matrix products may take other kernels than the whole sequence's; float64 here), also
+    with the input attention solved on the host in between."""
+    import sys
+
+    from captioner.model import decoder as decoder_module
+
+    tvmax_module = sys.modules["captioner.attention.tvmax"]
+    decoder = small_decoder(input_attention, "tvmax", output_attention_kwargs={"lam": 0.05},
+                            input_attention_kwargs={"lam": 0.05} if input_attention == "tvmax"
+                            else None).double()
+    features, captions = random_batch(length=length)
+    features = features.double()
+    started = []
+    start = type(decoder.output_attention).start
+    monkeypatch.setattr(type(decoder.output_attention), "start",
+                        lambda self, *args: started.append(1) or start(self, *args))
+    passes = []
+    for overlap in (False, True):
+        monkeypatch.setattr(tvmax_module, "OVERLAP", overlap)
+        decoder.zero_grad()
+        output = decoder(features, captions)
+        (output.scores.square().sum() + output.output_attention.square().sum()).backward()
+        passes.append((output, {name: p.grad.clone() for name, p in decoder.named_parameters()}))
+    assert len(started) == -(-length // decoder_module.OVERLAP_WORDS)
+    (plain, plain_grads), (overlapped, overlapped_grads) = passes
+    for name in ("scores", "output_attention", "input_attention"):
+        torch.testing.assert_close(getattr(overlapped, name), getattr(plain, name),
+                                   rtol=1e-12, atol=1e-14)
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(overlapped_grads[name], grad, rtol=1e-12, atol=1e-14)

@@ -502,3 +502,72 @@ def test_the_device_solver_without_triton_is_an_error_not_a_silent_fallback(monk
     monkeypatch.setattr(module, "triton_installed", lambda: False)
     with pytest.raises(RuntimeError, match="CAPTIONER_TVMAX_SOLVER=device needs Triton"):
         module.TVmaxDeviceFunction.apply(torch.randn(2, 6), 0.1, torch.Size((2, 2, 3)))
+
+
+def _tvmax_module():
+    import sys
+
+    return sys.modules["captioner.attention.tvmax"]
+
+
+def test_forward_kernels_release_the_gil():
+    """Without it a background solve (tvmax_start) would hold up the caller's thread."""
+    from captioner.attention import _tvmax_kernels as kernels
+
+    for kernel in (kernels.tvmax_rows_serial, kernels.tvmax_rows_parallel):
+        assert kernel.targetoptions.get("nogil") is True
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("learn_lam", [False, True])
+def test_a_background_solve_gives_what_tvmax_gives(monkeypatch, dtype, learn_lam):
+    import threading
+
+    module = _tvmax_module()
+    monkeypatch.setattr(module, "OVERLAP", True)
+    solved_in = []
+    kernel = module._tvmax_rows
+
+    def recording(*args):
+        solved_in.append(threading.get_ident())
+        return kernel(*args)
+
+    monkeypatch.setattr(module, "_tvmax_rows", recording)
+    generator = torch.Generator().manual_seed(3)
+    z = (torch.randn(2, 3, 5, 6, generator=generator) * 0.4).to(dtype)
+    grad = torch.randn(2, 3, 5, 6, generator=generator).to(dtype)
+    results = []
+    for start in (False, True):
+        attention = TVMax(lam=0.1, learn_lam=learn_lam).to(dtype)
+        scores = z.clone().requires_grad_()
+        weights = attention.start(scores)() if start else attention(scores)
+        weights.backward(grad)
+        lam_grad = attention.raw_lam.grad if learn_lam else None
+        results.append((weights.detach(), scores.grad, lam_grad))
+    assert solved_in[0] == threading.get_ident() != solved_in[1]
+    assert results[1][0].dtype == dtype
+    for start, plain in zip(results[1], results[0], strict=True):
+        assert (start is None and plain is None) or torch.equal(start, plain)
+
+
+def test_a_background_solve_raises_what_tvmax_raises(monkeypatch):
+    monkeypatch.setattr(_tvmax_module(), "OVERLAP", True)
+    z = torch.randn(3, 4, 4)
+    z[2, 1, 1] = float("nan")
+    finish = TVMax(lam=0.1).start(z)  # the scores are checked when the solve is waited for
+    with pytest.raises(ValueError, match="tvmax: scores contain NaN"):
+        finish()
+    with pytest.raises(ValueError, match="scores must have at least 2 dimension"):
+        TVMax(lam=0.1).start(torch.randn(4))
+
+
+def test_what_solves_in_the_background(monkeypatch):
+    module = _tvmax_module()
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(module, "OVERLAP", False)
+    assert not TVMax().starts_in_background(cpu)
+    assert not TVMax().starts_in_background(cuda)
+    monkeypatch.setattr(module, "OVERLAP", True)
+    assert TVMax().starts_in_background(cpu) and TVMax().starts_in_background(cuda)
+    monkeypatch.setattr(module, "DEVICE_SOLVER", True)  # the device solver needs no host
+    assert TVMax().starts_in_background(cpu) and not TVMax().starts_in_background(cuda)

@@ -12,7 +12,9 @@ Functional API (``z`` scores, ``mask`` bool with True = may attend):
 Every mapping validates its input (ValueError on NaN, ``+inf`` or fully masked rows); inside
 a :class:`DeferredChecks` the checks of GPU tensors are read back once, not at every call.
 Modules share ``forward(scores (..., H, W), mask=None) -> weights (..., H, W)``;
-:func:`build` constructs them by name (:data:`MAPPINGS`).
+:func:`build` constructs them by name (:data:`MAPPINGS`). A module that can solve in a
+background thread (:class:`TVMax`) also has ``starts_in_background(device) -> bool`` and
+``start(scores) -> Callable[[], weights]``.
 """
 
 from ._checks import DeferredChecks, fail_if

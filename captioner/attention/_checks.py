@@ -1,6 +1,6 @@
 """Validation and mask helpers shared by every attention mapping.
 
-All mappings follow one convention (contract in CONTRACTS.md, section 1):
+All mappings follow one convention (also in the ``captioner.attention`` package docstring):
 
 * scores are a floating-point tensor; ``-inf`` is allowed and means "masked";
   NaN and ``+inf`` are rejected with a :class:`ValueError`;

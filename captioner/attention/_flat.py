@@ -13,7 +13,7 @@ class FlatGridMapping(nn.Module):
     """Applies a 1-D mapping to the H*W cells of each grid, flattened in row-major order.
 
     Subclasses implement :meth:`map_flat` on scores of shape (..., H*W). The module call
-    signature is the one every attention module shares (CONTRACTS.md, section 1):
+    signature is the one every attention module shares (``captioner.attention``):
     ``forward(scores (..., H, W), mask=None) -> weights (..., H, W)`` summing to 1 over the
     last two dimensions.
     """

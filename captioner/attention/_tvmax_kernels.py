@@ -10,6 +10,8 @@ support of 37, at lam 1 smooth 16 x 16 grids 22 of 253.
 
 Grids are rows of flattened H x W cells; ``-inf`` marks an absent (masked) cell. Each kernel has
 a serial driver and a prange-parallel one over slices of the batch (see ``_grouped.by_size``).
+The forward drivers release the GIL, so that a background thread can solve while Python goes
+on (``tvmax.tvmax_start``).
 """
 
 from __future__ import annotations
@@ -287,7 +289,7 @@ def _tvmax_rows_slice(z, lam, p, group, dlam, H, W, merge_rounds, start, stop):
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def tvmax_rows_serial(z, lam, p, group, dlam, H, W, nchunks, merge_rounds):
     """TVmax = sparsemax(prox_{lam TV2D}) of a batch of flattened grids in one pass, exact.
 
@@ -301,7 +303,7 @@ def tvmax_rows_serial(z, lam, p, group, dlam, H, W, nchunks, merge_rounds):
     return _tvmax_rows_slice(z, lam, p, group, dlam, H, W, merge_rounds, 0, z.shape[0])
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def tvmax_rows_parallel(z, lam, p, group, dlam, H, W, nchunks, merge_rounds):
     """tvmax_rows_serial with the batch cut into nchunks slices run in parallel."""
     rows = z.shape[0]

@@ -5,16 +5,20 @@ TV2D(p) = sum_ij |p_ij - p_i,j+1| + |p_ij - p_i+1,j| (anisotropic, 4-neighbour).
 it is sparsemax(prox_{lam TV2D}(z)). The prox is solved exactly on the CPU by certified merges
 or parametric min-cuts (``_tv2d_prox``, ``_tvmax_kernels``); CUDA scores go there too, unless
 CAPTIONER_TVMAX_SOLVER=device picks certified proximal Dykstra on the GPU (``_tv2d_dykstra``,
-Triton), whose uncertified grids go to the CPU solver. Its Jacobian averages over the fused
-groups (Proposition 2, Eq. 9; Algorithm 1) and its derivative in lam is each group's signed
-boundary count over its size (Eq. 8), so lam can be learned.
+Triton), whose uncertified grids go to the CPU solver. With CAPTIONER_TVMAX_OVERLAP=1,
+:func:`tvmax_start` runs the CPU solver in a background thread while the caller goes on. Its
+Jacobian averages over the fused groups (Proposition 2, Eq. 9; Algorithm 1) and its derivative
+in lam is each group's signed boundary count over its size (Eq. 8), so lam can be learned.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from functools import partial
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache, partial
 
 import numba
 import numpy as np
@@ -57,14 +61,40 @@ if _solver not in SOLVERS:
 DEVICE_SOLVER = _solver == "device"
 # Grids solved by the device solver, and how many of them its certificate left to the CPU.
 DEVICE_STATS = {"grids": 0, "fallback": 0}
+# CAPTIONER_TVMAX_OVERLAP=1: TVMax.start solves on the host in a background thread while its
+# caller (the decoder's teacher-forced pass) goes on launching work. Off by default: the gain
+# on a GPU has not been measured yet (README, "TVmax on a GPU").
+_overlap = os.environ.get("CAPTIONER_TVMAX_OVERLAP", "0")
+if _overlap not in ("0", "1"):
+    raise ValueError(f"CAPTIONER_TVMAX_OVERLAP must be 0 or 1, got {_overlap!r}")
+OVERLAP = _overlap == "1"
+# One host kernel at a time: a background solve and a call from the caller's thread would
+# otherwise share numba's thread pool, which its workqueue threading layer does not allow.
+_HOST_KERNEL = threading.Lock()
 
 
 def _solve_on_host(z: np.ndarray, lam: float, height: int, width: int, p: np.ndarray,
                    group: np.ndarray, dlam: np.ndarray) -> int:
     """The exact CPU kernel on rows z (B, H*W): fills the weights p (z's dtype), each cell's
     group (int32) and d prox / d lam (float64); returns the kernel's code (>= 0: a bad row)."""
-    return _tvmax_rows(z, lam, p, group, dlam, height, width, numba.get_num_threads(),
-                       MAX_MERGE_ROUNDS)
+    with _HOST_KERNEL:
+        return _tvmax_rows(z, lam, p, group, dlam, height, width, numba.get_num_threads(),
+                           MAX_MERGE_ROUNDS)
+
+
+def _solve_host_rows(rows: Tensor, lam: float, grid_shape: torch.Size, *, pinned: bool):
+    """((weights, group int32, dlam float64), code) of the CPU rows (B, H*W) of a kernel
+    dtype, by the exact CPU kernel; the results in page-locked memory if ``pinned``."""
+    results = tuple(torch.empty(rows.shape, dtype=dtype, pin_memory=pinned)
+                    for dtype in (rows.dtype, torch.int32, torch.float64))
+    code = _solve_on_host(rows.numpy(), lam, *grid_shape[-2:],
+                          *(result.numpy() for result in results))
+    return results, code
+
+
+def _kernel_dtype(z: Tensor) -> torch.dtype:
+    """The dtype the kernels read z in: its own, or float64."""
+    return z.dtype if z.dtype in _KERNEL_DTYPES else torch.float64
 
 
 def _raise_invalid(z: Tensor, grid_shape: torch.Size, code: int) -> None:
@@ -129,27 +159,27 @@ class TVmaxFunction(torch.autograd.Function):
     Forward: the exact prox and the sparsemax of each grid (``tvmax_rows``), which also checks
     the scores. Backward: the sparsemax Jacobian-vector product, its mean over each fused group
     and the lam gradient (Eq. 8), also in one kernel. ``z`` is (rows, H*W), the caller's scores
-    of shape ``grid_shape`` (..., H, W) flattened. For CPU tensors (see
-    :class:`TVmaxDeviceFunction` for CUDA tensors).
+    of shape ``grid_shape`` (..., H, W) flattened; ``solved``, when given, the kernel's
+    (weights, group, dlam) of those rows, already computed (:func:`tvmax_start`). For CPU
+    tensors (see :class:`TVmaxDeviceFunction` for CUDA tensors).
     """
 
     @staticmethod
-    def forward(ctx, z: Tensor, lam: float | Tensor, grid_shape: torch.Size) -> Tensor:
-        dtype = z.dtype if z.dtype in _KERNEL_DTYPES else torch.float64
-        z_host = z.detach().to(device="cpu", dtype=dtype).contiguous().numpy()
-        p, group = np.empty_like(z_host), np.empty(z_host.shape, dtype=np.int32)
-        dlam = np.empty(z_host.shape)
-        code = _solve_on_host(z_host, float(lam), *grid_shape[-2:], p, group, dlam)
-        if code >= 0:
-            _raise_invalid(torch.from_numpy(z_host), grid_shape, code)
-        weights = torch.from_numpy(p)
+    def forward(ctx, z: Tensor, lam: float | Tensor, grid_shape: torch.Size,
+                solved: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
+        if solved is None:
+            rows = z.detach().to(device="cpu", dtype=_kernel_dtype(z)).contiguous()
+            solved, code = _solve_host_rows(rows, float(lam), grid_shape, pinned=False)
+            if code >= 0:
+                _raise_invalid(rows, grid_shape, code)
+        weights, group, dlam = solved
         ctx.save_for_backward(weights)
-        ctx.group, ctx.dlam = group, dlam
+        ctx.group, ctx.dlam = group.numpy(), dlam.numpy()
         ctx.lam_like = lam if isinstance(lam, Tensor) else None
         return weights.to(device=z.device, dtype=z.dtype)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
         (weights,) = ctx.saved_tensors
         grad_host = grad.detach().to(device="cpu", dtype=weights.dtype).contiguous().numpy()
         grad_z = np.empty_like(grad_host)
@@ -160,7 +190,7 @@ class TVmaxFunction(torch.autograd.Function):
             lam = ctx.lam_like
             grad_lam = torch.tensor(grad_rows.sum(), dtype=lam.dtype, device=lam.device)
         grad_z = torch.from_numpy(grad_z).to(device=grad.device, dtype=grad.dtype)
-        return grad_z, grad_lam, None
+        return grad_z, grad_lam, None, None
 
 
 class TVmaxDeviceFunction(torch.autograd.Function):
@@ -170,23 +200,28 @@ class TVmaxDeviceFunction(torch.autograd.Function):
     on the device, and only the grids its certificate leaves (or that hold masked or invalid
     scores) cross to the exact CPU kernel; reading which ones is the one sync. Without it,
     every grid makes the host round trip (:func:`_round_trip`), whose copy to the host is the
-    one sync. Backward, on the device either way, with no sync: the sparsemax Jacobian-vector
+    one sync; under no_grad only the weights are copied back. ``solved``, when given, holds
+    the results already on the device (:func:`tvmax_start`): no solve, no sync. Backward, on
+    the device either way, with no sync: the sparsemax Jacobian-vector
     product, its mean over each fused group (Algorithm 1) and the lam gradient (Eq. 8), in one
     Triton kernel (``_tvmax_backward_triton``) or, without Triton or for grids of more than
     its ``MAX_CELLS`` cells, in PyTorch operations.
     """
 
     @staticmethod
-    def forward(ctx, z: Tensor, lam: float | Tensor, grid_shape: torch.Size) -> Tensor:
+    def forward(ctx, z: Tensor, lam: float | Tensor, grid_shape: torch.Size,
+                solved: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
         dtype = z.dtype
-        z = z.detach() if dtype in _KERNEL_DTYPES else z.detach().double()
-        weights, group, dlam = _solve_on_device(z, lam, grid_shape)
-        ctx.save_for_backward(weights, group, dlam)
+        if solved is None:
+            # Under no_grad (beam search) only the weights come back from the host.
+            backward = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+            solved = _solve_on_device(z.detach().to(_kernel_dtype(z)), lam, grid_shape, backward)
+        ctx.save_for_backward(*solved)
         ctx.lam_like = lam if isinstance(lam, Tensor) else None
-        return weights.to(dtype)
+        return solved[0].to(dtype)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
         weights, group, dlam = ctx.saved_tensors
         want_lam = ctx.needs_input_grad[1]
         if _use_backward_kernel(grad):
@@ -198,7 +233,7 @@ class TVmaxDeviceFunction(torch.autograd.Function):
         if grad_lam is not None:
             lam = ctx.lam_like
             grad_lam = grad_lam.to(dtype=lam.dtype, device=lam.device)
-        return grad_z, grad_lam, None
+        return grad_z, grad_lam, None, None
 
 
 def _use_backward_kernel(grad: Tensor) -> bool:
@@ -221,10 +256,11 @@ def _backward_rows(grad: Tensor, weights: Tensor, group: Tensor, dlam: Tensor,
     return grad_z.to(grad.dtype), (v * dlam).sum() if want_lam else None
 
 
-def _solve_on_device(z: Tensor, lam: float | Tensor, grid_shape: torch.Size):
-    """(weights, group int32, dlam float64) of the rows of z (B, H*W), all on z's device."""
+def _solve_on_device(z: Tensor, lam: float | Tensor, grid_shape: torch.Size, backward: bool):
+    """(weights, group int32, dlam float64) of the rows of z (B, H*W), all on z's device;
+    without ``backward`` (no gradient wanted), the host solver returns the weights alone."""
     if not DEVICE_SOLVER:
-        return _round_trip(z, lam, z, grid_shape)
+        return _round_trip(z, lam, z, grid_shape, backward)
     if not triton_installed():
         raise RuntimeError(
             "CAPTIONER_TVMAX_SOLVER=device needs Triton (it ships with torch's CUDA wheels; "
@@ -237,24 +273,21 @@ def _solve_on_device(z: Tensor, lam: float | Tensor, grid_shape: torch.Size):
     DEVICE_STATS["grids"] += z.shape[0]
     DEVICE_STATS["fallback"] += left.numel()
     if left.numel():
-        weights[left], group[left], dlam[left] = _round_trip(z[left], lam, z, grid_shape)
+        weights[left], group[left], dlam[left] = _round_trip(z[left], lam, z, grid_shape, True)
     return weights, group, dlam
 
 
-def _round_trip(rows: Tensor, lam: float | Tensor, z: Tensor, grid_shape: torch.Size):
+def _round_trip(rows: Tensor, lam: float | Tensor, z: Tensor, grid_shape: torch.Size,
+                backward: bool):
     """(weights, group int32, dlam float64) of ``rows`` (B, H*W), some or all rows of the
-    caller's ``z`` (named if a row is invalid), by the exact CPU kernel, back on their device.
-    The copy to the host is the sync; the kernel writes into page-locked buffers, whose copies
-    back do not wait for the device."""
-    rows_host = rows.cpu().numpy()
-    pinned = rows.is_cuda
-    results = tuple(torch.empty(rows.shape, dtype=dtype, pin_memory=pinned)
-                    for dtype in (rows.dtype, torch.int32, torch.float64))
-    code = _solve_on_host(rows_host, float(lam), *grid_shape[-2:],
-                          *(result.numpy() for result in results))
+    caller's ``z`` (named if a row is invalid), by the exact CPU kernel, back on their device;
+    the weights alone without ``backward``. The copy to the host is the sync; the kernel
+    writes into page-locked buffers, whose copies back do not wait for the device."""
+    results, code = _solve_host_rows(rows.cpu(), float(lam), grid_shape, pinned=rows.is_cuda)
     if code >= 0:
         _raise_invalid(z, grid_shape, code)
-    return tuple(result.to(rows.device, non_blocking=True) for result in results)
+    return tuple(result.to(rows.device, non_blocking=True)
+                 for result in (results if backward else results[:1]))
 
 
 def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
@@ -294,6 +327,66 @@ def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
     return function.apply(rows, lam, z.shape).view(z.shape)
 
 
+def overlaps(device: torch.device) -> bool:
+    """Whether :func:`tvmax_start` of scores on ``device`` solves in a background thread: with
+    CAPTIONER_TVMAX_OVERLAP=1, unless the device solver takes CUDA scores."""
+    return OVERLAP and not (DEVICE_SOLVER and device.type == "cuda")
+
+
+def tvmax_start(z: Tensor, lam: float | Tensor) -> Callable[[], Tensor]:
+    """Begin :func:`tvmax` of z (..., H, W) (no mask) and return the function that ends it.
+
+    Where :func:`overlaps`, the exact CPU kernel (which releases the GIL) runs in a background
+    thread while the caller goes on, e.g. launching the next GPU kernels: the scores (and a
+    tensor lam) are copied to page-locked memory without waiting for the device, and the
+    thread waits for that copy alone. Solves run one at a time, in the order started. The
+    function returned waits for the solve, raises what :func:`tvmax` raises, and returns what
+    ``tvmax(z, lam)`` returns, with the same backward pass. Elsewhere it is computed at once.
+    """
+    _check_grid(z, "tvmax")
+    lam = check_lam(lam, "tvmax")
+    if not overlaps(z.device) or is_zero(lam):
+        weights = tvmax(z, lam)
+        return lambda: weights
+    rows = z.reshape(-1, z.shape[-2] * z.shape[-1])
+    pinned = rows.is_cuda
+    host = torch.empty(rows.shape, dtype=_kernel_dtype(rows), pin_memory=pinned)
+    host.copy_(rows.detach(), non_blocking=True)
+    lam_host = lam
+    if isinstance(lam, Tensor):
+        lam_host = torch.empty((), dtype=torch.float64, pin_memory=pinned)
+        lam_host.copy_(lam.detach(), non_blocking=True)
+    copied = None
+    if pinned:
+        copied = torch.cuda.Event()
+        copied.record(torch.cuda.current_stream(rows.device))
+    job = _background().submit(_solve_when_copied, copied, host, lam_host, z.shape)
+
+    def finish() -> Tensor:
+        results, code = job.result()
+        if code >= 0:
+            _raise_invalid(host, z.shape, code)
+        solved = tuple(result.to(rows.device, non_blocking=True) for result in results)
+        function = TVmaxDeviceFunction if rows.is_cuda else TVmaxFunction
+        return function.apply(rows, lam, z.shape, solved).view(z.shape)
+
+    return finish
+
+
+@cache
+def _background() -> ThreadPoolExecutor:
+    """The one thread of background solves (started at the first)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="tvmax")
+
+
+def _solve_when_copied(copied, host: Tensor, lam: float | Tensor, grid_shape: torch.Size):
+    """In the background thread: wait for the copy to ``host`` (a CUDA event, or None), then
+    _solve_host_rows into page-locked memory if ``host`` is."""
+    if copied is not None:
+        copied.synchronize()
+    return _solve_host_rows(host, float(lam), grid_shape, pinned=host.is_pinned())
+
+
 class TVMax(nn.Module):
     """TVmax attention over the grid: ``forward(scores (..., H, W), mask=None)``.
 
@@ -330,6 +423,15 @@ class TVMax(nn.Module):
 
     def forward(self, scores: Tensor, mask: Tensor | None = None) -> Tensor:
         return tvmax(scores, self.lam, mask)
+
+    def starts_in_background(self, device: torch.device) -> bool:
+        """Whether :meth:`start` on ``device`` solves in a background thread (:func:`overlaps`)."""
+        return overlaps(device)
+
+    def start(self, scores: Tensor) -> Callable[[], Tensor]:
+        """:func:`tvmax_start` of ``scores`` (..., H, W) at this module's lam: a function
+        that returns ``self(scores)`` when called."""
+        return tvmax_start(scores, self.lam)
 
     def extra_repr(self) -> str:
         lam = self.lam.detach() if isinstance(self.lam, Tensor) else self.lam

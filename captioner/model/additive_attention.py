@@ -8,6 +8,8 @@ every decoding step and for every beam.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -47,7 +49,13 @@ class AdditiveAttention(nn.Module):
         Returns:
             context ``(B, [L,] g)`` = V alpha and weights alpha ``(B, [L,] H, W)``.
         """
-        batch, regions, _ = keys.shape
+        weights = self.mapping(self.scores(keys, query, grid))
+        return self.context(weights, values), weights
+
+    def scores(self, keys: Tensor, query: Tensor, grid: tuple[int, int]) -> Tensor:
+        """z = w^T tanh(W_v v_i + b + W_h h) per region: ``(B, [L,] H, W)`` for a query
+        ``(B, [L,] d)``, float32 (or float64) even under autocast."""
+        batch = keys.shape[0]
         lead = query.shape[:-1]
         projected = self.query_projection(query).view(batch, -1, 1, keys.shape[-1])
         scores = self.score(torch.tanh(projected + keys.unsqueeze(1))).squeeze(-1)
@@ -56,6 +64,21 @@ class AdditiveAttention(nn.Module):
             # Under autocast: the mappings compute in float32, since thresholds and fused
             # groups found in half precision would be coarse.
             scores = scores.float()
-        weights = self.mapping(scores)
+        return scores
+
+    def context(self, weights: Tensor, values: Tensor) -> Tensor:
+        """V alpha: ``(B, [L,] g)`` for weights ``(B, [L,] H, W)`` and values ``(B, k, g)``."""
+        batch, regions, _ = values.shape
         context = torch.bmm(weights.reshape(batch, -1, regions).to(values.dtype), values)
-        return context.view(*lead, values.shape[-1]), weights
+        return context.view(*weights.shape[:-2], values.shape[-1])
+
+    def starts_in_background(self, device: torch.device) -> bool:
+        """Whether the mapping solves in a background thread on ``device`` (:meth:`start`)."""
+        starts = getattr(self.mapping, "starts_in_background", None)
+        return starts is not None and starts(device)
+
+    def start(self, keys: Tensor, query: Tensor, grid: tuple[int, int]) -> Callable[[], Tensor]:
+        """Score the regions now and begin the mapping's background solve: the function
+        returned gives the weights, as ``forward`` would. For mappings that have one
+        (``mapping.start``, e.g. TVmax's host solver)."""
+        return self.mapping.start(self.scores(keys, query, grid))

@@ -12,7 +12,10 @@ Per step t, with V = [v_1..v_k] the projected grid features (k = H * W, g = feat
 The initial state is h_0, c_0 = tanh(affine(mean_i v_i)), as in Show, Attend and Tell (the paper
 does not say how it initializes the LSTM). The output attention and the word scores depend only
 on h_t, so with teacher forcing they are computed for all steps at once after the recurrence,
-which lets a grid mapping such as TVmax process every (image, step) map in one batched call.
+which lets a grid mapping such as TVmax process every (image, step) map in one batched call;
+or, where the output mapping solves on the host in a background thread (TVmax with
+CAPTIONER_TVMAX_OVERLAP=1), for every few steps during the recurrence, so that the solves
+overlap with the launches of the next steps.
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ from torch import Tensor, nn
 
 from captioner import attention
 from captioner.model.additive_attention import AdditiveAttention
+
+# Words per background solve of the output attention, where its mapping has one (TVmax's
+# host solver with CAPTIONER_TVMAX_OVERLAP=1): the last group's solve is not overlapped,
+# and each group scores its words with its own few kernels.
+OVERLAP_WORDS = 4
 
 
 class DecoderOutput(NamedTuple):
@@ -192,11 +200,17 @@ class AttentionDecoder(nn.Module):
         hidden, cell = self.lstm(lstm_input, (state.hidden, state.cell))
         return DecoderState(hidden, cell), weights
 
-    def _readout(self, encoded: EncodedImages, hidden: Tensor) -> tuple[Tensor, Tensor]:
-        """Output attention from h_t and word scores; hidden ``(N, d)`` or ``(N, L, d)``."""
-        context, weights = self.output_attention(
-            encoded.output_keys, encoded.values, hidden, encoded.grid
-        )
+    def _readout(
+        self, encoded: EncodedImages, hidden: Tensor, weights: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Output attention from h_t and word scores; hidden ``(N, d)`` or ``(N, L, d)``.
+        ``weights``: the output attention of these h_t, when already computed."""
+        if weights is None:
+            context, weights = self.output_attention(
+                encoded.output_keys, encoded.values, hidden, encoded.grid
+            )
+        else:
+            context = self.output_attention.context(weights, encoded.values)
         visual = torch.tanh(self.context_projection(context))
         scores = self.word_scores(self.dropout(torch.cat([visual, hidden], dim=-1)))
         return scores, weights
@@ -223,15 +237,28 @@ class AttentionDecoder(nn.Module):
             raise ValueError(f"decoder expects torch.long captions, got {captions.dtype}")
         encoded = self.encode(features)
         state = self.initial_state(encoded)
+        # An output mapping solved on the host in a background thread (TVmax's, when set to
+        # overlap) starts on every OVERLAP_WORDS words as soon as the loop has passed them,
+        # and solves while the loop goes on launching the next words' kernels.
+        overlap = self.output_attention.starts_in_background(features.device)
         # Every word embedded at once: one lookup and, in the backward pass, one scatter into
         # the embedding's gradient instead of one per step (each is several GPU kernels);
         # unbind's backward stacks the steps' gradients in one kernel.
-        hiddens, input_weights = [], []
-        for embedded in self.embedding(captions).unbind(1):
+        words = self.embedding(captions).unbind(1)
+        hiddens, input_weights, started = [], [], []
+        for t, embedded in enumerate(words):
             state, weights = self._recur(encoded, state, embedded)
             hiddens.append(state.hidden)
             input_weights.append(weights)
-        scores, output_weights = self._readout(encoded, torch.stack(hiddens, dim=1))
+            if overlap and ((t + 1) % OVERLAP_WORDS == 0 or t + 1 == len(words)):
+                first = len(started) * OVERLAP_WORDS
+                started.append(self.output_attention.start(
+                    encoded.output_keys, torch.stack(hiddens[first:], dim=1), encoded.grid
+                ))
+        output_weights = torch.cat([finish() for finish in started], dim=1) if overlap else None
+        scores, output_weights = self._readout(
+            encoded, torch.stack(hiddens, dim=1), output_weights
+        )
         return DecoderOutput(scores, output_weights, torch.stack(input_weights, dim=1))
 
 
