@@ -40,10 +40,31 @@ def test_bench_model_reports_a_failing_mapping_and_measures_the_rest(capsys, mon
     monkeypatch.setattr(Sparsemax, "forward", broken)
     assert bench.main([*TINY, "--mappings", "softmax,sparsemax", "--clock", "cpu"]) == 1
     captured = capsys.readouterr()
-    failed = [line for line in captured.out.splitlines() if line.startswith("sparsemax   error: ")]
-    assert failed == ["sparsemax   error: RuntimeError: broken mapping"]
+    failed = [line for line in captured.out.splitlines() if " error: " in line]
+    assert failed == ["sparsemax     error: RuntimeError: broken mapping"]
     assert "softmax" in captured.out.splitlines()[3]
     assert captured.err.endswith("failed: sparsemax\n")
+
+
+def test_bench_model_times_tvmax_with_and_without_the_background_solve(capsys, monkeypatch):
+    import threading
+
+    tvmax = importlib.import_module("captioner.attention.tvmax")
+    solved_in = []
+    kernel = tvmax._tvmax_rows
+    monkeypatch.setattr(tvmax, "_tvmax_rows",
+                        lambda *args: solved_in.append(threading.get_ident()) or kernel(*args))
+    monkeypatch.setattr(tvmax, "OVERLAP", False)
+    options = [*TINY, "--mappings", "softmax,tvmax", "--tvmax-overlap", "--input-attention",
+               "softmax"]
+    assert bench.main(options) == 0
+    rows = [line.split("  ")[0] for line in capsys.readouterr().out.splitlines()[3:]]
+    assert rows == ["softmax", "tvmax", "tvmax overlap"]
+    # One training step per row, its 3 words one solve; beam search solves word by word, in
+    # the caller's thread: so the overlap row's training step alone solved in the background.
+    elsewhere = [thread != threading.get_ident() for thread in solved_in]
+    assert sum(elsewhere) == 1 and not elsewhere[0]
+    assert tvmax.OVERLAP is False
 
 
 def test_bench_help_names_every_benchmark(capsys):

@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import cache, partial
 
 import numba
@@ -325,6 +326,18 @@ def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
     rows = apply_mask(z, mask, "tvmax").reshape(-1, height * width)
     function = TVmaxDeviceFunction if rows.is_cuda else TVmaxFunction
     return function.apply(rows, lam, z.shape).view(z.shape)
+
+
+@contextmanager
+def overlap_set_to(on: bool) -> Iterator[None]:
+    """Inside, TVmax overlaps (or not) as CAPTIONER_TVMAX_OVERLAP=1 (or 0) would have it: for a
+    benchmark of both in one process."""
+    global OVERLAP
+    before, OVERLAP = OVERLAP, on
+    try:
+        yield
+    finally:
+        OVERLAP = before
 
 
 def overlaps(device: torch.device) -> bool:
