@@ -523,13 +523,16 @@ def test_forward_kernels_release_the_gil():
 def test_a_background_solve_gives_what_tvmax_gives(monkeypatch, dtype, learn_lam):
     import threading
 
+    import numba
+
     module = _tvmax_module()
     monkeypatch.setattr(module, "OVERLAP", True)
-    solved_in = []
+    solved_in, threads = [], []
     kernel = module._tvmax_rows
 
     def recording(*args):
         solved_in.append(threading.get_ident())
+        threads.append(numba.get_num_threads())
         return kernel(*args)
 
     monkeypatch.setattr(module, "_tvmax_rows", recording)
@@ -545,6 +548,7 @@ def test_a_background_solve_gives_what_tvmax_gives(monkeypatch, dtype, learn_lam
         lam_grad = attention.raw_lam.grad if learn_lam else None
         results.append((weights.detach(), scores.grad, lam_grad))
     assert solved_in[0] == threading.get_ident() != solved_in[1]
+    assert threads == [numba.get_num_threads()] * 2  # the caller's (conftest's 1), not the default
     assert results[1][0].dtype == dtype
     for start, plain in zip(results[1], results[0], strict=True):
         assert (start is None and plain is None) or torch.equal(start, plain)

@@ -373,7 +373,8 @@ def tvmax_start(z: Tensor, lam: float | Tensor) -> Callable[[], Tensor]:
     if pinned:
         copied = torch.cuda.Event()
         copied.record(torch.cuda.current_stream(rows.device))
-    job = _background().submit(_solve_when_copied, copied, host, lam_host, z.shape)
+    job = _background().submit(_solve_when_copied, copied, host, lam_host, z.shape,
+                               numba.get_num_threads())
 
     def finish() -> Tensor:
         results, code = job.result()
@@ -392,9 +393,13 @@ def _background() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="tvmax")
 
 
-def _solve_when_copied(copied, host: Tensor, lam: float | Tensor, grid_shape: torch.Size):
+def _solve_when_copied(copied, host: Tensor, lam: float | Tensor, grid_shape: torch.Size,
+                       threads: int):
     """In the background thread: wait for the copy to ``host`` (a CUDA event, or None), then
-    _solve_host_rows into page-locked memory if ``host`` is."""
+    _solve_host_rows into page-locked memory if ``host`` is, on the caller's number of numba
+    threads (a per-thread setting: ``numba.set_num_threads`` in the caller's thread does not
+    reach this one)."""
+    numba.set_num_threads(threads)
     if copied is not None:
         copied.synchronize()
     return _solve_host_rows(host, float(lam), grid_shape, pinned=host.is_pinned())
