@@ -18,6 +18,7 @@ Batches are dicts:
 from __future__ import annotations
 
 import itertools
+import os
 import warnings
 from collections.abc import Iterator
 from functools import cached_property
@@ -264,6 +265,18 @@ def _built_by_getitems(batch: dict) -> dict:
     return batch
 
 
+# Loader worker processes when the config leaves num_workers null (at most the usable CPUs).
+DEFAULT_LOADER_WORKERS = 4
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity, where the system tells it."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no affinity call
+        return os.cpu_count() or 1
+
+
 class CaptionDataModule(L.LightningDataModule):
     """Karpathy-split captions with images (``image_root``) or cached features.
 
@@ -280,10 +293,12 @@ class CaptionDataModule(L.LightningDataModule):
         image_size: images are resized to ``image_size`` x ``image_size`` (paper: 256).
         batch_size: image-caption pairs per training batch.
         eval_batch_size: images per validation / test batch (decoded with beam search).
-        num_workers: DataLoader worker processes; None (the default): 4, and none with
-            ``preload_features: device``, whose batches are index lookups that take the
-            training process less time to make than to receive from a worker. Batches of
-            cached features are read into one array each, so few workers keep a GPU busy.
+        num_workers: DataLoader worker processes; None (the default): 4, or fewer where
+            fewer CPUs are usable (more would only contend for them, and torch warns about
+            them at every epoch), and none with ``preload_features: device``, whose batches
+            are index lookups that take the training process less time to make than to
+            receive from a worker. Batches of cached features are read into one array each,
+            so few workers keep a GPU busy.
         preload_features: read the cached features of the splits in use once instead of
             from the HDF5 file at every batch (float16, h*w*C*2 bytes per image: 32 GB for
             COCO's 123,287 images at 8x8x2048): ``true`` into host memory, ``"device"`` into
@@ -329,7 +344,9 @@ class CaptionDataModule(L.LightningDataModule):
         """The loaders' worker processes: ``num_workers``, or its default (see the class)."""
         if self.hparams.num_workers is not None:
             return self.hparams.num_workers
-        return 0 if self.hparams.preload_features == "device" else 4
+        if self.hparams.preload_features == "device":
+            return 0
+        return min(DEFAULT_LOADER_WORKERS, usable_cpus())
 
     @cached_property
     def karpathy(self) -> KarpathyDataset:
@@ -360,9 +377,11 @@ class CaptionDataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         # Runs once per node before setup: only checks that the inputs exist, so that a typo
         # in a path fails before any process builds datasets. Nothing is downloaded.
-        for path in (self.karpathy_json, self.feature_cache or self.image_root):
+        inputs = ("feature_cache", self.feature_cache) if self.feature_cache else (
+            "image_root", self.image_root)
+        for key, path in (("karpathy_json", self.karpathy_json), inputs):
             if not path.exists():
-                raise FileNotFoundError(f"{path} does not exist")
+                raise FileNotFoundError(f"data.{key}: {path} does not exist")
 
     def setup(self, stage: str) -> None:
         if stage not in _STAGE_SPLITS:

@@ -170,8 +170,11 @@ class CaptionerCLI(LightningCLI):
             return (f"interrupted before the first {LAST_NAME} (written at the end of every "
                     "epoch): nothing to resume")
         done = read_progress(folder).get("epochs_done", 0)
-        return (f"interrupted; the same command with --ckpt_path last resumes from "
-                f"{folder / LAST_NAME} (epochs done: {done})")
+        # The run's own config.yaml (written once the fit started, before any last.ckpt) with
+        # --ckpt_path last resumes this run whatever the command was: the same command would
+        # resume another run if its --config was an earlier run's config.yaml.
+        return (f"interrupted; captioner fit --config {folder.parent / 'config.yaml'} "
+                f"--ckpt_path last resumes from {folder / LAST_NAME} (epochs done: {done})")
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")

@@ -116,14 +116,22 @@ class CaptionRecord:
 class Problem:
     """One reported problem: ``reason`` (a key of :data:`REASONS`), ``item`` (the image path
     or record it concerns), a one-line ``detail`` naming the file and line, ``where`` its place
-    (``captions.csv line 8``) and ``order`` its position in the captions file (``inf`` for
-    problems outside it), so that problems can be listed in file order."""
+    (``captions.csv line 8``), ``order`` its position in the captions file (``inf`` for
+    problems outside it), so that problems can be listed in file order, and ``skipping``, what
+    skipping it leaves out, where that is not the whole item (``the later entry``)."""
 
     reason: str
     item: str
     detail: str
     where: str
     order: float
+    skipping: str = ""
+
+    @property
+    def skipped(self) -> str:
+        """The detail with what skipping the problem leaves out: as skipped by default (with
+        ``--on-error fail`` nothing is skipped, and the detail alone names the problem)."""
+        return f"{self.detail}; {self.skipping}" if self.skipping else self.detail
 
 
 class ProblemLog:
@@ -140,8 +148,9 @@ class ProblemLog:
         self.on_error = on_error
         self.problems: list[Problem] = []
 
-    def add(self, reason: str, item: str, detail: str, *, where: str, order: float) -> None:
-        self.problems.append(Problem(reason, item, detail, where, order))
+    def add(self, reason: str, item: str, detail: str, *, where: str, order: float,
+            skipping: str = "") -> None:
+        self.problems.append(Problem(reason, item, detail, where, order, skipping))
 
     def stop_if_failing(self) -> None:
         """With ``on_error="fail"`` and a problem found, raise :class:`DatasetImportError`
@@ -448,8 +457,8 @@ def _read_coco(path: Path, log: ProblemLog) -> list[CaptionRecord]:
                 left_out.add(image_id)
         elif image_id in by_id:
             log.add("duplicate_entry", file_name, f"{path}: images[{index}] ({file_name}) "
-                    f"repeats id {image_id} of {by_id[image_id].where}; skipped",
-                    where=where, order=index)
+                    f"repeats id {image_id} of {by_id[image_id].where}", where=where,
+                    order=index, skipping="skipped")
         else:
             by_id[image_id] = CaptionRecord(file_name, [], where, index, cocoid=image_id)
     for index, annotation in enumerate(data["annotations"]):
@@ -501,8 +510,8 @@ def _gather(records: Iterable[CaptionRecord], log: ProblemLog, *, merge: bool
             kept[image].captions.extend(record.captions)
         else:
             log.add("duplicate_entry", image, f"{image}: listed again at {record.where} (first "
-                    f"at {kept[image].where}); the later entry is skipped",
-                    where=record.where, order=record.order)
+                    f"at {kept[image].where})", where=record.where, order=record.order,
+                    skipping="the later entry is skipped")
     return list(kept.values())
 
 
@@ -554,8 +563,8 @@ def _sentences(record: CaptionRecord, log: ProblemLog) -> list[tuple[str, tuple[
             earlier = first_with[tokens]
             log.add("duplicate_caption", caption.where,
                     f"{record.image}: {caption.where} {caption.text!r} repeats {earlier.where} "
-                    f"{earlier.text!r} (tokens: {' '.join(tokens)}); the later one is skipped",
-                    where=caption.where, order=caption.order)
+                    f"{earlier.text!r} (tokens: {' '.join(tokens)})", where=caption.where,
+                    order=caption.order, skipping="the later one is skipped")
         else:
             first_with[tokens] = caption
             sentences.append((caption.text.strip(), tokens))
@@ -837,7 +846,7 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
     if not records:
         empty = Path(options.captions).stat().st_size == 0
         unread = (f" as {fmt} ({len(log.problems)} lines could not be read, the first: "
-                  f"{log.problems[0].detail}; is --format right?)") if log.problems else ""
+                  f"{log.problems[0].skipped}; is --format right?)") if log.problems else ""
         raise DatasetImportError(
             f"{options.captions}: {'is empty' if empty else 'holds no captions'}{unread}"
         )
@@ -851,7 +860,7 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
             # What was skipped is the likely cause (a wrong --images folder: every image
             # missing), and no report follows this error: say it here.
             skipped = "; ".join(f"{len(found)} skipped as {REASONS[reason]}, e.g. "
-                                f"{found[0].detail}" for reason, found in log.by_reason().items())
+                                f"{found[0].skipped}" for reason, found in log.by_reason().items())
             raise DatasetImportError(
                 f"split {split!r} would be empty ({len(items)} usable images, --split "
                 f"{options.split}{'; ' + skipped if skipped else ''}); nothing was written"

@@ -101,9 +101,9 @@ def test_the_fit_lowers_the_configs_workers_to_the_usable_cpus(monkeypatch):
     def datamodule(workers, config=None):
         return SimpleNamespace(hparams=SimpleNamespace(num_workers=config), loader_workers=workers)
 
-    four = datamodule(4)  # the DataModule's default, the config saying null
-    assert fit._loader_workers(four, None) == "2 (the default 4, capped at the usable CPUs)"
-    assert four.hparams.num_workers == 2
+    two = datamodule(2)  # the DataModule's default (4 at most the usable CPUs), the config null
+    assert fit._loader_workers(two, None) == "2 (the default)"
+    assert two.hparams.num_workers is None
     eight = datamodule(8, config=8)
     assert fit._loader_workers(eight, None) == "2 (the config's 8, capped at the usable CPUs)"
     assert eight.hparams.num_workers == 2

@@ -251,8 +251,12 @@ def test_bench_fit_times_the_steps_up_to_the_end_of_the_last_one(monkeypatch):
                                    "between steps": 0.375}
 
 
-def test_the_loaders_build_device_batches_in_the_training_process_unless_told(cached_dataset):
-    """Rows of held features take less to index than to receive from a worker."""
+def test_the_loaders_build_device_batches_in_the_training_process_unless_told(cached_dataset,
+                                                                              monkeypatch):
+    """Rows of held features take less to index than to receive from a worker; by default no
+    more workers than usable CPUs, which they would only contend for (a given number stays)."""
+    import os
+
     karpathy, cache, _ = cached_dataset
 
     def workers(**settings):
@@ -261,10 +265,14 @@ def test_the_loaders_build_device_batches_in_the_training_process_unless_told(ca
         module.setup("fit")
         return module.train_dataloader().num_workers, module.val_dataloader().num_workers
 
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     assert workers() == workers(preload_features=True) == (4, 4)
     assert workers(preload_features="device") == (0, 0)
     assert workers(preload_features="device", num_workers=2) == (2, 2)
     assert workers(num_workers=0) == (0, 0)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert workers() == (2, 2)
+    assert workers(num_workers=8) == (8, 8)
 
 
 def test_lightning_advises_no_workers_for_the_loaders_that_need_none(cached_dataset,
@@ -290,3 +298,20 @@ def test_lightning_advises_no_workers_for_the_loaders_that_need_none(cached_data
 
     assert len(advice(num_workers=0)) == 1
     assert advice(preload_features="device") == []
+
+
+def test_a_missing_input_is_named_by_its_setting(cached_dataset, tmp_path):
+    karpathy, cache, _ = cached_dataset
+    cases = [
+        (dict(karpathy_json=tmp_path / "no.json", image_root=karpathy.parent),
+         f"data.karpathy_json: {tmp_path / 'no.json'} does not exist"),
+        (dict(karpathy_json=karpathy, image_root=tmp_path / "none"),
+         f"data.image_root: {tmp_path / 'none'} does not exist"),
+        (dict(karpathy_json=karpathy, image_root=karpathy.parent,
+              feature_cache=tmp_path / "f.h5"),
+         f"data.feature_cache: {tmp_path / 'f.h5'} does not exist"),
+    ]
+    for settings, message in cases:
+        with pytest.raises(FileNotFoundError) as raised:
+            CaptionDataModule(**settings).prepare_data()
+        assert str(raised.value) == message

@@ -414,7 +414,8 @@ CASES = {
         "skipped 1 (empty caption): half.jpg caption 1", "has no words: '!!!'", 7),
     "duplicate entry": (
         lambda t: _jsonl_case(t, [{"image": "./good1.jpg", "captions": ["again"]}]),
-        "skipped 1 (duplicate entry): good1.jpg", "listed again at captions.jsonl line 7", 6),
+        "skipped 1 (duplicate entry): good1.jpg",
+        "listed again at captions.jsonl line 7 (first at captions.jsonl line 2)\n", 6),
     "path outside the folder": (
         lambda t: _jsonl_case(t, [{"image": "../good1.jpg", "captions": ["a"]}]),
         "skipped 1 (invalid image path): captions.jsonl line 7", "without '..'", 6),
@@ -446,6 +447,7 @@ def test_bad_items_are_skipped_by_default_and_fatal_with_on_error_fail(tmp_path,
     images = {e.path.name: e.raws for s in ("train", "val", "test") for e in dataset.split(s)}
     if case == "duplicate entry":
         assert images["good1.jpg"] == ("a photo good1.jpg",)     # the first entry is kept
+        assert "(first at captions.jsonl line 2); the later entry is skipped" in err
     if kept == 7:   # the image keeps its other caption; 6 of the 7 usable images are in splits
         code, _, err = run(capsys, "--captions", captions, "--images", photos, "--out", out,
                            "--split", "5,1,1")

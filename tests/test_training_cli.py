@@ -918,10 +918,53 @@ def test_ctrl_c_stops_fit_with_status_130_and_says_how_to_resume(synthetic_data,
     [line] = [line for line in capsys.readouterr().err.splitlines()
               if line.startswith("captioner fit: ")]
     last = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints" / "last.ckpt"
+    run_config = last.parent.parent / "config.yaml"
     assert line == ("captioner fit: interrupted before the first last.ckpt (written at the end "
                     "of every epoch): nothing to resume" if epoch == 0 else
-                    "captioner fit: interrupted; the same command with --ckpt_path last resumes "
-                    f"from {last} (epochs done: 1)")
+                    f"captioner fit: interrupted; captioner fit --config {run_config} "
+                    f"--ckpt_path last resumes from {last} (epochs done: 1)")
+
+
+def test_a_fit_from_an_earlier_runs_config_stopped_names_the_command_that_resumes_it(
+        synthetic_data, tiny_cache, tmp_path, capsys, monkeypatch):
+    """Started from version_0's config.yaml, a new run (version_1) stopped by Ctrl-C: the same
+    command with --ckpt_path last would resume version_0 (the run whose config.yaml it is), so
+    the line gives version_1's own config.yaml, and that command resumes version_1."""
+    import shlex
+    import signal
+
+    from captioner.lightning_module import CaptioningModule
+
+    assert lightning_main(["fit", *_cli_args(synthetic_data, tiny_cache, tmp_path),
+                           "--trainer.max_epochs", "1"]) == 0
+    runs = tmp_path / "runs" / "demo_softmax"
+    first = (runs / "version_0" / "config.yaml").read_text()
+    step = CaptioningModule.training_step
+
+    def interrupted(self, batch, batch_idx):
+        if self.current_epoch == 1 and batch_idx == 1:
+            raise KeyboardInterrupt
+        return step(self, batch, batch_idx)
+
+    monkeypatch.setattr(CaptioningModule, "training_step", interrupted)
+    handler = signal.getsignal(signal.SIGINT)  # Lightning ignores Ctrl-C while it shuts down
+    try:
+        code = lightning_main(["fit", "--config", str(runs / "version_0" / "config.yaml"),
+                               "--trainer.max_epochs", "3"])
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    monkeypatch.setattr(CaptioningModule, "training_step", step)
+    assert code == 130
+    [line] = [line for line in capsys.readouterr().err.splitlines()
+              if line.startswith("captioner fit: ")]
+    command, rest = line.removeprefix("captioner fit: interrupted; ").split(" resumes from ")
+    assert rest == f"{runs / 'version_1' / 'checkpoints' / 'last.ckpt'} (epochs done: 1)"
+    own_config = runs / "version_1" / "config.yaml"
+    assert command == f"captioner fit --config {own_config} --ckpt_path last"
+    assert lightning_main(shlex.split(command)[1:]) == 0
+    assert read_epochs_done(runs / "version_1") == 3
+    assert (runs / "version_0" / "config.yaml").read_text() == first
+    assert read_epochs_done(runs / "version_0") == 1
 
 
 def test_ctrl_c_while_a_checkpoint_is_written_keeps_it_and_exits_130(
@@ -933,8 +976,10 @@ def test_ctrl_c_while_a_checkpoint_is_written_keeps_it_and_exits_130(
     [line] = [line for line in capsys.readouterr().err.splitlines()
               if line.startswith("captioner fit: ")]
     folder = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints"
-    assert line.startswith("captioner fit: interrupted; the same command with --ckpt_path last "
-                           f"resumes from {folder / 'last.ckpt'} (epochs done: "), line
+    run_config = folder.parent / "config.yaml"
+    assert line.startswith(f"captioner fit: interrupted; captioner fit --config {run_config} "
+                           f"--ckpt_path last resumes from {folder / 'last.ckpt'} "
+                           "(epochs done: "), line
     assert not list(folder.glob(".*.tmp"))
     for checkpoint in folder.glob("*.ckpt"):
         assert "state_dict" in load_safely(checkpoint)

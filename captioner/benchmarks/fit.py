@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -58,8 +57,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="untimed steps first, fewer than --steps (default: %(default)s)")
     parser.add_argument("--num-workers", type=at_least(0, int), default=None,
                         help="DataLoader workers (default: the config's, or where it leaves "
-                        "them null 4, none with --preload-features device; at most the "
-                        "usable CPUs)")
+                        "them null 4, none with --preload-features device; either at most "
+                        "the usable CPUs)")
     parser.add_argument("--preload-features", nargs="?", const="true", default="false",
                         choices=("false", "true", "device"),
                         help="data.preload_features: hold the features in host memory (true, "
@@ -308,18 +307,21 @@ def time_fit(mapping: str, args: argparse.Namespace, karpathy: Path, cache: Path
 
 def _loader_workers(datamodule, given: int | None) -> str:
     """The fit's DataLoader workers, as the report says them: ``given`` (--num-workers,
-    already in the config), or else the config's ``num_workers``, or the DataModule's default
-    where the config leaves it null (4, none with device-held features), lowered to the
-    usable CPUs where it asks for more (they would only contend for the CPUs, and torch warns
-    about them at length at every epoch's start)."""
+    already in the config), or else the DataModule's default where the config leaves them
+    null (4 at most the usable CPUs, none with device-held features), or else the config's
+    ``num_workers``, lowered to the usable CPUs where it asks for more (they would only contend
+    for the CPUs, and torch warns about them at length at every epoch's start)."""
+    from captioner.data import usable_cpus
+
     if given is not None:
         return str(given)
-    workers, usable = datamodule.loader_workers, len(os.sched_getaffinity(0))
-    source = "the config's" if datamodule.hparams.num_workers is not None else "the default"
+    workers, usable = datamodule.loader_workers, usable_cpus()
+    if datamodule.hparams.num_workers is None:
+        return f"{workers} (the default)"
     if workers <= usable:
-        return f"{workers} ({source})"
+        return f"{workers} (the config's)"
     datamodule.hparams.num_workers = usable  # read when the loaders are made, after this
-    return f"{usable} ({source} {workers}, capped at the usable CPUs)"
+    return f"{usable} (the config's {workers}, capped at the usable CPUs)"
 
 
 def time_model_step(module, args: argparse.Namespace, steps: int) -> tuple[float, dict]:

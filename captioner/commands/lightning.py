@@ -18,7 +18,7 @@ on val/CIDEr (the checkpoint.* options), last.ckpt is written every epoch (and e
 
 User errors (missing files, malformed data, bad checkpoints, bad settings) print one line and
 exit with status 2; set CAPTIONER_DEBUG=1 for the traceback. Ctrl-C stops a run after Lightning's
-graceful shutdown with status 130 and one line saying what --ckpt_path last resumes from.
+graceful shutdown with status 130 and one line giving the command that resumes the run.
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ def main(argv: list[str]) -> int:
     for reason, problems in report.problems.items():
         names = first_names([problem.item for problem in problems])
         print(f"{PROG}: skipped {len(problems)} ({REASONS[reason]}): {names}\n"
-              f"  e.g. {problems[0].detail}", file=sys.stderr)
+              f"  e.g. {problems[0].skipped}", file=sys.stderr)
     if report.left_out:
         print(f"{PROG}: left out {len(report.left_out)} usable images beyond the --split "
               f"counts: {first_names(report.left_out)}", file=sys.stderr)
