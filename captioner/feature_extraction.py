@@ -53,6 +53,7 @@ from data_prep.files import (
     check_output_file,
     file_sha256,
     held_alone,
+    made_folder,
 )
 
 if TYPE_CHECKING:
@@ -140,10 +141,9 @@ def extract_features(
 
     # One writer per cache: a second run would read, or start over on, the partial file and
     # encoder weights the first is writing.
-    out.parent.mkdir(parents=True, exist_ok=True)
     busy = (f"{out}: another run is making this cache now (it holds {cache_lock_path(out)}); "
             "wait for it to end, or stop it")
-    with held_alone(cache_lock_path(out), busy):
+    with made_folder(out.parent), held_alone(cache_lock_path(out), busy):
         settings = {
             "arch": arch, "layer": layer, "weights": weights, "image_size": image_size,
             "batch_size": batch_size, "device": torch.device(device).type, "max_pixels": max_pixels,

@@ -113,6 +113,22 @@ def held_alone(lock: Path, busy: str) -> Iterator[None]:
             let_go(fd)
 
 
+@contextmanager
+def made_folder(folder: Path) -> Iterator[Path]:
+    """Make ``folder`` and its missing parents for the block; if the block fails, remove the
+    ones it made that are still empty, deepest first (a failed command leaves no trace)."""
+    made = [path for path in (folder, *folder.parents) if not path.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield folder
+    except BaseException:
+        for path in made:
+            if not path.is_dir() or any(path.iterdir()):
+                break
+            path.rmdir()
+        raise
+
+
 def file_mode() -> int:
     """The mode ``open(path, "w")`` gives a new file: ``0o666`` less the process umask."""
     umask = os.umask(0)

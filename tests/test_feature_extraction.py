@@ -127,6 +127,7 @@ def test_precheck_lists_every_unusable_file_before_encoding(tmp_path, capsys):
         assert re.search(rf"/{image_id - 1000}\.png: [^;]*{reason}[^;]*; ", line), (reason, err)
     assert "--on-error skip" in err
     assert not out.exists() and not partial_cache_path(out).exists()
+    assert not out.parent.exists()  # nor the folder it made for the cache
 
     # Every case is found by check_image itself too, with the same reasons.
     reasons = fx.precheck_images([images / f"{i - 1000}.png" for i in ids])

@@ -204,3 +204,19 @@ def test_caption_keeps_going_past_a_fifo_and_escapes_odd_names(tiny_checkpoint, 
     assert code == 1 and "pipe.png: is a FIFO" in err
     [line] = out.splitlines()  # one record on one line
     assert line.split("\t")[0] == str(tmp_path) + "/a\\ttab\\nnewline.png"
+
+
+def test_a_failed_block_removes_the_empty_folders_it_made(tmp_path):
+    from data_prep.files import made_folder
+
+    (tmp_path / "a").mkdir()
+    with pytest.raises(RuntimeError), made_folder(tmp_path / "a" / "b" / "c"):
+        raise RuntimeError("failed")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a"]  # a was there before
+    with pytest.raises(KeyboardInterrupt), made_folder(tmp_path / "a" / "b" / "c") as folder:
+        (folder.parent / "kept.txt").write_text("work")
+        raise KeyboardInterrupt
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "b", "kept.txt"]
+    with made_folder(tmp_path / "d") as folder:
+        pass
+    assert folder.is_dir()
