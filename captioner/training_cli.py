@@ -126,7 +126,7 @@ class CaptionerCLI(LightningCLI):
         given = kwargs.get("args")
         self._args = sys.argv[1:] if given is None else list(given)
         self._first_config = _first_config(self._args)
-        self._resume_version: int | None = None  # the run version that --ckpt_path last picks
+        self._resume_version: int | str | None = None  # the version --ckpt_path last picks
         self._checkpoint_step = 0  # global step of the --ckpt_path checkpoint
         self._resumed_run: Path | None = None  # the run folder fit resumes into
         self._new_root: Path | None = None  # the runs folder, when this command makes it
@@ -333,19 +333,21 @@ class CaptionerCLI(LightningCLI):
             raise UserError(f"--ckpt_path best: {last.parent} names no existing best checkpoint")
         return Path(best)
 
-    def _config_run(self, root: Path, name: str) -> tuple[int, Path] | None:
-        """``(N, its last.ckpt)`` when the first config is a run's own
-        ``ROOT/NAME/version_N/config.yaml``: that run, not the newest of NAME, is the one meant."""
+    def _config_run(self, root: Path, name: str) -> tuple[int | str, Path] | None:
+        """``(its version, its last.ckpt)`` when the first config is a run's own
+        ``ROOT/NAME/version_N/config.yaml`` (version N) or ``ROOT/NAME/V/config.yaml`` of a
+        version the fit named (version "V"): that run, not the newest of NAME, is the one
+        meant."""
         if not self._first_config:
             return None
         folder = Path(self._first_config).resolve().parent
-        version = version_number(folder)
-        if version is None or folder.parent != (root / name).resolve():
+        if folder.parent != (root / name).resolve():
             return None
         last = folder / "checkpoints" / LAST_NAME
         if not last.is_file():
             raise UserError(f"--ckpt_path last: {folder} has no checkpoints/{LAST_NAME} yet")
-        return version, last
+        version = version_number(folder)
+        return (folder.name if version is None else version), last
 
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
@@ -377,10 +379,15 @@ class CaptionerCLI(LightningCLI):
             # They log into version_N/<subcommand>/, so the best-checkpoint callback restored
             # from the run warns that its folder changed: true, and of no use to them.
             warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
-        elif ckpt_path and isinstance(init_args["version"], int):
-            # Resuming into an existing run folder (also from a resumed run's config.yaml).
-            run = Path(init_args["save_dir"]) / init_args["name"]
-            self._resumed_run = run / f"version_{init_args['version']}"
+        elif ckpt_path and init_args["version"] is not None:
+            # Resuming into an existing run folder (also from a resumed run's config.yaml): a
+            # version_N given with a checkpoint, or a named version with a checkpoint of its own
+            # (a named version with another's checkpoint is a new run that starts from it).
+            version = init_args["version"]
+            run = Path(init_args["save_dir"]) / init_args["name"] / (
+                f"version_{version}" if isinstance(version, int) else str(version))
+            if isinstance(version, int) or Path(ckpt_path).resolve().parent.parent == run.resolve():
+                self._resumed_run = run
 
     def before_fit(self) -> None:
         resumed = None

@@ -162,9 +162,14 @@ class RunInfo:
     """One run folder and its ``progress.json`` (None before the first checkpoint)."""
 
     name: str
-    version: int
+    version: int | str  # N of version_N, or the name of a version the fit named
     folder: Path
     progress: dict | None
+
+    @property
+    def version_label(self) -> str:
+        """The version folder's name: ``version_N``, or the named version."""
+        return self.folder.name
 
 
 def version_number(folder: Path) -> int | None:
@@ -320,12 +325,18 @@ def evaluation_only(folder: Path) -> tuple[str, str] | None:
 
 
 def list_runs(root: Path) -> list[RunInfo]:
-    """Every ``ROOT/NAME/version_N`` run, by name and version."""
+    """Every run under ``root``, by name: ``ROOT/NAME/version_N`` by N, then the versions a fit
+    named (``--trainer.logger.init_args.version V``: ``ROOT/NAME/V``, a folder with the
+    ``config.yaml`` of its fit), by V."""
     runs = []
     if not root.is_dir():
         return runs
     for named in sorted(p for p in root.iterdir() if p.is_dir()):
-        for version, folder in version_folders(root, named.name):
+        versions: list[tuple[int | str, Path]] = list(version_folders(root, named.name))
+        versions += sorted((p.name, p) for p in named.iterdir()
+                           if p.is_dir() and version_number(p) is None
+                           and (p / "config.yaml").is_file())
+        for version, folder in versions:
             progress = read_progress(folder / "checkpoints") or None
             runs.append(RunInfo(named.name, version, folder, progress))
     return runs

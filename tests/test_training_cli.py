@@ -651,6 +651,30 @@ def test_a_fit_holds_a_version_named_on_its_command_line(synthetic_data, tiny_ca
     assert (run / "checkpoints" / "last.ckpt").is_file()
 
 
+def test_a_named_versions_own_config_resumes_it_with_its_metrics(synthetic_data, tiny_cache,
+                                                                   tmp_path, capsys):
+    """--trainer.logger.init_args.version mine, then mine's config.yaml with --ckpt_path last:
+    mine resumes (not version_0, the newest version_N), and its earlier metrics are kept (the
+    CSV logger deletes metrics.csv when it sets up); captioner runs lists it."""
+    from captioner.commands import runs as runs_command
+
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.max_epochs", "1")
+    assert lightning_main(["fit", *args]) == 0
+    assert lightning_main(["fit", *args, "--trainer.logger.init_args.version", "mine"]) == 0
+    runs = tmp_path / "runs" / "demo_softmax"
+    first_rows = (runs / "mine" / "metrics.csv").read_text()
+    assert lightning_main(["fit", "--config", str(runs / "mine" / "config.yaml"),
+                           "--ckpt_path", "last", "--trainer.max_epochs", "2"]) == 0
+    assert read_epochs_done(runs / "mine") == 2 and read_epochs_done(runs / "version_0") == 1
+    assert (runs / "mine" / "metrics.part1.csv").read_text() == first_rows
+    assert (runs / "mine" / "metrics.csv").is_file()
+    assert sorted(path.name for path in runs.iterdir()) == ["mine", "version_0"]
+    capsys.readouterr()
+    assert runs_command.main(["--root", str(runs.parent)]) == 0
+    rows = [line.split()[:3] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert rows == [["demo_softmax", "version_0", "1"], ["demo_softmax", "mine", "2"]]
+
+
 def _wait_a_minute(started) -> None:
     started.set()
     time.sleep(60)

@@ -1,8 +1,9 @@
 """``captioner runs``: the training runs under a runs folder, with their progress.
 
-One line per ``ROOT/NAME/version_N``: epochs done, global step, the best validation score
-(``val/CIDEr`` unless the run chose another) and the best and last checkpoints, as recorded in
-``checkpoints/progress.json`` at the run's last save. A version that holds only the scores of
+One line per ``ROOT/NAME/version_N`` (and per version a fit named, ``ROOT/NAME/V``): epochs
+done, global step, the best validation score (``val/CIDEr`` unless the run chose another) and
+the best and last checkpoints, as recorded in ``checkpoints/progress.json`` at the run's last
+save. A version that holds only the scores of
 ``test`` or ``validate`` of a checkpoint from outside the runs names that checkpoint instead.
 """
 
@@ -61,10 +62,10 @@ def main(argv: list[str]) -> int:
                         f"{run.folder / 'metrics.csv'})")
             else:
                 note = "(no checkpoint yet)"
-            print(f"{run.name:<24} version_{run.version:<2} {'-':>6} {'-':>8} {'-':>8}  {note}")
+            print(f"{run.name:<24} {run.version_label:<10} {'-':>6} {'-':>8} {'-':>8}  {note}")
             continue
         score = progress.get("best_score")
-        print(f"{run.name:<24} version_{run.version:<2} {progress['epochs_done']:>6} "
+        print(f"{run.name:<24} {run.version_label:<10} {progress['epochs_done']:>6} "
               f"{progress['global_step']:>8} {'-' if score is None else f'{score:.4f}':>8}  "
               f"best {progress.get('best_checkpoint') or '-'}  last {progress['last_checkpoint']}")
     return 0
