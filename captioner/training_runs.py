@@ -162,14 +162,8 @@ class RunInfo:
     """One run folder and its ``progress.json`` (None before the first checkpoint)."""
 
     name: str
-    version: int | str  # N of version_N, or the name of a version the fit named
-    folder: Path
+    folder: Path  # ROOT/NAME/version_N, or ROOT/NAME/V for a version the fit named
     progress: dict | None
-
-    @property
-    def version_label(self) -> str:
-        """The version folder's name: ``version_N``, or the named version."""
-        return self.folder.name
 
 
 def version_number(folder: Path) -> int | None:
@@ -332,13 +326,12 @@ def list_runs(root: Path) -> list[RunInfo]:
     if not root.is_dir():
         return runs
     for named in sorted(p for p in root.iterdir() if p.is_dir()):
-        versions: list[tuple[int | str, Path]] = list(version_folders(root, named.name))
-        versions += sorted((p.name, p) for p in named.iterdir()
-                           if p.is_dir() and version_number(p) is None
-                           and (p / "config.yaml").is_file())
-        for version, folder in versions:
+        folders = [folder for _, folder in version_folders(root, named.name)]
+        folders += sorted(p for p in named.iterdir() if p.is_dir() and version_number(p) is None
+                          and (p / "config.yaml").is_file())
+        for folder in folders:
             progress = read_progress(folder / "checkpoints") or None
-            runs.append(RunInfo(named.name, version, folder, progress))
+            runs.append(RunInfo(named.name, folder, progress))
     return runs
 
 

@@ -62,10 +62,10 @@ def main(argv: list[str]) -> int:
                         f"{run.folder / 'metrics.csv'})")
             else:
                 note = "(no checkpoint yet)"
-            print(f"{run.name:<24} {run.version_label:<10} {'-':>6} {'-':>8} {'-':>8}  {note}")
+            print(f"{run.name:<24} {run.folder.name:<10} {'-':>6} {'-':>8} {'-':>8}  {note}")
             continue
         score = progress.get("best_score")
-        print(f"{run.name:<24} {run.version_label:<10} {progress['epochs_done']:>6} "
+        print(f"{run.name:<24} {run.folder.name:<10} {progress['epochs_done']:>6} "
               f"{progress['global_step']:>8} {'-' if score is None else f'{score:.4f}':>8}  "
               f"best {progress.get('best_checkpoint') or '-'}  last {progress['last_checkpoint']}")
     return 0
