@@ -162,7 +162,7 @@ class RunInfo:
     """One run folder and its ``progress.json`` (None before the first checkpoint)."""
 
     name: str
-    folder: Path  # ROOT/NAME/version_N, or ROOT/NAME/V for a version the fit named
+    folder: Path  # ROOT/NAME/version_N, or ROOT/NAME/V of a version the fit named
     progress: dict | None
 
 
@@ -320,15 +320,15 @@ def evaluation_only(folder: Path) -> tuple[str, str] | None:
 
 def list_runs(root: Path) -> list[RunInfo]:
     """Every run under ``root``, by name: ``ROOT/NAME/version_N`` by N, then the versions a fit
-    named (``--trainer.logger.init_args.version V``: ``ROOT/NAME/V``, a folder with the
-    ``config.yaml`` of its fit), by V."""
+    named (``--trainer.logger.init_args.version V``: ``ROOT/NAME/V``) that hold checkpoints, by
+    V (not a test's ``version_N/test/`` when ``root`` is a run's folder)."""
     runs = []
     if not root.is_dir():
         return runs
     for named in sorted(p for p in root.iterdir() if p.is_dir()):
         folders = [folder for _, folder in version_folders(root, named.name)]
         folders += sorted(p for p in named.iterdir() if p.is_dir() and version_number(p) is None
-                          and (p / "config.yaml").is_file())
+                          and (p / "checkpoints").is_dir())
         for folder in folders:
             progress = read_progress(folder / "checkpoints") or None
             runs.append(RunInfo(named.name, folder, progress))

@@ -673,6 +673,11 @@ def test_a_named_versions_own_config_resumes_it_with_its_metrics(synthetic_data,
     assert runs_command.main(["--root", str(runs.parent)]) == 0
     rows = [line.split()[:3] for line in capsys.readouterr().out.splitlines()[1:]]
     assert rows == [["demo_softmax", "version_0", "1"], ["demo_softmax", "mine", "2"]]
+    # A run's folder is not a folder of runs, though a test's folder in it has a config.yaml.
+    (runs / "version_0" / "test").mkdir()
+    shutil.copy(runs / "version_0" / "config.yaml", runs / "version_0" / "test")
+    assert runs_command.main(["--root", str(runs)]) == 2
+    assert "is a run's folder, not a folder of runs" in capsys.readouterr().err
 
 
 def _wait_a_minute(started) -> None:
