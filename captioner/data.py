@@ -18,7 +18,6 @@ Batches are dicts:
 from __future__ import annotations
 
 import itertools
-import os
 import warnings
 from collections.abc import Iterator
 from functools import cached_property
@@ -34,6 +33,7 @@ from data_prep.features import FeatureCache
 from data_prep.files import first_names
 from data_prep.images import imagenet_transform, load_image
 from data_prep.karpathy import ImageEntry, KarpathyDataset, load_karpathy
+from data_prep.machine import usable_cpus
 from data_prep.vocab import Vocabulary
 
 _STAGE_SPLITS = {
@@ -267,14 +267,6 @@ def _built_by_getitems(batch: dict) -> dict:
 
 # Loader worker processes when the config leaves num_workers null (at most the usable CPUs).
 DEFAULT_LOADER_WORKERS = 4
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on: its affinity, where the system tells it."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS and Windows have no affinity call
-        return os.cpu_count() or 1
 
 
 class CaptionDataModule(L.LightningDataModule):

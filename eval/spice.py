@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data_prep.machine import usable_cpus
 from eval.java_tools import java_modules, run_java
 from eval.spice_jars import SpiceInstall, locate_spice
 
@@ -47,10 +48,6 @@ def default_max_heap() -> str:
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     gib = max(3, min(8, total // (2 << 30)))
     return f"{gib}g"
-
-
-def default_threads() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def spice_java_args(
@@ -112,7 +109,7 @@ def spice_scores(
             install,
             input_json,
             output_json,
-            threads=threads or default_threads(),
+            threads=threads or usable_cpus(),
             max_heap=max_heap or default_max_heap(),
         )
         run_java(args, tool="SPICE", cwd=Path(tmp), timeout=timeout)

@@ -26,6 +26,7 @@ from captioner import CONFIGS
 from captioner.benchmarks import PhaseClock, refuse_unwritable, torch_device
 from captioner.commands.options import at_least, command_parser, names
 from data_prep.files import check_output_dir
+from data_prep.machine import usable_cpus
 
 PROG = "captioner bench fit"
 HELP = "time a real fit on generated COCO-shaped data against the model's own training step"
@@ -311,8 +312,6 @@ def _loader_workers(datamodule, given: int | None) -> str:
     null (4 at most the usable CPUs, none with device-held features), or else the config's
     ``num_workers``, lowered to the usable CPUs where it asks for more (they would only contend
     for the CPUs, and torch warns about them at length at every epoch's start)."""
-    from captioner.data import usable_cpus
-
     if given is not None:
         return str(given)
     workers, usable = datamodule.loader_workers, usable_cpus()

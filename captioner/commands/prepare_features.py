@@ -23,12 +23,12 @@ settings is refused, never overwritten.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from captioner.commands.options import DEVICE_HELP, command_parser, names, report_error
 from captioner.feature_extraction import ON_ERROR, extract_features
+from data_prep.machine import usable_cpus
 
 HELP = "cache frozen-encoder grid features (float16, HDF5) for the images of a Karpathy JSON"
 PROG = "captioner prepare-features"
@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
         "--batch-size", type=int, default=32, help="images per batch (default: %(default)s)"
     )
     parser.add_argument(
-        "--num-workers", type=int, default=min(2, len(os.sched_getaffinity(0))),
+        "--num-workers", type=int, default=min(2, usable_cpus()),
         help="image-reading worker processes (1 where only one CPU is usable; default: 2)",
     )
     parser.add_argument("--device", default=None, help=DEVICE_HELP)
