@@ -63,8 +63,8 @@ DEVICE_SOLVER = _solver == "device"
 # Grids solved by the device solver, and how many of them its certificate left to the CPU.
 DEVICE_STATS = {"grids": 0, "fallback": 0}
 # CAPTIONER_TVMAX_OVERLAP=1: TVMax.start solves on the host in a background thread while its
-# caller (the decoder's teacher-forced pass) goes on launching work. Off by default: the gain
-# on a GPU has not been measured yet (README, "TVmax on a GPU").
+# caller (the decoder's teacher-forced pass) goes on launching work. Off by default: on an
+# H200 it gained nothing beyond the spread between runs (README, "TVmax on a GPU").
 _overlap = os.environ.get("CAPTIONER_TVMAX_OVERLAP", "0")
 if _overlap not in ("0", "1"):
     raise ValueError(f"CAPTIONER_TVMAX_OVERLAP must be 0 or 1, got {_overlap!r}")
