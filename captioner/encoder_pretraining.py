@@ -189,8 +189,10 @@ def pretrain_encoder(karpathy_json, image_root, instances: dict[str, Path], out:
     Raises ValueError / KeyError / OSError naming the bad setting, file or image, before any
     training when they can be known then (an unwritable ``out`` included)."""
     settings.check()
+    reads = [("dataset file", karpathy_json),
+             *((f"{split} instances file", path) for split, path in instances.items())]
     for path in (out, report_path(out)):
-        check_output_file(path)
+        check_output_file(path, reads)
     karpathy = load_karpathy(karpathy_json, image_root)
     splits = {split: karpathy.split(split) for split in ("train", "val")}
     for split, entries in splits.items():

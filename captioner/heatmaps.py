@@ -52,6 +52,8 @@ ZERO_STYLES = ("transparent", "white")
 UPSAMPLE_MODES = ("nearest", "bilinear")
 OVERLAY_OPACITY = 0.6
 DEFAULT_MAX_SIDE = 384
+# The label of an empty caption's strip, which shows the image alone.
+EMPTY_CAPTION = "(empty caption)"
 # Longest displayed side over shortest: beyond it the short side is stretched (see above).
 MAX_ASPECT = 4.0
 # The lightest quarter of matplotlib's "Greens" is near-white; dropping it keeps every non-zero
@@ -121,7 +123,10 @@ def upsample_attention(
 def shared_vmax(maps: Iterable[np.ndarray]) -> float:
     """The colour-scale maximum shared by a set of figures: the largest weight of all maps."""
     peaks = [float(np.max(m)) for m in maps if np.size(m)]
-    if not peaks or max(peaks) <= 0:
+    if not peaks:
+        raise ValueError("cannot choose a colour scale: every caption is empty, so there is no "
+                         "attention weight to scale by; give --vmax to draw them anyway")
+    if max(peaks) <= 0:
         raise ValueError("cannot choose a colour scale: no positive attention weight in the maps")
     return max(peaks)
 
@@ -370,19 +375,24 @@ def write_heatmaps(
     """Write one figure per word, the caption strip and the raw weights into ``out_dir``.
 
     Files: ``NN_word.png`` per word, ``strip.png``, ``attention.npz`` and ``attention.json``.
-    Returns the written paths.
+    An empty caption has no word to draw: its strip shows the image alone, marked
+    ``(empty caption)``, and its raw weights hold no map. Returns the written paths.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     base = image_array(image, max_side)
-    panels = render_words(base, record.attention, vmax=record.vmax, zero_style=zero_style,
-                          upsample=upsample)
     written = []
-    for index, (panel, word) in enumerate(zip(panels, record.tokens, strict=True)):
-        path = out_dir / word_figure_name(index, word)
-        Image.fromarray(panel).save(path)
-        written.append(path)
+    if record.tokens:
+        panels = render_words(base, record.attention, vmax=record.vmax, zero_style=zero_style,
+                              upsample=upsample)
+        for index, (panel, word) in enumerate(zip(panels, record.tokens, strict=True)):
+            path = out_dir / word_figure_name(index, word)
+            Image.fromarray(panel).save(path)
+            written.append(path)
+        words = record.tokens
+    else:
+        panels, words = base[None], [EMPTY_CAPTION]
     strip = out_dir / "strip.png"
-    render_strip(panels, record.tokens, record.vmax, strip, title=f"{record.mapping}")
+    render_strip(panels, words, record.vmax, strip, title=f"{record.mapping}")
     written.append(strip)
     written.extend(record.save(out_dir / "attention"))
     return written

@@ -820,6 +820,14 @@ def dataset_name(out: Path) -> str:
     return stem.removeprefix("dataset_") or stem
 
 
+def _check_output(out: Path, reads: list[tuple[str, str | Path]]) -> None:
+    """check_output_file of --out, against the files the import reads."""
+    try:
+        check_output_file(out, reads)
+    except OutputPathError as exc:
+        raise DatasetImportError(str(exc)) from None
+
+
 def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportReport:
     """Read, check, split and write; see the module docstring.
 
@@ -831,13 +839,11 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
     images, out = Path(options.images), Path(options.out)
     if not images.is_dir():
         raise DatasetImportError(f"{images}: image folder not found")
-    if out.exists() and Path(options.captions).exists() and out.samefile(options.captions):
-        raise DatasetImportError(f"{out}: the output would overwrite the captions file")
-    try:
-        check_output_file(out)
-    except OutputPathError as exc:
-        raise DatasetImportError(str(exc)) from None
     spec = parse_split(options.split)
+    reads = [("captions file", options.captions)]
+    if spec.lists is not None:
+        reads.append(("split file", options.split))
+    _check_output(out, reads)
     log = ProblemLog(options.on_error)
     fmt = options.fmt
     if fmt == "auto" and Path(options.captions).is_file():
@@ -851,6 +857,9 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
             f"{options.captions}: {'is empty' if empty else 'holds no captions'}{unread}"
         )
     listed = {record.image for record in records}
+    # Before any image is decoded: an output named like one of the images would replace it.
+    _check_output(out, [("image", images / name) for name in map(normalize_image_path, listed)
+                        if name is not None])
     items = tokenized_items(records, log)
     log.stop_if_failing()  # the captions file's problems, before any image is decoded
     items = readable_items(items, images, log, progress=progress)

@@ -181,18 +181,40 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
         raise
 
 
-def check_output_file(path: str | Path) -> Path:
-    """Check that ``path`` can be written as a file (its folder may not exist yet).
+def check_output_file(path: str | Path, reads: Iterable[tuple[str, str | Path]] = ()) -> Path:
+    """Check that ``path`` can be written as a file (its folder may not exist yet), and that
+    writing it would not replace one of the files the command reads.
+
+    Args:
+        path: the output file.
+        reads: (what, path) of the command's input files, e.g. ``("key file", key)``: an
+            output that is one of them (by any spelling or link) would destroy it.
 
     Raises:
-        OutputPathError: ``path`` is a folder or another non-regular file, or its nearest
-            existing parent is not a writable folder.
+        OutputPathError: ``path`` is a folder or another non-regular file, one of ``reads``,
+            or its nearest existing parent is not a writable folder.
     """
     path = Path(path)
     if path.is_dir():
         raise OutputPathError(f"{path}: is a folder, expected a file name")
-    _check_writable_parent(_file_to_replace(path))
+    target = _file_to_replace(path)
+    if target.is_file():
+        identity = _identity(target)
+        for what, read in reads:
+            if _identity(read) == identity:
+                raise OutputPathError(f"{path}: is the {what} this command reads; writing the "
+                                      "output there would replace it")
+    _check_writable_parent(target)
     return path
+
+
+def _identity(path: str | Path) -> tuple[int, int] | None:
+    """The (device, inode) of the file at ``path``, or None where there is none."""
+    try:
+        status = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return status.st_dev, status.st_ino
 
 
 def _file_to_replace(path: Path) -> Path:
@@ -395,6 +417,19 @@ def _holds(path: Path, tag: str) -> bool:
         return path.is_file() and tag in path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return False
+
+
+@contextmanager
+def emptied_on_failure(folder: Path) -> Iterator[Path]:
+    """Inside, a command fills ``folder``, new or emptied (:func:`check_output_folder`), with a
+    whole result; an exception (Ctrl-C too) empties it again before going on, so that half a
+    result, with no index or page to mark it, does not block the rerun."""
+    try:
+        yield folder
+    except BaseException:
+        if folder.is_dir():
+            clear_folder(folder)
+        raise
 
 
 def clear_folder(folder: Path, names: Iterable[str] | None = None) -> None:

@@ -105,7 +105,7 @@ def kit_scale(images: Sequence[KitImage], models: Sequence[KitModel],
 
     Raises:
         ValueError: no model, more models than labels, an image key given twice, an image
-            without one caption per model, no positive attention weight.
+            without one caption per model, only empty captions or no positive weight.
     """
     if not models:
         raise ValueError("a rating kit needs at least one model")

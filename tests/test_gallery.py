@@ -125,7 +125,7 @@ def test_gallery_rejects_inconsistent_input(tmp_path):
         build_gallery(tmp_path, [], MODELS)
     empty = GalleryImage("z.png", images[0].pixels,
                          [GalleryCaption("", [], np.zeros((0, 3, 4), np.float32))] * 2)
-    with pytest.raises(ValueError, match="no positive attention weight"):
+    with pytest.raises(ValueError, match="every caption is empty"):
         build_gallery(tmp_path, [empty], MODELS)  # no weight to choose vmax from
     assert not (tmp_path / "index.html").exists()
     data = _page_data(build_gallery(tmp_path, [empty], MODELS, vmax=0.5))

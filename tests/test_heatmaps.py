@@ -154,6 +154,8 @@ def test_shared_colour_scale_gives_equal_weights_equal_colours():
     assert not np.array_equal(pa[1, 1], pb[1, 1])
     with pytest.raises(ValueError, match="no positive"):
         shared_vmax([np.zeros((2, 2))])
+    with pytest.raises(ValueError, match="every caption is empty"):
+        shared_vmax([np.zeros((0, 2, 2))])
 
 
 def test_compose_rejects_unknown_style():

@@ -173,3 +173,79 @@ def test_an_image_given_twice_is_refused(tiny_checkpoint, tmp_path, capsys, monk
         assert capsys.readouterr().err == (
             f"captioner heatmaps: image photo.png is given twice{also}; give each image once\n")
         assert not out.exists()
+
+
+def _empty_captions_of(monkeypatch, names):
+    """Make the captioner's caption of the images ``names`` (file names) empty, as an
+    under-trained model's often is."""
+    import dataclasses
+
+    from captioner.inference import Captioner
+
+    original = Captioner.caption_files
+
+    def caption_files(self, paths, *args, **kwargs):
+        for result, caption in original(self, paths, *args, **kwargs):
+            if caption is not None and result.path.name in names:
+                caption = dataclasses.replace(caption, text="", tokens=[],
+                                              attention=caption.attention[:0],
+                                              input_attention=caption.input_attention[:0])
+            yield result, caption
+
+    monkeypatch.setattr(Captioner, "caption_files", caption_files)
+
+
+def test_an_empty_caption_gets_its_image_alone_and_no_word_figure(tiny_checkpoint, tmp_path,
+                                                                  capsys, monkeypatch):
+    first, second = tmp_path / "first.png", tmp_path / "second.png"
+    Image.new("RGB", (20, 20), (10, 120, 30)).save(first)
+    Image.new("RGB", (24, 16), (200, 20, 30)).save(second)
+    _empty_captions_of(monkeypatch, {"second.png"})
+    out = tmp_path / "out"
+    assert command.main([str(first), str(second), "--ckpt", str(tiny_checkpoint),
+                         "--out", str(out), *FAST]) == 0
+    empty = out / tiny_checkpoint.stem / "second"
+    assert sorted(p.name for p in empty.iterdir()) == ["attention.json", "attention.npz",
+                                                      "strip.png"]
+    record = AttentionRecord.load(empty / "attention.npz")
+    assert record.tokens == [] and record.attention.shape[0] == 0
+    index = json.loads((out / "index.json").read_text())
+    assert [entry["caption"] for entry in index["images"]][1] == ""
+
+
+def test_only_empty_captions_are_refused_and_leave_the_folder_for_a_rerun(
+        tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    image = tmp_path / "photo.png"
+    Image.new("RGB", (20, 20), (10, 120, 30)).save(image)
+    _empty_captions_of(monkeypatch, {"photo.png"})
+    out = tmp_path / "out"
+    args = [str(image), "--ckpt", str(tiny_checkpoint), "--out", str(out), *FAST]
+    assert command.main(args) == 1
+    assert capsys.readouterr().err == (
+        "captioner heatmaps: cannot choose a colour scale: every caption is empty, so there is "
+        "no attention weight to scale by; give --vmax to draw them anyway\n")
+    assert not out.exists() or not any(out.iterdir())
+    assert command.main([*args, "--vmax", "0.2"]) == 0
+    assert (out / tiny_checkpoint.stem / "photo" / "strip.png").is_file()
+
+
+def test_a_failure_while_drawing_empties_the_folder_for_a_rerun(tiny_checkpoint, tmp_path,
+                                                                capsys, monkeypatch):
+    import captioner.heatmaps
+
+    image = tmp_path / "photo.png"
+    Image.new("RGB", (20, 20), (10, 120, 30)).save(image)
+    out = tmp_path / "out"
+    args = [str(image), "--ckpt", str(tiny_checkpoint), "--out", str(out), *FAST]
+    original = captioner.heatmaps.render_strip
+
+    def failing_strip(*a, **k):
+        original(*a, **k)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(captioner.heatmaps, "render_strip", failing_strip)
+    assert command.main(args) == 1
+    assert "no space left on device" in capsys.readouterr().err
+    assert out.is_dir() and not any(out.iterdir())
+    monkeypatch.undo()
+    assert command.main(args) == 0

@@ -175,6 +175,75 @@ def test_fifos_are_refused_by_name_without_being_opened(tmp_path):
     assert check_input_file(tmp_path / "missing.jpg")  # reported later by the reader
 
 
+def test_an_output_that_is_one_of_the_inputs_is_refused(tmp_path):
+    key = tmp_path / "key.json"
+    key.write_text("{}")
+    (tmp_path / "link.json").symlink_to(key)
+    os.link(key, tmp_path / "hard.json")
+    (tmp_path / "other.json").write_text("{}")
+    reads = [("ratings file", tmp_path / "missing.json"), ("key file", key)]
+    for out in (key, tmp_path / "link.json", tmp_path / "hard.json",
+                tmp_path / "." / "key.json"):
+        with pytest.raises(OutputPathError, match=f"{out.name}: is the key file this command "
+                           "reads; writing the output there would replace it"):
+            check_output_file(out, reads)
+    assert check_output_file(tmp_path / "other.json", reads)
+    assert check_output_file(tmp_path / "new.json", reads)
+    assert key.read_text() == "{}"
+
+
+def test_score_summary_and_caption_never_write_over_what_they_read(
+        tiny_checkpoint, synthetic_data, kit_key_and_ratings, tmp_path, capsys):
+    from captioner.commands import caption
+    from eval.commands import rating_summary, score
+
+    key, ratings = kit_key_and_ratings
+    image = next((synthetic_data.image_root / "test").glob("*.png"))
+    results = tmp_path / "results.json"
+    references = synthetic_data.karpathy_json
+    test_ids = [entry["cocoid"] for entry in json.loads(references.read_text())["images"]
+                if entry["split"] == "test"]
+    results.write_text(json.dumps([{"image_id": i, "caption": "a red circle"}
+                                   for i in test_ids]))
+    cases = [
+        (score.main, ["--results", str(results), "--references", str(references), "--split",
+                      "test", "--out", str(references)], references, "references file"),
+        (score.main, ["--results", str(results), "--references", str(references), "--split",
+                      "test", "--out", str(results)], results, "results file"),
+        (rating_summary.main, [str(ratings), "--key", str(key), "--out", str(key)], key,
+         "key file"),
+        (rating_summary.main, [str(ratings), "--key", str(key), "--out", str(ratings)], ratings,
+         "ratings file"),
+        (caption.main, [str(image), "--ckpt", str(tiny_checkpoint), "--out", str(image)], image,
+         "image"),
+        (caption.main, [str(image), "--ckpt", str(tiny_checkpoint), "--format", "jsonl",
+                        "--out", str(tiny_checkpoint)], tiny_checkpoint, "checkpoint"),
+    ]
+    for main, argv, read, what in cases:
+        before = read.read_bytes()
+        code = main(argv)
+        err = capsys.readouterr().err
+        assert code == 2 and f"{read.name}: is the {what} this command reads" in err, err
+        assert read.read_bytes() == before
+
+
+@pytest.fixture
+def kit_key_and_ratings(tmp_path):
+    from eval.rating_kit import KEY_FORMAT, RATINGS_FORMAT, write_key
+
+    key = {"format": KEY_FORMAT, "kit_id": "kit1", "seed": 0, "vmax": 1.0,
+           "models": [{"name": "softmax", "checkpoint": "s.ckpt", "mapping": "softmax"}],
+           "images": [{"key": "1", "name": "1.jpg", "labels": {"A": "softmax"}}]}
+    write_key(key, tmp_path / "kit-key.json")
+    ratings = tmp_path / "r1.json"
+    ratings.write_text(json.dumps({
+        "format": RATINGS_FORMAT, "kit_id": "kit1", "rater_id": "r1",
+        "exported_at": "2026-02-01",
+        "ratings": [{"image": "1", "label": "A", "caption_score": 3, "attention_score": 4,
+                     "caption_time": "2026-01-01", "attention_time": "2026-01-01"}]}))
+    return tmp_path / "kit-key.json", ratings
+
+
 def test_caption_refuses_an_unwritable_out_before_captioning(tiny_checkpoint, synthetic_data,
                                                              tmp_path, capsys, monkeypatch):
     from captioner.commands import caption

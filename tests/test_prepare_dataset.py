@@ -542,20 +542,33 @@ def test_images_without_captions_in_the_folder_are_counted(tmp_path, capsys):
 def test_input_and_output_paths_are_checked(tmp_path, capsys):
     photos = photo_folder(tmp_path / "photos", GOOD)
     captions = _jsonl_case(tmp_path, [])
+    split_file = tmp_path / "split.json"
+    split_file.write_text(json.dumps({"train": GOOD[:4], "val": GOOD[4:5], "test": GOOD[5:]}))
+    (tmp_path / "link.json").symlink_to(captions)
+    out = ["--out", tmp_path / "o.json"]
     cases = [
-        (["--captions", tmp_path / "nope.jsonl", "--images", photos, "--out", tmp_path / "o.json"],
+        (["--captions", tmp_path / "nope.jsonl", "--images", photos, *out],
          f"captions file not found: {tmp_path / 'nope.jsonl'}"),
-        (["--captions", captions, "--images", tmp_path / "nodir", "--out", tmp_path / "o.json"],
+        (["--captions", captions, "--images", tmp_path / "nodir", *out],
          "nodir: image folder not found"),
         (["--captions", captions, "--images", photos, "--out", captions],
-         "the output would overwrite the captions file"),
+         "captions.jsonl: is the captions file this command reads; writing the output there "
+         "would replace it"),
+        (["--captions", captions, "--images", photos, "--out", tmp_path / "link.json"],
+         "link.json: is the captions file this command reads"),
+        (["--captions", captions, "--images", photos, "--out", photos / "good3.jpg"],
+         "good3.jpg: is the image this command reads"),
+        (["--captions", captions, "--images", photos, "--out", split_file, "--split",
+          split_file], "split.json: is the split file this command reads"),
         (["--captions", captions, "--images", photos, "--out", photos], "is a folder"),
     ]
-    before = captions.read_text()
+    inputs = [captions, split_file, *sorted(photos.iterdir())]
+    before = [path.read_bytes() for path in inputs]
     for args, message in cases:
-        code, _, err = run(capsys, *args, "--split", "4,1,1")
-        assert code == 2 and message in err and "Traceback" not in err
-    assert captions.read_text() == before
+        split = [] if "--split" in args else ["--split", "4,1,1"]
+        code, _, err = run(capsys, *args, *split)
+        assert code == 2 and message in err and "Traceback" not in err, err
+    assert [path.read_bytes() for path in inputs] == before
 
 
 def test_not_utf8_captions_are_named(tmp_path, capsys):

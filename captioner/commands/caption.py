@@ -82,9 +82,10 @@ def main(argv: list[str]) -> int:
     from data_prep.files import check_output_file
 
     try:
-        if args.out is not None:
-            check_output_file(args.out)
         paths = collect_images(args.inputs)
+        if args.out is not None:
+            check_output_file(args.out, [("checkpoint", args.ckpt),
+                                         *(("image", path) for path in paths)])
         captioner = open_captioner(args.ckpt, args.device)
         options = decoding_options(args, captioner.decoding)
     except (OSError, ValueError) as exc:

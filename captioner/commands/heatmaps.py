@@ -135,7 +135,12 @@ def main(argv: list[str]) -> int:
     )
     from captioner.image_files import collect_images
     from captioner.inference import open_captioner
-    from data_prep.files import atomic_write, check_output_folder, clear_folder
+    from data_prep.files import (
+        atomic_write,
+        check_output_folder,
+        clear_folder,
+        emptied_on_failure,
+    )
 
     try:
         names = checkpoint_names(args.ckpt)
@@ -163,9 +168,10 @@ def main(argv: list[str]) -> int:
         vmax = args.vmax or shared_vmax(c.attention.float().numpy() for c in captions.values())
         if earlier:
             clear_folder(args.out)
-        index = _write_figures(args, models, captions, images, vmax, progress)
-        with atomic_write(args.out / "index.json") as handle:
-            json.dump(index, handle, indent=1, ensure_ascii=False)
+        with emptied_on_failure(args.out):
+            index = _write_figures(args, models, captions, images, vmax, progress)
+            with atomic_write(args.out / "index.json") as handle:
+                json.dump(index, handle, indent=1, ensure_ascii=False)
     except (OSError, ValueError) as exc:
         return report_error("captioner heatmaps", exc, status=1)
     print(f"wrote heatmaps of {counted(len(images), 'image')} x "

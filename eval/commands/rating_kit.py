@@ -67,17 +67,18 @@ def _candidates(args: argparse.Namespace) -> list[tuple[str, Path]]:
     return [(str(entry.image_id), entry.path) for entry in entries]
 
 
-def _check_key(path: Path, overwrite: bool) -> bool:
+def _check_key(path: Path, overwrite: bool, checkpoints: list[Path]) -> bool:
     """Check, before any work, that the key can be written to ``path``; returns whether it
     replaces an earlier key (only with ``overwrite``).
 
     Raises:
-        OutputPathError: ``path`` cannot be written, or holds a key and ``overwrite`` is False
-            (the ratings of its kit could never be unblinded again).
+        OutputPathError: ``path`` cannot be written, is one of the ``checkpoints``, or holds a
+            key and ``overwrite`` is False (the ratings of its kit could never be unblinded
+            again).
     """
     from data_prep.files import OutputPathError, check_output_file
 
-    check_output_file(path)
+    check_output_file(path, [("checkpoint", checkpoint) for checkpoint in checkpoints])
     if not path.exists():
         return False
     if not overwrite:
@@ -110,15 +111,16 @@ def _write_kit(args: argparse.Namespace, images, models, key_path: Path, earlier
     """Write the kit into --out and its key to ``key_path``, first removing the ``earlier``
     kit (--overwrite) once the new one is known to be drawable, so that it is never replaced
     by none. Returns the `RatingKit`."""
-    from data_prep.files import clear_folder
+    from data_prep.files import clear_folder, emptied_on_failure
     from eval.rating_kit import build_kit, kit_scale, write_key
 
     vmax = kit_scale(images, models)
     if earlier:
         clear_folder(args.out)
-    kit = build_kit(args.out, images, models, seed=args.seed, title=args.title,
-                    upsample=args.upsample, max_side=args.size, vmax=vmax)
-    write_key(kit.key, key_path)
+    with emptied_on_failure(args.out):
+        kit = build_kit(args.out, images, models, seed=args.seed, title=args.title,
+                        upsample=args.upsample, max_side=args.size, vmax=vmax)
+        write_key(kit.key, key_path)
     return kit
 
 
@@ -142,7 +144,7 @@ def main(argv: list[str]) -> int:
 
     try:
         names = checkpoint_names(args.ckpt)
-        replaces_key = _check_key(key_path, args.overwrite)
+        replaces_key = _check_key(key_path, args.overwrite, args.ckpt)
         earlier = check_output_folder(args.out, "rating kit", "index.html",
                                       f'"format": "{KIT_FORMAT}"', args.overwrite,
                                       kit_files)

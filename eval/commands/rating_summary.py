@@ -35,7 +35,8 @@ def main(argv: list[str]) -> int:
 
     try:
         if args.out is not None:
-            check_output_file(args.out)
+            check_output_file(args.out, [("key file", args.key),
+                                         *(("ratings file", path) for path in args.ratings)])
         for path in (*args.ratings, args.key):
             require_file(path, "ratings file" if path != args.key else "key file")
         summary = summarize(args.ratings, args.key)

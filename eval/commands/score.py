@@ -58,7 +58,8 @@ def main(argv: list[str]) -> int:
 
     try:
         if args.out:
-            check_output_file(args.out)
+            check_output_file(args.out, [("results file", args.results),
+                                         ("references file", args.references)])
         metrics = parse_metrics(args.metrics)
         hypotheses = load_results(args.results)
         references = load_references(args.references, args.split)
