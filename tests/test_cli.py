@@ -107,6 +107,17 @@ def test_a_bad_option_is_one_line_not_the_whole_usage(command, capsys):
     assert err.startswith(f"captioner {' '.join(words)}: error: ") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("command", [["caption", "a.png"],
+                                     ["evaluate", "--data", "d.json", "--images", "i"]])
+def test_a_checkpoint_given_twice_to_a_one_checkpoint_command_is_refused(command, capsys):
+    """argparse keeps the last of two: `caption --ckpt A --ckpt B` captioned with B alone."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--ckpt", "runs/a.ckpt", "--ckpt", "runs/b.ckpt"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (f"captioner {command[0]}: error: --ckpt is given twice "
+                                       "(runs/a.ckpt and runs/b.ckpt); give it once\n")
+
+
 def test_a_config_file_that_is_not_yaml_is_named_on_one_line(tmp_path):
     broken = tmp_path / "broken.yaml"
     broken.write_text("model:\n  hidden_dim: [1\n")

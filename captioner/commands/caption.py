@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 from captioner.commands.options import (
+    add_checkpoint_argument,
     add_decoding_arguments,
     command_parser,
     decoding_options,
@@ -46,7 +47,7 @@ _ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 def _parser() -> argparse.ArgumentParser:
     parser = command_parser("captioner caption", __doc__)
     parser.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR")
-    parser.add_argument("--ckpt", required=True, type=Path, help="trained checkpoint (.ckpt)")
+    add_checkpoint_argument(parser)
     parser.add_argument("--format", choices=FORMATS, default="text",
                         help="output format (default: %(default)s)")
     parser.add_argument("--out", type=Path, help="output file (default: standard output)")

@@ -213,3 +213,20 @@ def add_overwrite_argument(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help=f"replace the {what} of an earlier run in --out, wholly (default: "
                              "--out must be new or empty)")
+
+
+class GivenOnce(argparse.Action):
+    """An option that may be given once: argparse would keep the last of several, so that
+    ``--ckpt A --ckpt B`` quietly used B while the user meant A, or both."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = getattr(namespace, self.dest, None)
+        if before is not None and before != self.default:
+            parser.error(f"{option_string} is given twice ({before} and {values}); give it once")
+        setattr(namespace, self.dest, values)
+
+
+def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
+    """``--ckpt``: the one trained checkpoint a command captions with."""
+    parser.add_argument("--ckpt", required=True, type=Path, action=GivenOnce,
+                        help="trained checkpoint (.ckpt), as 'captioner fit' writes it")

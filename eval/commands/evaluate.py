@@ -9,6 +9,7 @@ from pathlib import Path
 from captioner.cli import SIGINT_STATUS
 from captioner.commands.options import (
     CommandParser,
+    add_checkpoint_argument,
     add_decoding_arguments,
     decoding_options,
     report_error,
@@ -20,7 +21,7 @@ HELP = "caption a Karpathy split with a checkpoint; metrics, attention statistic
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="captioner evaluate", description=HELP)
-    parser.add_argument("--ckpt", required=True, help="checkpoint written by 'captioner fit'")
+    add_checkpoint_argument(parser)
     parser.add_argument("--data", required=True, help="Karpathy split JSON")
     parser.add_argument("--images", required=True, help="image root of the Karpathy file")
     parser.add_argument("--split", default="test", help="split to evaluate (default: %(default)s)")
