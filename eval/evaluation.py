@@ -70,7 +70,7 @@ def evaluate_captioner(
     as soon as the captions are made, before any metric, so that a caller can keep them."""
     from data_prep.karpathy import load_karpathy
     from eval.attention_stats import attention_statistics
-    from eval.objects import InstanceAnnotations, object_statistics
+    from eval.objects import InstanceAnnotations, category_words_for, object_statistics
     from eval.scoring import compute_metrics
 
     entries = load_karpathy(karpathy_json, image_root).split(split)
@@ -78,6 +78,10 @@ def evaluate_captioner(
         raise ValueError(f"{karpathy_json}: split {split!r} has no images")
     annotations = InstanceAnnotations.load(instances) if instances is not None else None
     if annotations is not None:  # before hours of captioning, not after
+        try:
+            category_words_for(annotations.category_names)  # a synonym list for each
+        except KeyError as exc:
+            raise ValueError(f"{instances}: {exc.args[0]}") from None
         missing = [entry.image_id for entry in entries if not annotations.has_image(entry.image_id)]
         if missing:
             raise ValueError(f"{instances}: has no image {missing[0]} of split {split!r} "

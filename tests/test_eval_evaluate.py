@@ -62,6 +62,9 @@ def _instances_variants(synthetic_data, tmp_path) -> dict[str, tuple[str, str]]:
                              "categories"),
         "no_height": ({**good, "images": [{"id": 1, "width": 3}]}, "images[0] lacks field "
                       "'height'"),
+        "own_category": ({**good, "categories": [{**good["categories"][0], "name": "zebra_thing"},
+                                                 *good["categories"][1:]]},
+                         "no synonym list for categories zebra_thing (known: COCO and "),
     }
     files = {}
     for name, (document, message) in variants.items():
@@ -185,3 +188,34 @@ def test_an_earlier_evaluation_in_out_is_kept_unless_overwrite(synthetic_data, t
     monkeypatch.setattr(eval.scoring, "compute_metrics", fail)
     assert evaluate.main([*argv, "--beam-size", "2", "--overwrite"]) == 2
     assert results.is_file() and not metrics.exists()
+
+
+def test_empty_captions_are_scored_with_a_warning_and_the_resume_line_scores_them(
+        synthetic_data, tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    """An under-trained model's empty captions: evaluate scores them (and says so), so the
+    score command its Ctrl-C line gives must score them too."""
+    import dataclasses
+
+    from captioner.inference import Captioner
+    from eval.commands import score
+
+    original = Captioner.caption
+
+    def some_empty(self, *args, **kwargs):
+        captions = original(self, *args, **kwargs)
+        return [dataclasses.replace(c, text="", tokens=[]) if i % 2 else c
+                for i, c in enumerate(captions)]
+
+    monkeypatch.setattr(Captioner, "caption", some_empty)
+    out = tmp_path / "eval"
+    assert _evaluate_with_metrics_raising(KeyboardInterrupt(), synthetic_data, tiny_checkpoint,
+                                          out, monkeypatch) == 130
+    err = capsys.readouterr().err
+    results = out / "results_test.json"
+    empty = [r["image_id"] for r in json.loads(results.read_text()) if not r["caption"]]
+    assert len(empty) == 2
+    assert f"warning: scoring 2 empty captions (image ids {empty[0]}, {empty[1]})" in err
+    command = err.split("(captioner score ")[1].split(" scores them;")[0].split()
+    assert "--allow-empty" in command
+    monkeypatch.undo()
+    assert score.main([*command, "--metrics", "Bleu"]) == 0

@@ -76,7 +76,7 @@ def test_allow_empty_names_the_empty_captions_it_scores(tmp_path, karpathy, caps
     rc, stdout, err = _score(capsys, "--results", results, "--references", karpathy, "--split",
                              "test", "--metrics", "REP", "--allow-empty")
     assert rc == 0, err
-    assert stdout.splitlines()[0] == "warning: scoring 1 empty captions (image ids 5)"
+    assert stdout.splitlines()[0] == "warning: scoring 1 empty caption (image ids 5)"
 
 
 @pytest.mark.parametrize(
@@ -100,7 +100,7 @@ def test_allow_empty_names_the_empty_captions_it_scores(tmp_path, karpathy, caps
         ),
         (
             [{"image_id": 5, "caption": " "}, {"image_id": 6, "caption": "c"}],
-            r"1 captions in .* are empty \(image ids 5\); pass --allow-empty",
+            r"1 caption in .* is empty \(image ids 5\); pass --allow-empty",
         ),
         ([{"image_id": "5", "caption": "a"}], "entry 0: image_id must be an integer"),
         ({"image_id": 5}, "COCO results must be a list"),

@@ -42,7 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from captioner.inference import open_captioner
-    from data_prep.files import OutputPathError, check_output_dir, write_json
+    from data_prep.files import (
+        OutputPathError,
+        check_output_dir,
+        counted,
+        first_names,
+        write_json,
+    )
+    from eval.caption_files import empty_caption_ids
     from eval.evaluation import evaluate_captioner
     from eval.java_tools import JavaToolError
     from eval.scoring import parse_metrics
@@ -67,12 +74,18 @@ def main(argv: list[str]) -> int:
         options = decoding_options(args, captioner.decoding)
     except (SpiceJarsError, OSError, ValueError) as exc:
         return report_error("captioner evaluate", exc)
-    written = []
+    written, empty = [], []
 
     def keep(captions: list[dict]) -> None:  # before the metrics, which may fail
         write_json(results, captions)
         written.append(results)
         metrics_file.unlink(missing_ok=True)  # an earlier run's, never beside these captions
+        # An under-trained model writes empty captions; they are scored (every metric gives
+        # them 0), as `captioner score --allow-empty` scores them, and said so.
+        empty.extend(empty_caption_ids({c["image_id"]: c["caption"] for c in captions}))
+        if empty:
+            print(f"warning: scoring {counted(len(empty), 'empty caption')} (image ids "
+                  f"{first_names(empty)})", file=sys.stderr)
 
     try:
         with warnings_as_lines():  # e.g. CIDEr undefined on one image: one line
@@ -89,9 +102,10 @@ def main(argv: list[str]) -> int:
             raise  # nothing kept: captioner.cli's one line
         # Ctrl-C in the metrics (SPICE takes longest): the captions need not be made again,
         # and the same command is refused now that they are in --out.
+        allow_empty = " --allow-empty" if empty else ""
         print(f"captioner evaluate: interrupted; the captions are kept in {results} (captioner "
-              f"score --results {results} --references {args.data} --split {args.split} scores "
-              "them; --overwrite evaluates again)", file=sys.stderr)
+              f"score --results {results} --references {args.data} --split {args.split}"
+              f"{allow_empty} scores them; --overwrite evaluates again)", file=sys.stderr)
         return SIGINT_STATUS
     write_json(metrics_file, report.to_dict(), indent=2)
     print(report.summary())

@@ -43,7 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from data_prep.files import OutputPathError, check_output_file, first_names, write_json
+    from data_prep.files import (
+        OutputPathError,
+        check_output_file,
+        counted,
+        first_names,
+        write_json,
+    )
     from eval.caption_files import (
         CaptionFileError,
         empty_caption_ids,
@@ -69,14 +75,16 @@ def main(argv: list[str]) -> int:
     empty = empty_caption_ids(hypotheses)
     if empty and not args.allow_empty:
         problems.append(
-            f"{len(empty)} captions in {args.results} are empty (image ids {first_names(empty)}); "
+            f"{counted(len(empty), 'caption')} in {args.results} "
+            f"{'is' if len(empty) == 1 else 'are'} empty (image ids {first_names(empty)}); "
             "pass --allow-empty to score them anyway"
         )
     if problems:
         return report_error("captioner score", ValueError("; ".join(problems)),
                             f"cannot score {args.results}")
     if empty:
-        print(f"warning: scoring {len(empty)} empty captions (image ids {first_names(empty)})")
+        print(f"warning: scoring {counted(len(empty), 'empty caption')} (image ids "
+              f"{first_names(empty)})")
     try:
         # Metrics that are undefined here (e.g. CIDEr of one image) warn: one line each.
         with warnings_as_lines():
