@@ -88,6 +88,10 @@ for _message in (
     r"Experiment logs directory .* exists and is not empty",
     # Lightning's own use of a torch API, nothing a user can act on.
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    # validate/test on several devices: the DistributedSampler repeats a few images to even
+    # out the batches, but the captions are gathered by image id (CaptioningModule._gather),
+    # so each image counts once and the metrics equal one device's.
+    r"Using `DistributedSampler` with the dataloaders. During `trainer\.(validate|test)\(\)`",
 ):
     warnings.filterwarnings("ignore", message=_message)
 

@@ -230,3 +230,18 @@ def test_unknown_tvmax_settings_in_the_environment_are_one_line(tiny_checkpoint,
     run = _captioner("caption", str(image), "--ckpt", str(tiny_checkpoint), "--no-progress",
                      CAPTIONER_TVMAX_SOLVER="host", CAPTIONER_TVMAX_OVERLAP="1")
     assert run.returncode == 0 and run.stdout.startswith(f"{image}\t")
+
+
+def test_under_ddp_only_the_first_process_reports_a_user_error(tmp_path, capsys, monkeypatch):
+    """Lightning starts DDP's other ranks as copies of the command: each met the same error,
+    and the user read it once per process."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    argv = ["fit", "--config", str(tmp_path / "missing.yaml")]
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    assert main(argv) == 2
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(rank_zero_only, "rank", 0)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("captioner fit: ") and "missing.yaml" in err and err.count("\n") == 1

@@ -55,10 +55,13 @@ def main(argv: list[str]) -> int:
     try:
         cli = build_cli(args)
     except Interrupted as exc:
-        print(f"captioner {argv[0]}: {exc}", file=sys.stderr)
+        if _first_process():
+            print(f"captioner {argv[0]}: {exc}", file=sys.stderr)
         return 130
     except (UserError, OSError, ValueError, ArgumentError, MisconfigurationException,
             EncoderWeightsError) as exc:
+        if not _first_process():
+            return 2  # the first process, which met the same error, says it
         message, configs = str(exc), config_files(argv)
         if isinstance(exc, UnicodeDecodeError) and configs:  # a config file that is not text
             return report_error(f"captioner {argv[0]}", ValueError(
@@ -78,6 +81,15 @@ def main(argv: list[str]) -> int:
             print(summary)
     end_distributed()
     return 0
+
+
+def _first_process() -> bool:
+    """Whether this process is the first (global rank 0) or the only one. Under DDP, Lightning
+    starts the other ranks as copies of this command, which meet the same error or stop: one
+    line from the first says it, not one from each."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    return rank_zero_only.rank == 0
 
 
 def _as_options(message: str, subcommand: str) -> str:
