@@ -731,9 +731,10 @@ def assign_splits(items: list[Item], spec: SplitSpec, seed: int, log: ProblemLog
     if spec.counts is not None:
         sizes = spec.counts
         if sum(sizes) > len(order):
+            skipped = _skipped_summary(log)
             raise DatasetImportError(
                 f"--split {','.join(map(str, sizes))}: {sum(sizes)} images requested, "
-                f"{len(order)} usable"
+                f"{len(order)} usable{'; ' + skipped if skipped else ''}"
             )
     else:
         sizes = split_sizes(len(order), spec.fractions)
@@ -820,6 +821,13 @@ def dataset_name(out: Path) -> str:
     return stem.removeprefix("dataset_") or stem
 
 
+def _skipped_summary(log: ProblemLog) -> str:
+    """What was skipped, by reason, with an example each: the likely cause of too few images
+    (a wrong --images folder: every image missing), for a message after which no report comes."""
+    return "; ".join(f"{len(found)} skipped as {REASONS[reason]}, e.g. {found[0].skipped}"
+                     for reason, found in log.by_reason().items())
+
+
 def _check_output(out: Path, reads: list[tuple[str, str | Path]]) -> None:
     """check_output_file of --out, against the files the import reads."""
     try:
@@ -868,8 +876,7 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
         if not splits[split]:
             # What was skipped is the likely cause (a wrong --images folder: every image
             # missing), and no report follows this error: say it here.
-            skipped = "; ".join(f"{len(found)} skipped as {REASONS[reason]}, e.g. "
-                                f"{found[0].skipped}" for reason, found in log.by_reason().items())
+            skipped = _skipped_summary(log)
             raise DatasetImportError(
                 f"split {split!r} would be empty ({len(items)} usable images, --split "
                 f"{options.split}{'; ' + skipped if skipped else ''}); nothing was written"

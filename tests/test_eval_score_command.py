@@ -244,3 +244,18 @@ def test_the_library_refuses_ids_in_one_side_only_as_score_does():
         score_captions(hypotheses, references, ["Bleu"])
     assert str(error.value) == "; ".join(problems)
     assert coverage_problems({1: "a dog"}, {1: ["a dog"]}) == []
+
+
+def test_an_empty_reference_caption_is_named(tmp_path, capsys):
+    references = _write(tmp_path / "refs.json", {
+        "images": [{"id": 5}, {"id": 6}],
+        "annotations": [{"id": 1, "image_id": 5, "caption": ""},
+                        {"id": 2, "image_id": 5, "caption": "a dog"},
+                        {"id": 3, "image_id": 6, "caption": "a cat"}]})
+    results = _write(tmp_path / "r.json",
+                     [{"image_id": 5, "caption": "a dog"}, {"image_id": 6, "caption": "a cat"}])
+    rc, _, err = _score(capsys, "--results", results, "--references", references,
+                        "--metrics", "REP")
+    assert rc == 0, err
+    assert (f"warning: 1 image of {references} has an empty reference caption (image ids 5), "
+            "scored as a reference") in err

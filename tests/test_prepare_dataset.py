@@ -173,11 +173,19 @@ def test_count_splits_leave_the_rest_out_and_say_so(tmp_path, capsys):
     assert code == 0
     dataset = load_karpathy(out, photos)
     assert [len(dataset.split(s)) for s in ("train", "val", "test")] == [6, 3, 2]
-    assert "left out 1 usable images beyond the --split counts" in err
+    assert "left out 1 usable image beyond the --split counts" in err
 
     code, _, err = run(capsys, "--captions", captions, "--images", photos, "--out", out,
                        "--split", "10,2,1")
     assert code == 2 and "13 images requested, 12 usable" in err
+
+    # Too few because some were skipped: the message says which and why, as no report follows.
+    (photos / "broken.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    write_jsonl(captions, [{"image": n, "captions": ["a cat"]} for n in [*names, "broken.jpg"]])
+    code, _, err = run(capsys, "--captions", captions, "--images", photos, "--out", out,
+                       "--split", "10,2,1")
+    assert code == 2 and ("13 images requested, 12 usable; 1 skipped as unreadable image, e.g. "
+                          f"{photos / 'broken.jpg'}: not an image file") in err, err
 
 
 def test_split_file_assigns_listed_images_and_reports_the_others(tmp_path, capsys):

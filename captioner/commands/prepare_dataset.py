@@ -67,7 +67,7 @@ def main(argv: list[str]) -> int:
         ImportOptions,
         import_dataset,
     )
-    from data_prep.files import first_names
+    from data_prep.files import counted, first_names
 
     options = ImportOptions(
         captions=args.captions, images=args.images, out=args.out, fmt=args.format,
@@ -86,11 +86,13 @@ def main(argv: list[str]) -> int:
         print(f"{PROG}: skipped {len(problems)} ({REASONS[reason]}): {names}\n"
               f"  e.g. {problems[0].skipped}", file=sys.stderr)
     if report.left_out:
-        print(f"{PROG}: left out {len(report.left_out)} usable images beyond the --split "
-              f"counts: {first_names(report.left_out)}", file=sys.stderr)
+        print(f"{PROG}: left out {counted(len(report.left_out), 'usable image')} beyond the "
+              f"--split counts: {first_names(report.left_out)}", file=sys.stderr)
     if report.uncaptioned:
-        print(f"{PROG}: note: {len(report.uncaptioned)} images in {args.images} have no "
-              f"captions and were not used: {first_names(report.uncaptioned)}", file=sys.stderr)
+        have = "has" if len(report.uncaptioned) == 1 else "have"
+        print(f"{PROG}: note: {counted(len(report.uncaptioned), 'image')} in {args.images} "
+              f"{have} no captions and {'was' if have == 'has' else 'were'} not used: "
+              f"{first_names(report.uncaptioned)}", file=sys.stderr)
     _print_next_steps(args.out, args.images)
     return 0
 

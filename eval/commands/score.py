@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from captioner.commands.options import CommandParser, at_least, report_error, warnings_as_lines
@@ -85,6 +86,15 @@ def main(argv: list[str]) -> int:
     if empty:
         print(f"warning: scoring {counted(len(empty), 'empty caption')} (image ids "
               f"{first_names(empty)})")
+    # An empty reference is a defect of the references file; it counts as one (lowering
+    # CIDEr's consensus, say), so the user must hear of it.
+    empty_references = sorted(i for i, texts in references.items()
+                              if i in hypotheses and any(not t.strip() for t in texts))
+    if empty_references:
+        print(f"warning: {counted(len(empty_references), 'image')} of {args.references} "
+              f"{'has' if len(empty_references) == 1 else 'have'} an empty reference caption "
+              f"(image ids {first_names(empty_references)}), scored as a reference",
+              file=sys.stderr)
     try:
         # Metrics that are undefined here (e.g. CIDEr of one image) warn: one line each.
         with warnings_as_lines():
