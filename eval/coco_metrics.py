@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from data_prep.files import first_names
+from data_prep.files import counted, first_names
 
 if TYPE_CHECKING:
     from eval.spice_jars import SpiceInstall
@@ -50,11 +50,13 @@ def coverage_problems(hypotheses: Mapping[int, str],
     only_hyp = sorted(set(hypotheses) - set(references))
     only_ref = sorted(set(references) - set(hypotheses))
     if only_hyp:
-        problems.append(f"{len(only_hyp)} image ids are in the results but not in the "
-                        f"references ({first_names(only_hyp)})")
+        problems.append(f"{counted(len(only_hyp), 'image id')} of the results "
+                        f"{'has' if len(only_hyp) == 1 else 'have'} no reference caption "
+                        f"({first_names(only_hyp)})")
     if only_ref:
-        problems.append(f"{len(only_ref)} image ids of the references have no caption in the "
-                        f"results ({first_names(only_ref)})")
+        problems.append(f"{counted(len(only_ref), 'image id')} of the references "
+                        f"{'has' if len(only_ref) == 1 else 'have'} no caption in the results "
+                        f"({first_names(only_ref)})")
     return problems
 
 

@@ -82,16 +82,16 @@ def test_allow_empty_names_the_empty_captions_it_scores(tmp_path, karpathy, caps
 @pytest.mark.parametrize(
     ("results", "message"),
     [
-        ([{"image_id": 5, "caption": "a dog"}], "image ids of the references have no caption"),
+        ([{"image_id": 5, "caption": "a dog"}], "1 image id of the references has no caption"),
         (
             [{"image_id": 5, "caption": "a"}, {"image_id": 99, "caption": "c"}],
-            r"cannot score .*r\.json: 1 image ids are in the results but not in the references "
-            r"\(99\); 1 image ids of the references have no caption in the results \(6\)$",
+            r"cannot score .*r\.json: 1 image id of the results has no reference caption "
+            r"\(99\); 1 image id of the references has no caption in the results \(6\)$",
         ),
         (
             [{"image_id": 5, "caption": "a"}, {"image_id": 6, "caption": "b"},
              {"image_id": 99, "caption": "c"}],
-            r"1 image ids are in the results but not in the references \(99\)",
+            r"1 image id of the results has no reference caption \(99\)",
         ),
         (
             [{"image_id": 5, "caption": "a"}, {"image_id": 5, "caption": "b"},
@@ -234,7 +234,7 @@ def test_the_library_refuses_ids_in_one_side_only_as_score_does():
     references = {1: ["a dog"], 2: ["a cat"], 3: ["a cow"], 4: ["a hen"]}
     problems = coverage_problems(hypotheses, references)
     assert problems == [
-        "1 image ids are in the results but not in the references (5)",
+        "1 image id of the results has no reference caption (5)",
         "2 image ids of the references have no caption in the results (3, 4)"]
     # Ids past the tenth are counted, not listed.
     many = coverage_problems(hypotheses, {i: ["a dog"] for i in range(1, 16)})
