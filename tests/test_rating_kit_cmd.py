@@ -6,6 +6,7 @@ import json
 import shutil
 
 import pytest
+from PIL import Image
 
 from eval.commands import rating_kit as command
 
@@ -31,7 +32,7 @@ def test_kit_from_karpathy_split_with_key_outside(tiny_checkpoint, synthetic_dat
 
     capsys.readouterr()
     assert command.main([*args, "--n", "99", "--overwrite"]) == 2
-    assert "--n 99 but only 4 of the 4 images are readable" in capsys.readouterr().err
+    assert "--n 99 but only 4 of the 4 images of the test split are readable" in capsys.readouterr().err
     assert json.loads((tmp_path / "kit-key.json").read_text()) == key  # kept as it was
 
 
@@ -100,7 +101,8 @@ def test_unreadable_images_are_reported_and_never_sampled(tiny_checkpoint, synth
     assert any("0_broken.png" in err for err in errs)
 
     assert command.main([*args, "--n", "5"]) == 2
-    assert "--n 5 but only 4 of the 7 images are readable" in capsys.readouterr().err
+    assert (f"--n 5 but only 4 of the 7 images in {photos} are readable"
+            in capsys.readouterr().err)
 
 
 def test_an_out_of_dot_puts_the_key_beside_the_current_folder(tiny_checkpoint, synthetic_data,
@@ -173,3 +175,14 @@ def test_rating_summary_lists_every_rating_of_a_rater_who_exported_none_as_missi
     assert summary["raters"] == ["rater-1", "rater-2"]
     assert sorted((m["rater"], m["image"], m["label"]) for m in summary["missing"]) == sorted(
         ("rater-2", image["key"], label) for image in key["images"] for label in image["labels"])
+
+
+def test_images_of_one_name_in_two_subfolders_keep_their_paths(tiny_checkpoint, tmp_path):
+    photos = tmp_path / "photos"
+    (photos / "sub").mkdir(parents=True)
+    Image.new("RGB", (20, 20), (10, 120, 30)).save(photos / "img.png")
+    Image.new("RGB", (24, 16), (200, 20, 30)).save(photos / "sub" / "img.png")
+    assert command.main(["--ckpt", str(tiny_checkpoint), str(photos), "--out",
+                         str(tmp_path / "kit"), "--n", "2", *FAST]) == 0
+    key = json.loads((tmp_path / "kit-key.json").read_text())
+    assert sorted(image["name"] for image in key["images"]) == ["img.png", "sub/img.png"]

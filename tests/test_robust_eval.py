@@ -192,7 +192,7 @@ def test_rating_kit_samples_readable_images_and_names_the_others(
     outcome = _kit(capsys, tiny_checkpoint, photos, out, "--n", "4")
     assert outcome.code == 2 and "Traceback" not in outcome.err
     assert str(image) in outcome.err and phrase in outcome.err
-    assert "--n 4 but only 3 of the 4 images are readable" in outcome.err
+    assert f"--n 4 but only 3 of the 4 images in {photos} are readable" in outcome.err
     assert not out.exists() and not (tmp_path / "kit-key.json").exists()
     # The kit is built from the readable ones; the unreadable one met on the way is named, and
     # the exit status says that something was skipped.

@@ -103,7 +103,9 @@ def _caption_sample(args: argparse.Namespace, sample, captioners, options) -> li
         for i, caption in enumerate(results):
             captions[i].append(KitCaption(caption.text, list(caption.tokens),
                                           caption.attention.float().numpy()))
-    return [KitImage(key, path.name, image, caps)
+    # An IMAGE_DIR image's key is its path inside the folder: unique, where file names may
+    # repeat in two subfolders; a split's key is its image id, shown beside its file name.
+    return [KitImage(key, key if args.image_dir is not None else path.name, image, caps)
             for (key, path, image), caps in zip(sample, captions, strict=True)]
 
 
@@ -157,8 +159,10 @@ def main(argv: list[str]) -> int:
     for error in skipped:
         print(f"captioner rating-kit: skipped {error}", file=sys.stderr)
     if len(sample) < args.n:
+        source = (f"in {args.image_dir}" if args.image_dir is not None
+                  else f"of the {args.split} split")
         print(f"captioner rating-kit: --n {args.n} but only {len(sample)} of the "
-              f"{len(candidates)} images are readable", file=sys.stderr)
+              f"{len(candidates)} images {source} are readable", file=sys.stderr)
         return 2
 
     models = [KitModel(name, str(path), c.output_attention_name)
