@@ -31,6 +31,29 @@ def test_bench_model_prints_ratios_to_softmax(capsys, tmp_path):
     assert all(row["train_step_ms"] > 0 and row["beam_search_ms"] > 0 for row in results.values())
 
 
+def test_bench_model_times_each_call_of_the_output_mapping_in_beam_search(capsys, monkeypatch,
+                                                                         tmp_path):
+    from captioner.attention import Sparsemax
+
+    forward = Sparsemax.forward
+
+    def slow(self, *args, **kwargs):
+        time.sleep(0.004)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(Sparsemax, "forward", slow)
+    out = tmp_path / "bench.json"
+    assert bench.main([*TINY, "--mappings", "softmax,sparsemax", "--input-attention", "softmax",
+                       "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "mapping us: host time of one call of the output attention's mapping" in printed
+    results = json.loads(out.read_text())
+    assert results["sparsemax"]["output_mapping_us"] >= 4000
+    assert results["softmax"]["output_mapping_us"] < 4000
+    rows = {line.split()[0]: line.split() for line in printed.splitlines()[3:5]}
+    assert float(rows["sparsemax"][6]) == round(results["sparsemax"]["output_mapping_us"])
+
+
 def test_bench_model_reports_a_failing_mapping_and_measures_the_rest(capsys, monkeypatch):
     from captioner.attention import Sparsemax
 
@@ -58,7 +81,7 @@ def test_bench_model_times_tvmax_with_and_without_the_background_solve(capsys, m
     options = [*TINY, "--mappings", "softmax,tvmax", "--tvmax-overlap", "--input-attention",
                "softmax"]
     assert bench.main(options) == 0
-    rows = [line.split("  ")[0] for line in capsys.readouterr().out.splitlines()[3:]]
+    rows = [line.split("  ")[0] for line in capsys.readouterr().out.splitlines()[3:6]]
     assert rows == ["softmax", "tvmax", "tvmax overlap"]
     # One training step per row, its 3 words one solve; beam search solves word by word, in
     # the caller's thread: so the overlap row's training step alone solved in the background.

@@ -182,6 +182,20 @@ class _Runner:
         self.args, self.features, self.captions = args, features, captions
         self.times: dict[str, list[float]] = {"train_step_ms": [], "beam_search_ms": []}
         self.lengths: list[int] = []
+        # Host seconds of each call of the output attention's mapping in the timed beam
+        # searches (once a word), from hooks around its forward pass.
+        self.mapping_seconds: list[float] = []
+        self._searching = False
+        mapping = self.decoder.output_attention.mapping
+        mapping.register_forward_pre_hook(self._mapping_starts)
+        mapping.register_forward_hook(self._mapping_ends)
+
+    def _mapping_starts(self, module, inputs) -> None:
+        self._called_at = time.perf_counter()
+
+    def _mapping_ends(self, module, inputs, output) -> None:
+        if self._searching:
+            self.mapping_seconds.append(time.perf_counter() - self._called_at)
 
     def train_step(self) -> None:
         self.decoder.train()
@@ -191,14 +205,18 @@ class _Runner:
         from captioner.decoding import beam_search
 
         self.decoder.eval()
-        hypotheses = beam_search(
-            self.decoder,
-            self.features,
-            start_id=START_ID,
-            end_id=END_ID,
-            beam_size=self.args.beam_size,
-            max_length=self.args.max_length,
-        )
+        self._searching = True
+        try:
+            hypotheses = beam_search(
+                self.decoder,
+                self.features,
+                start_id=START_ID,
+                end_id=END_ID,
+                beam_size=self.args.beam_size,
+                max_length=self.args.max_length,
+            )
+        finally:
+            self._searching = False
         self.lengths = [len(h.token_ids) for h in hypotheses]
 
     def timed(self, job: str, synchronize: Callable[[], None]) -> None:
@@ -219,6 +237,7 @@ class _Runner:
         row = {job: min(times) for job, times in self.times.items()}
         row.update({f"{job}_median": statistics.median(t) for job, t in self.times.items()})
         row["mean_caption_length"] = sum(self.lengths) / len(self.lengths)
+        row["output_mapping_us"] = statistics.median(self.mapping_seconds) * 1e6
         return row
 
 
@@ -251,6 +270,7 @@ def _run_all(
                 if round_index < args.warmup and mapping in runners:
                     for times in runner.times.values():
                         times.clear()
+                    runner.mapping_seconds.clear()
                 bar.update(1)
     return {
         mapping: {"error": errors[mapping]} if mapping in errors else runners[mapping].summary()
@@ -262,7 +282,7 @@ def _table(results: dict[str, dict]) -> str:
     base = results.get("softmax", {})
     header = (
         f"{'mapping':<14}{'train step ms':>15}{'x softmax':>11}"
-        f"{'beam search ms':>16}{'x softmax':>11}{'words':>7}"
+        f"{'beam search ms':>16}{'x softmax':>11}{'words':>7}{'mapping us':>12}"
     )
     lines = [header, "-" * len(header)]
     for mapping, row in results.items():
@@ -276,7 +296,10 @@ def _table(results: dict[str, dict]) -> str:
         lines.append(
             f"{mapping:<14}{row['train_step_ms']:>15.1f}{ratios[0]:>11}"
             f"{row['beam_search_ms']:>16.1f}{ratios[1]:>11}{row['mean_caption_length']:>7.1f}"
+            f"{row['output_mapping_us']:>12.0f}"
         )
+    lines.append("mapping us: host time of one call of the output attention's mapping in beam "
+                 "search (a word's; its syncs and copies included), median")
     return "\n".join(lines)
 
 
