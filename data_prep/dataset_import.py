@@ -865,9 +865,15 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
             f"{options.captions}: {'is empty' if empty else 'holds no captions'}{unread}"
         )
     listed = {record.image for record in records}
-    # Before any image is decoded: an output named like one of the images would replace it.
+    # Before any image is decoded: an output named like one of the images would replace it,
+    # and so would one named like an image file of the folder that no caption lists.
     _check_output(out, [("image", images / name) for name in map(normalize_image_path, listed)
                         if name is not None])
+    target = Path(os.path.realpath(out))
+    if (target.suffix.lower() in IMAGE_SUFFIXES and target.is_file()
+            and target.is_relative_to(os.path.realpath(images))):
+        raise DatasetImportError(f"{out}: is an image file in the --images folder; writing the "
+                                 "output there would replace it")
     items = tokenized_items(records, log)
     log.stop_if_failing()  # the captions file's problems, before any image is decoded
     items = readable_items(items, images, log, progress=progress)

@@ -1,6 +1,7 @@
 """`captioner evaluate` on the shared tiny TVmax checkpoint and synthetic data."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -219,3 +220,21 @@ def test_empty_captions_are_scored_with_a_warning_and_the_resume_line_scores_the
     assert "--allow-empty" in command
     monkeypatch.undo()
     assert score.main([*command, "--metrics", "Bleu"]) == 0
+
+
+def test_an_input_where_an_output_goes_is_refused_with_overwrite_too(synthetic_data,
+                                                                    tiny_checkpoint, tmp_path,
+                                                                    capsys):
+    out = tmp_path / "eval"
+    out.mkdir()
+    data = out / "results_test.json"
+    shutil.copy(synthetic_data.karpathy_json, data)
+    before = data.read_bytes()
+    argv = ["--ckpt", str(tiny_checkpoint), "--data", str(data), "--images",
+            str(synthetic_data.image_root), "--metrics", "Bleu", "--out", str(out), "--no-progress"]
+    for extra in ([], ["--overwrite"]):
+        assert evaluate.main([*argv, *extra]) == 2
+        assert capsys.readouterr().err == (
+            f"captioner evaluate: {data}: is the dataset file this command reads; writing the "
+            "output there would replace it\n")
+    assert data.read_bytes() == before

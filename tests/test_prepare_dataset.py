@@ -550,6 +550,7 @@ def test_images_without_captions_in_the_folder_are_counted(tmp_path, capsys):
 def test_input_and_output_paths_are_checked(tmp_path, capsys):
     photos = photo_folder(tmp_path / "photos", GOOD)
     captions = _jsonl_case(tmp_path, [])
+    save_photo(photos / "uncaptioned.png", 99)
     split_file = tmp_path / "split.json"
     split_file.write_text(json.dumps({"train": GOOD[:4], "val": GOOD[4:5], "test": GOOD[5:]}))
     (tmp_path / "link.json").symlink_to(captions)
@@ -566,6 +567,9 @@ def test_input_and_output_paths_are_checked(tmp_path, capsys):
          "link.json: is the captions file this command reads"),
         (["--captions", captions, "--images", photos, "--out", photos / "good3.jpg"],
          "good3.jpg: is the image this command reads"),
+        (["--captions", captions, "--images", photos, "--out", photos / "uncaptioned.png"],
+         "uncaptioned.png: is an image file in the --images folder; writing the output there "
+         "would replace it"),
         (["--captions", captions, "--images", photos, "--out", split_file, "--split",
           split_file], "split.json: is the split file this command reads"),
         (["--captions", captions, "--images", photos, "--out", photos], "is a folder"),

@@ -187,3 +187,20 @@ def test_images_of_one_name_in_two_subfolders_keep_their_paths(tiny_checkpoint, 
                          str(tmp_path / "kit"), "--n", "2", *FAST]) == 0
     key = json.loads((tmp_path / "kit-key.json").read_text())
     assert sorted(image["name"] for image in key["images"]) == ["img.png", "sub/img.png"]
+
+
+def test_a_key_over_the_dataset_file_or_an_image_is_refused_with_overwrite_too(
+        tiny_checkpoint, synthetic_data, tmp_path, capsys):
+    data = tmp_path / "data.json"
+    shutil.copy(synthetic_data.karpathy_json, data)
+    image = next((synthetic_data.image_root / "test").glob("*.png"))
+    before = (data.read_bytes(), image.read_bytes())
+    args = ["--ckpt", str(tiny_checkpoint), "--data", str(data), "--images",
+            str(synthetic_data.image_root), "--split", "test", "--n", "2",
+            "--out", str(tmp_path / "kit"), "--overwrite", *FAST]
+    for key, what in ((data, "dataset file"), (image, "image")):
+        assert command.main([*args, "--key", str(key)]) == 2
+        assert (f"{key}: is the {what} this command reads; writing the output there would "
+                "replace it") in capsys.readouterr().err
+    assert (data.read_bytes(), image.read_bytes()) == before
+    assert not (tmp_path / "kit").exists()

@@ -45,6 +45,7 @@ def main(argv: list[str]) -> int:
     from data_prep.files import (
         OutputPathError,
         check_output_dir,
+        check_output_file,
         counted,
         first_names,
         write_json,
@@ -60,6 +61,10 @@ def main(argv: list[str]) -> int:
     metrics_file = out / f"metrics_{args.split}.json"
     try:
         check_output_dir(out)
+        reads = [("checkpoint", args.ckpt), ("dataset file", args.data),
+                 *([("instances file", args.instances)] if args.instances else [])]
+        for path in (results, metrics_file):
+            check_output_file(path, reads)
         earlier = next((path for path in (results, metrics_file) if path.exists()), None)
         if earlier is not None and not args.overwrite:
             raise OutputPathError(f"{earlier}: holds an earlier evaluation of split "

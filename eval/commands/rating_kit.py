@@ -67,18 +67,18 @@ def _candidates(args: argparse.Namespace) -> list[tuple[str, Path]]:
     return [(str(entry.image_id), entry.path) for entry in entries]
 
 
-def _check_key(path: Path, overwrite: bool, checkpoints: list[Path]) -> bool:
+def _check_key(path: Path, overwrite: bool, reads: list[tuple[str, Path]]) -> bool:
     """Check, before any work, that the key can be written to ``path``; returns whether it
     replaces an earlier key (only with ``overwrite``).
 
     Raises:
-        OutputPathError: ``path`` cannot be written, is one of the ``checkpoints``, or holds a
-            key and ``overwrite`` is False (the ratings of its kit could never be unblinded
-            again).
+        OutputPathError: ``path`` cannot be written, is one of the files the command
+            ``reads`` ((what, path) pairs), or holds a key and ``overwrite`` is False (the
+            ratings of its kit could never be unblinded again).
     """
     from data_prep.files import OutputPathError, check_output_file
 
-    check_output_file(path, [("checkpoint", checkpoint) for checkpoint in checkpoints])
+    check_output_file(path, reads)
     if not path.exists():
         return False
     if not overwrite:
@@ -146,11 +146,14 @@ def main(argv: list[str]) -> int:
 
     try:
         names = checkpoint_names(args.ckpt)
-        replaces_key = _check_key(key_path, args.overwrite, args.ckpt)
+        candidates = _candidates(args)
+        reads = [*(("checkpoint", path) for path in args.ckpt),
+                 *([("dataset file", Path(args.data))] if args.data is not None else []),
+                 *(("image", path) for _, path in candidates)]
+        replaces_key = _check_key(key_path, args.overwrite, reads)
         earlier = check_output_folder(args.out, "rating kit", "index.html",
                                       f'"format": "{KIT_FORMAT}"', args.overwrite,
                                       kit_files)
-        candidates = _candidates(args)
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         options = [decoding_options(args, captioner.decoding) for captioner in captioners]
     except (OSError, ValueError) as exc:
