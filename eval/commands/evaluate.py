@@ -15,6 +15,7 @@ from captioner.commands.options import (
     report_error,
     warnings_as_lines,
 )
+from eval.scoring import ALL_METRICS
 
 HELP = "caption a Karpathy split with a checkpoint; metrics, attention statistics, objects"
 
@@ -29,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_decoding_arguments(parser)
     parser.add_argument(
         "--metrics",
-        default="Bleu,METEOR,ROUGE_L,CIDEr,SPICE,REP",
+        default=",".join(ALL_METRICS),
         help="comma-separated subset of Bleu,METEOR,ROUGE_L,CIDEr,SPICE,REP (default: all)",
     )
     parser.add_argument("--out", default="evaluation", help="output folder (default: %(default)s)")
@@ -107,10 +108,12 @@ def main(argv: list[str]) -> int:
             raise  # nothing kept: captioner.cli's one line
         # Ctrl-C in the metrics (SPICE takes longest): the captions need not be made again,
         # and the same command is refused now that they are in --out.
+        chosen = "" if args.metrics == ",".join(ALL_METRICS) else f" --metrics {args.metrics}"
         allow_empty = " --allow-empty" if empty else ""
         print(f"captioner evaluate: interrupted; the captions are kept in {results} (captioner "
               f"score --results {results} --references {args.data} --split {args.split}"
-              f"{allow_empty} scores them; --overwrite evaluates again)", file=sys.stderr)
+              f"{chosen}{allow_empty} scores them; --overwrite evaluates again)",
+              file=sys.stderr)
         return SIGINT_STATUS
     write_json(metrics_file, report.to_dict(), indent=2)
     print(report.summary())

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from captioner.commands.options import CommandParser, at_least, report_error, warnings_as_lines
+from eval.scoring import ALL_METRICS
 
 HELP = "score a COCO results file: BLEU, METEOR, ROUGE_L, CIDEr, SPICE and REP"
 
@@ -24,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", help="split of a Karpathy references file (train/val/test)")
     parser.add_argument(
         "--metrics",
-        default="Bleu,METEOR,ROUGE_L,CIDEr,SPICE,REP",
+        default=",".join(ALL_METRICS),
         help="comma-separated subset of Bleu,METEOR,ROUGE_L,CIDEr,SPICE,REP (default: all)",
     )
     parser.add_argument(
