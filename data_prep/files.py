@@ -328,6 +328,12 @@ def counted(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
+def agreeing(count: int, one: str, many: str) -> str:
+    """The word that agrees with ``count`` things: ``one`` ("is", "has") for one, else
+    ``many`` ("are", "have"), for the verb after :func:`counted`."""
+    return one if count == 1 else many
+
+
 def refuse_repeated(paths: Sequence[Path], what: str) -> None:
     """ValueError naming the first ``what`` ("checkpoint", "image") that ``paths`` hold twice,
     compared as the files they lead to (``a.ckpt``, ``./a.ckpt``, a link to it and a folder's

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from data_prep.files import counted, first_names
+from data_prep.files import agreeing, counted, first_names
 
 if TYPE_CHECKING:
     from eval.spice_jars import SpiceInstall
@@ -51,11 +51,11 @@ def coverage_problems(hypotheses: Mapping[int, str],
     only_ref = sorted(set(references) - set(hypotheses))
     if only_hyp:
         problems.append(f"{counted(len(only_hyp), 'image id')} of the results "
-                        f"{'has' if len(only_hyp) == 1 else 'have'} no reference caption "
+                        f"{agreeing(len(only_hyp), 'has', 'have')} no reference caption "
                         f"({first_names(only_hyp)})")
     if only_ref:
         problems.append(f"{counted(len(only_ref), 'image id')} of the references "
-                        f"{'has' if len(only_ref) == 1 else 'have'} no caption in the results "
+                        f"{agreeing(len(only_ref), 'has', 'have')} no caption in the results "
                         f"({first_names(only_ref)})")
     return problems
 

@@ -67,7 +67,7 @@ def main(argv: list[str]) -> int:
         ImportOptions,
         import_dataset,
     )
-    from data_prep.files import counted, first_names
+    from data_prep.files import agreeing, counted, first_names
 
     options = ImportOptions(
         captions=args.captions, images=args.images, out=args.out, fmt=args.format,
@@ -89,10 +89,11 @@ def main(argv: list[str]) -> int:
         print(f"{PROG}: left out {counted(len(report.left_out), 'usable image')} beyond the "
               f"--split counts: {first_names(report.left_out)}", file=sys.stderr)
     if report.uncaptioned:
-        have = "has" if len(report.uncaptioned) == 1 else "have"
-        print(f"{PROG}: note: {counted(len(report.uncaptioned), 'image')} in {args.images} "
-              f"{have} no captions and {'was' if have == 'has' else 'were'} not used: "
-              f"{first_names(report.uncaptioned)}", file=sys.stderr)
+        count = len(report.uncaptioned)
+        print(f"{PROG}: note: {counted(count, 'image')} in {args.images} "
+              f"{agreeing(count, 'has', 'have')} no captions and "
+              f"{agreeing(count, 'was', 'were')} not used: {first_names(report.uncaptioned)}",
+              file=sys.stderr)
     _print_next_steps(args.out, args.images)
     return 0
 

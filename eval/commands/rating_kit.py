@@ -148,7 +148,7 @@ def main(argv: list[str]) -> int:
         names = checkpoint_names(args.ckpt)
         candidates = _candidates(args)
         reads = [*(("checkpoint", path) for path in args.ckpt),
-                 *([("dataset file", Path(args.data))] if args.data is not None else []),
+                 *([("dataset file", args.data)] if args.data is not None else []),
                  *(("image", path) for _, path in candidates)]
         replaces_key = _check_key(key_path, args.overwrite, reads)
         earlier = check_output_folder(args.out, "rating kit", "index.html",

@@ -47,6 +47,7 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from data_prep.files import (
         OutputPathError,
+        agreeing,
         check_output_file,
         counted,
         first_names,
@@ -78,7 +79,7 @@ def main(argv: list[str]) -> int:
     if empty and not args.allow_empty:
         problems.append(
             f"{counted(len(empty), 'caption')} in {args.results} "
-            f"{'is' if len(empty) == 1 else 'are'} empty (image ids {first_names(empty)}); "
+            f"{agreeing(len(empty), 'is', 'are')} empty (image ids {first_names(empty)}); "
             "pass --allow-empty to score them anyway"
         )
     if problems:
@@ -93,7 +94,7 @@ def main(argv: list[str]) -> int:
                               if i in hypotheses and any(not t.strip() for t in texts))
     if empty_references:
         print(f"warning: {counted(len(empty_references), 'image')} of {args.references} "
-              f"{'has' if len(empty_references) == 1 else 'have'} an empty reference caption "
+              f"{agreeing(len(empty_references), 'has', 'have')} an empty reference caption "
               f"(image ids {first_names(empty_references)}), scored as a reference",
               file=sys.stderr)
     try:
