@@ -34,6 +34,7 @@ from captioner.losses import check_output_mapping, teacher_forced_loss
 from captioner.model import CaptionModel
 from captioner.model.decoder import AttentionDecoder
 from captioner.model.encoder import build_encoder
+from captioner.optimizer import adam
 from data_prep.features import FeatureCache
 from data_prep.files import file_sha256
 from data_prep.vocab import Vocabulary
@@ -250,11 +251,7 @@ class CaptioningModule(L.LightningModule):
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self):
-        optimizer = torch.optim.Adam(
-            [p for p in self.parameters() if p.requires_grad],
-            lr=self.hparams.lr,
-            betas=tuple(self.hparams.betas),
-        )
+        optimizer = adam(self.parameters(), lr=self.hparams.lr, betas=self.hparams.betas)
         decay, after = self.hparams.lr_decay, self.hparams.lr_decay_after
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda epoch: lr_decay_factor(epoch, decay=decay, decay_after=after)

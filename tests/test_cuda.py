@@ -8,12 +8,13 @@ import copy
 import pytest
 import torch
 from test_decoding import END, MAX_LENGTH, START, ending_decoder
-from test_model import random_batch, small_decoder
+from test_model import random_batch, reference_pass, small_decoder
 
 import captioner.attention as att
 from captioner.decoding import beam_search
 from captioner.decoding_options import DecodingOptions
 from captioner.losses import caption_loss
+from captioner.optimizer import adam
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -71,6 +72,42 @@ def test_training_step_on_cuda_matches_cpu(output_attention):
         grads = [p.grad.cpu() for p in model.parameters()]
         results.append((loss.detach().cpu(), output.output_attention.detach().cpu(), grads))
     torch.testing.assert_close(results[1], results[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_decoder_on_cuda_matches_the_equations_with_torch_lstm_cell(dtype):
+    # On a GPU the recurrence runs torch's fused LSTM cell on gates it multiplied itself.
+    decoder = small_decoder("softmax", "sparsemax").to("cuda", dtype)
+    features, captions = random_batch(length=7)
+    features, captions = features.to("cuda", dtype), captions.cuda()
+    output = decoder(features, captions)
+    expected = reference_pass(decoder, features, captions)
+    tolerance = {"rtol": 1e-12, "atol": 1e-12} if dtype == torch.float64 else {}
+    for got, want in zip(output, expected, strict=True):
+        torch.testing.assert_close(got, want, **tolerance)
+    weights = torch.randn_like(output.scores)
+    grads = torch.autograd.grad((output.scores * weights).sum(), list(decoder.parameters()))
+    want = torch.autograd.grad((expected[0] * weights).sum(), list(decoder.parameters()))
+    for got_grad, want_grad in zip(grads, want, strict=True):
+        torch.testing.assert_close(got_grad, want_grad, **tolerance)
+
+
+def test_adam_is_fused_on_the_gpu_and_steps_as_the_single_tensor_adam():
+    generator = torch.Generator().manual_seed(0)
+    start = [torch.randn(5, 3, generator=generator), torch.randn(3, generator=generator)]
+    fused_params = [p.cuda().requires_grad_() for p in start]
+    plain_params = [p.cuda().requires_grad_() for p in start]
+    fused = adam(fused_params, lr=1e-2, betas=(0.8, 0.999))
+    plain = torch.optim.Adam(plain_params, lr=1e-2, betas=(0.8, 0.999), foreach=False)
+    on_cpu = adam([p.clone().requires_grad_() for p in start], lr=1e-2, betas=(0.8, 0.999))
+    assert fused.defaults["fused"] and on_cpu.defaults["fused"] is None
+    for _ in range(4):
+        for p, q in zip(fused_params, plain_params, strict=True):
+            p.grad = torch.randn(p.shape, generator=generator).cuda()
+            q.grad = p.grad.clone()
+        fused.step()
+        plain.step()
+    torch.testing.assert_close(fused_params, plain_params)
 
 
 @pytest.mark.parametrize("output_attention", ["softmax", "tvmax"])

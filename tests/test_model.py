@@ -108,6 +108,49 @@ def test_step_by_step_equals_teacher_forcing():
         torch.testing.assert_close(step.input_attention, output.input_attention[:, t])
 
 
+def reference_pass(decoder, features, captions):
+    """The decoder's teacher-forced pass written from the paper's equations (Sec. 3) with
+    torch's own modules: nn.LSTMCell on [s_t; E y_{t-1}], each attention through its forward
+    pass, one step at a time. Returns scores, output and input attention."""
+    values = decoder.feature_projection(features.flatten(1, 2))
+    mean = values.mean(1)
+    hidden, cell = torch.tanh(decoder.init_hidden(mean)), torch.tanh(decoder.init_cell(mean))
+    grid = features.shape[1:3]
+    in_keys, out_keys = (attend.key_projection(values) for attend in
+                         (decoder.input_attention, decoder.output_attention))
+    scores, out_maps, in_maps = [], [], []
+    for t in range(captions.shape[1]):
+        context, in_map = decoder.input_attention(in_keys, values, hidden, grid)
+        lstm_input = torch.cat([context, decoder.embedding(captions[:, t])], -1)
+        hidden, cell = decoder.lstm(lstm_input, (hidden, cell))
+        visual, out_map = decoder.output_attention(out_keys, values, hidden, grid)
+        visual = torch.tanh(decoder.context_projection(visual))
+        scores.append(decoder.word_scores(torch.cat([visual, hidden], -1)))
+        out_maps.append(out_map)
+        in_maps.append(in_map)
+    return tuple(torch.stack(x, 1) for x in (scores, out_maps, in_maps))
+
+
+@pytest.mark.parametrize("output_attention", ["softmax", "tvmax"])
+def test_decoder_pass_and_gradients_match_the_equations_with_torch_lstm_cell(output_attention):
+    # The recurrence multiplies the LSTM's weights itself (h_{t-1} with W_hh and the input
+    # attention's W_h in one product, the words' share of the gates for all steps at once):
+    # it must give nn.LSTMCell's pass and gradients, to float64 rounding.
+    decoder = small_decoder("softmax", output_attention).double()
+    features, captions = random_batch(length=7)
+    features = features.double()
+    output = decoder(features, captions)
+    expected = reference_pass(decoder, features, captions)
+    for got, want in zip(output, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    weights = torch.randn_like(output.scores)
+    grads = torch.autograd.grad((output.scores * weights).sum(), list(decoder.parameters()))
+    want = torch.autograd.grad((expected[0] * weights).sum(), list(decoder.parameters()))
+    for (name, _), got_grad, want_grad in zip(decoder.named_parameters(), grads, want,
+                                               strict=True):
+        torch.testing.assert_close(got_grad, want_grad, rtol=1e-10, atol=1e-12, msg=name)
+
+
 def test_decoder_rejects_bad_shapes_and_names():
     decoder = small_decoder()
     features, captions = random_batch()

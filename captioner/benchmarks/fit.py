@@ -333,10 +333,10 @@ def time_model_step(module, args: argparse.Namespace, steps: int) -> tuple[float
     import torch
 
     from captioner.benchmarks.model import STEP_PHASES, train_step
+    from captioner.optimizer import adam
 
     device, hp = module.device, module.hparams
-    optimizer = torch.optim.Adam([p for p in module.parameters() if p.requires_grad],
-                                 lr=hp.lr, betas=tuple(hp.betas))
+    optimizer = adam(module.parameters(), lr=hp.lr, betas=hp.betas)
     generator = torch.Generator().manual_seed(args.seed)
     shape = (args.batch_size, args.grid, args.grid, CHANNELS)
     features = torch.randn(shape, generator=generator).half().to(device)

@@ -49,15 +49,27 @@ class AdditiveAttention(nn.Module):
         Returns:
             context ``(B, [L,] g)`` = V alpha and weights alpha ``(B, [L,] H, W)``.
         """
-        weights = self.mapping(self.scores(keys, query, grid))
+        return self.attend(keys, values, self.query_projection(query), grid)
+
+    def attend(
+        self, keys: Tensor, values: Tensor, projected: Tensor, grid: tuple[int, int]
+    ) -> tuple[Tensor, Tensor]:
+        """:meth:`forward` for a query already projected by W_h (``query_projection``):
+        ``projected`` is ``(B, [L,] a)``. The decoder projects h_{t-1} for the input attention
+        together with the LSTM's hidden gates, in one matrix product."""
+        weights = self.mapping(self.projected_scores(keys, projected, grid))
         return self.context(weights, values), weights
 
     def scores(self, keys: Tensor, query: Tensor, grid: tuple[int, int]) -> Tensor:
         """z = w^T tanh(W_v v_i + b + W_h h) per region: ``(B, [L,] H, W)`` for a query
         ``(B, [L,] d)``, float32 (or float64) even under autocast."""
+        return self.projected_scores(keys, self.query_projection(query), grid)
+
+    def projected_scores(self, keys: Tensor, projected: Tensor, grid: tuple[int, int]) -> Tensor:
+        """:meth:`scores` for a query already projected by W_h: ``(B, [L,] a)``."""
         batch = keys.shape[0]
-        lead = query.shape[:-1]
-        projected = self.query_projection(query).view(batch, -1, 1, keys.shape[-1])
+        lead = projected.shape[:-1]
+        projected = projected.view(batch, -1, 1, keys.shape[-1])
         scores = self.score(torch.tanh(projected + keys.unsqueeze(1))).squeeze(-1)
         scores = scores.view(*lead, *grid)
         if scores.dtype in (torch.float16, torch.bfloat16):

@@ -10,7 +10,11 @@ Per step t, with V = [v_1..v_k] the projected grid features (k = H * W, g = feat
 * word scores (Eq. 10, before the output mapping): affine(dropout([r_t; h_t])).
 
 The initial state is h_0, c_0 = tanh(affine(mean_i v_i)), as in Show, Attend and Tell (the paper
-does not say how it initializes the LSTM). The output attention and the word scores depend only
+does not say how it initializes the LSTM). A step is bound by launching GPU kernels, not by
+arithmetic, so the recurrence launches few: h_{t-1} meets the LSTM's W_hh and the input
+attention's W_h in one matrix product, the words' share of the LSTM's gates (W_ih E y_{t-1} plus
+both biases) is computed for every step at once, and the LSTM's pointwise part is torch's fused
+cell on a GPU. The output attention and the word scores depend only
 on h_t, so with teacher forcing they are computed for all steps at once after the recurrence,
 which lets a grid mapping such as TVmax process every (image, step) map in one batched call;
 or, where the output mapping solves on the host in a background thread (TVmax with
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from captioner import attention
@@ -46,9 +51,24 @@ class DecoderOutput(NamedTuple):
     input_attention: Tensor
 
 
+class RecurrenceWeights(NamedTuple):
+    """The weights of the recurrence as it multiplies them, gathered once per pass.
+
+    hidden: ``(4d + a, d)``, the LSTM's W_hh above the input attention's W_h, which both
+    multiply h_{t-1}; context: ``(4d, g)`` and words: ``(4d, e)``, the halves of the LSTM's W_ih
+    that multiply s_t and E y_{t-1}; bias: ``(4d,)``, b_ih + b_hh. Gates in nn.LSTMCell's order
+    (input, forget, cell, output).
+    """
+
+    hidden: Tensor
+    context: Tensor
+    words: Tensor
+    bias: Tensor
+
+
 @dataclass
 class EncodedImages:
-    """Per-image tensors computed once and reused at every step.
+    """Per-image tensors computed once and reused at every step, and the recurrence's weights.
 
     values: ``(N, k, g)`` region vectors V; input_keys, output_keys: ``(N, k, a)`` the region
     halves of the two attention score networks; grid: (H, W) with H * W = k.
@@ -58,6 +78,7 @@ class EncodedImages:
     input_keys: Tensor
     output_keys: Tensor
     grid: tuple[int, int]
+    recurrence: RecurrenceWeights
 
     def index_select(self, index: Tensor) -> EncodedImages:
         """Rows ``index`` (e.g. each image repeated once per beam)."""
@@ -66,6 +87,7 @@ class EncodedImages:
             self.input_keys.index_select(0, index),
             self.output_keys.index_select(0, index),
             self.grid,
+            self.recurrence,
         )
 
 
@@ -149,6 +171,8 @@ class AttentionDecoder(nn.Module):
             attention_dim,
             _build_attention("input", input_attention, input_attention_kwargs),
         )
+        # The LSTM's parameters (and their names in checkpoints); the recurrence multiplies
+        # them itself (RecurrenceWeights) and runs the cell by _lstm_cell.
         self.lstm = nn.LSTMCell(feature_dim + embed_dim, hidden_dim)
         self.output_attention = AdditiveAttention(
             feature_dim,
@@ -181,24 +205,51 @@ class AttentionDecoder(nn.Module):
             self.input_attention.keys(values),
             self.output_attention.keys(values),
             grid,
+            self._recurrence_weights(),
         )
+
+    def _recurrence_weights(self) -> RecurrenceWeights:
+        """The weights of this pass's recurrence; under autocast already in its dtype, since
+        autocast caches its casts of parameters only, and would cast these at every step."""
+        lstm, context_size = self.lstm, self.feature_projection.out_features
+        weights = (
+            torch.cat([lstm.weight_hh, self.input_attention.query_projection.weight]),
+            lstm.weight_ih[:, :context_size],
+            lstm.weight_ih[:, context_size:],
+            lstm.bias_ih + lstm.bias_hh,
+        )
+        device = lstm.weight_ih.device.type
+        if torch.is_autocast_enabled(device):
+            weights = [weight.to(torch.get_autocast_dtype(device)) for weight in weights]
+        return RecurrenceWeights(*weights)
 
     def initial_state(self, encoded: EncodedImages) -> DecoderState:
         """h_0, c_0 = tanh(affine(mean of V)), ``(N, hidden_dim)`` each."""
         mean = encoded.values.mean(dim=1)
         return DecoderState(torch.tanh(self.init_hidden(mean)), torch.tanh(self.init_cell(mean)))
 
+    @staticmethod
+    def _word_gates(encoded: EncodedImages, embedded: Tensor) -> Tensor:
+        """The words' share of the LSTM's gates, W_ih E y + b_ih + b_hh: ``(..., 4d)`` for
+        embedded words ``(..., embed_dim)``."""
+        return F.linear(embedded, encoded.recurrence.words, encoded.recurrence.bias)
+
     def _recur(
-        self, encoded: EncodedImages, state: DecoderState, embedded: Tensor
+        self, encoded: EncodedImages, state: DecoderState, word_gates: Tensor
     ) -> tuple[DecoderState, Tensor]:
-        """Input attention from h_{t-1} and one LSTM step; embedded ``(N, embed_dim)`` is
-        E y_{t-1}."""
-        context, weights = self.input_attention(
-            encoded.input_keys, encoded.values, state.hidden, encoded.grid
+        """Input attention from h_{t-1} and one LSTM step; word_gates ``(N, 4d)`` are
+        :meth:`_word_gates` of E y_{t-1}."""
+        weights = encoded.recurrence
+        gate_size = weights.context.shape[0]
+        hidden_gates, query = F.linear(state.hidden, weights.hidden).split(
+            [gate_size, weights.hidden.shape[0] - gate_size], dim=-1
         )
-        lstm_input = torch.cat([context, embedded], dim=-1)
-        hidden, cell = self.lstm(lstm_input, (state.hidden, state.cell))
-        return DecoderState(hidden, cell), weights
+        context, attention = self.input_attention.attend(
+            encoded.input_keys, encoded.values, query, encoded.grid
+        )
+        input_gates = torch.addmm(word_gates, context, weights.context.t())
+        hidden, cell = _lstm_cell(input_gates, hidden_gates, state.cell)
+        return DecoderState(hidden, cell), attention
 
     def _readout(
         self, encoded: EncodedImages, hidden: Tensor, weights: Tensor | None = None
@@ -217,7 +268,8 @@ class AttentionDecoder(nn.Module):
 
     def step(self, encoded: EncodedImages, state: DecoderState, tokens: Tensor) -> StepOutput:
         """One decoding step: consume y_{t-1} (``(N,)`` long) and score y_t."""
-        state, input_weights = self._recur(encoded, state, self.embedding(tokens))
+        word_gates = self._word_gates(encoded, self.embedding(tokens))
+        state, input_weights = self._recur(encoded, state, word_gates)
         scores, output_weights = self._readout(encoded, state.hidden)
         return StepOutput(scores, state, output_weights, input_weights)
 
@@ -241,13 +293,14 @@ class AttentionDecoder(nn.Module):
         # overlap) starts on every OVERLAP_WORDS words as soon as the loop has passed them,
         # and solves while the loop goes on launching the next words' kernels.
         overlap = self.output_attention.starts_in_background(features.device)
-        # Every word embedded at once: one lookup and, in the backward pass, one scatter into
-        # the embedding's gradient instead of one per step (each is several GPU kernels);
+        # Every word embedded and multiplied into the gates at once: one lookup, one product
+        # and, in the backward pass, one scatter into the embedding's gradient and one
+        # product for W_ih's word half, instead of one per step (each is several GPU kernels);
         # unbind's backward stacks the steps' gradients in one kernel.
-        words = self.embedding(captions).unbind(1)
+        words = self._word_gates(encoded, self.embedding(captions)).unbind(1)
         hiddens, input_weights, started = [], [], []
-        for t, embedded in enumerate(words):
-            state, weights = self._recur(encoded, state, embedded)
+        for t, word_gates in enumerate(words):
+            state, weights = self._recur(encoded, state, word_gates)
             hiddens.append(state.hidden)
             input_weights.append(weights)
             if overlap and ((t + 1) % OVERLAP_WORDS == 0 or t + 1 == len(words)):
@@ -260,6 +313,19 @@ class AttentionDecoder(nn.Module):
             encoded, torch.stack(hiddens, dim=1), output_weights
         )
         return DecoderOutput(scores, output_weights, torch.stack(input_weights, dim=1))
+
+
+def _lstm_cell(input_gates: Tensor, hidden_gates: Tensor, cell: Tensor) -> tuple[Tensor, Tensor]:
+    """(h_t, c_t) from the gates' two shares ``(N, 4d)`` (their sum is the pre-activation,
+    biases included; nn.LSTMCell's order) and c_{t-1} ``(N, d)``: c_t = f * c_{t-1} + i * g,
+    h_t = o * tanh(c_t). On a GPU, torch's fused cell (one kernel each way: the one that
+    nn.LSTMCell runs there after its two products), elsewhere the same formula."""
+    if input_gates.is_cuda:
+        hidden, cell, _ = torch.ops.aten._thnn_fused_lstm_cell(input_gates, hidden_gates, cell)
+        return hidden, cell
+    in_gate, forget_gate, cell_gate, out_gate = (input_gates + hidden_gates).chunk(4, dim=-1)
+    cell = torch.sigmoid(forget_gate) * cell + torch.sigmoid(in_gate) * torch.tanh(cell_gate)
+    return torch.sigmoid(out_gate) * torch.tanh(cell), cell
 
 
 def _build_attention(which: str, name: str, kwargs: dict | None) -> nn.Module:
