@@ -71,6 +71,24 @@ def test_a_user_error_is_one_line_and_captioner_debug_shows_its_traceback(monkey
     assert raised.value is split and capsys.readouterr().err == ""
 
 
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_a_user_error_starts_its_own_line_after_an_open_progress_bar(capsys, stream):
+    # Lightning leaves its epoch bar open (its text ends without a newline) when a fit meets a
+    # corrupt image mid-epoch: on a terminal the error line would go on the bar's line.
+    from tqdm import tqdm
+
+    bar = tqdm(total=38, desc="Epoch 0", file=getattr(sys, stream))
+    bar.update(14)
+    assert report_error("captioner fit", ValueError("a.png: corrupt or truncated image")) == 2
+    captured = capsys.readouterr()
+    line = "captioner fit: a.png: corrupt or truncated image"
+    if stream == "stdout":
+        assert "14/38" in captured.out and captured.out.endswith("\n")
+        assert captured.err == line + "\n"
+    else:
+        assert "14/38" in captured.err and captured.err.split("\n")[-2:] == [line, ""]
+
+
 def test_every_command_honours_captioner_debug(tmp_path):
     garbage = tmp_path / "garbage.ckpt"
     garbage.write_bytes(b"not a checkpoint")
