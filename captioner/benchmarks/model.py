@@ -6,7 +6,9 @@ the same seed, so the rows differ only in the output attention mapping (the inpu
 softmax, as in the TVmax paper, Sec. 3). The mappings take turns, round after round, so that a
 change of load on the machine affects them alike; each timing is the fastest of ``--repeats``
 runs (timeit's convention: the run least disturbed by other processes; ``--json`` also holds
-the medians). Two timings per mapping:
+the medians), and each ratio to softmax comes with the range of the ratios of the runs of one
+round, which ran one after the other (how far a single pair of runs could mislead). Two
+timings per mapping:
 
 * training step: teacher-forced forward, cross-entropy, backward and an Adam step, with the
   checks of scores and targets read back once after the step, as `captioner fit` does;
@@ -273,17 +275,25 @@ def _run_all(
                         times.clear()
                     runner.mapping_seconds.clear()
                 bar.update(1)
-    return {
+    results = {
         mapping: {"error": errors[mapping]} if mapping in errors else runners[mapping].summary()
         for mapping in mappings
     }
+    if "softmax" in runners:
+        base = runners["softmax"].times
+        for mapping, runner in runners.items():
+            for job, times in runner.times.items():
+                ratios = [taken / base_taken for taken, base_taken in zip(times, base[job],
+                                                                          strict=True)]
+                results[mapping][f"{job}_round_ratios"] = [min(ratios), max(ratios)]
+    return results
 
 
 def _table(results: dict[str, dict]) -> str:
     base = results.get("softmax", {})
     header = (
-        f"{'mapping':<14}{'train step ms':>15}{'x softmax':>11}"
-        f"{'beam search ms':>16}{'x softmax':>11}{'words':>7}{'mapping us':>12}"
+        f"{'mapping':<14}{'train step ms':>15}{'x softmax':>11}{'rounds':>12}"
+        f"{'beam search ms':>16}{'x softmax':>11}{'rounds':>12}{'words':>7}{'mapping us':>12}"
     )
     lines = [header, "-" * len(header)]
     for mapping, row in results.items():
@@ -294,11 +304,18 @@ def _table(results: dict[str, dict]) -> str:
             f"{row[key] / base[key]:.2f}x" if key in base else "n/a"
             for key in ("train_step_ms", "beam_search_ms")
         ]
+        rounds = [
+            "{:.2f}-{:.2f}".format(*row[f"{key}_round_ratios"])
+            if f"{key}_round_ratios" in row else "n/a"
+            for key in ("train_step_ms", "beam_search_ms")
+        ]
         lines.append(
-            f"{mapping:<14}{row['train_step_ms']:>15.1f}{ratios[0]:>11}"
-            f"{row['beam_search_ms']:>16.1f}{ratios[1]:>11}{row['mean_caption_length']:>7.1f}"
-            f"{row['output_mapping_us']:>12.0f}"
+            f"{mapping:<14}{row['train_step_ms']:>15.1f}{ratios[0]:>11}{rounds[0]:>12}"
+            f"{row['beam_search_ms']:>16.1f}{ratios[1]:>11}{rounds[1]:>12}"
+            f"{row['mean_caption_length']:>7.1f}{row['output_mapping_us']:>12.0f}"
         )
+    lines.append("rounds: the least and the greatest ratio to softmax of the runs of one round, "
+                 "which ran one after the other")
     lines.append("mapping us: host time of one call of the output attention's mapping in beam "
                  "search (a word's; its syncs and copies included), median")
     return "\n".join(lines)
