@@ -67,6 +67,9 @@ def ctrl_c_inside_torch_save(monkeypatch):
 
     armed = [0]
     handler = signal.getsignal(signal.SIGINT)
+    # Python's own Ctrl-C handler, also where the tests were started with SIGINT ignored (a
+    # shell's background job, `pytest &`), which would ignore the Ctrl-C raised here too.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     monkeypatch.setattr(torch, "save", interrupted)
     yield lambda n: armed.__setitem__(0, n)
     signal.signal(signal.SIGINT, handler)
