@@ -227,6 +227,14 @@ def test_bf16_autocast_keeps_the_mappings_in_float32(output_attention):
         assert weights.dtype == torch.float32
         torch.testing.assert_close(weights.sum((-2, -1)), torch.ones(weights.shape[:2]))
     assert all(torch.isfinite(p.grad).all() for p in decoder.parameters() if p.grad is not None)
+    # The recurrence's weights are cast to bfloat16 once a pass, and the pass stays the
+    # float32 pass to bfloat16's precision.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert decoder.encode(features).recurrence.hidden.dtype == torch.bfloat16
+    with torch.no_grad():
+        full = decoder(features, captions[:, :-1])
+    torch.testing.assert_close(output.scores.float(), full.scores, atol=0.05, rtol=0.05)
+    torch.testing.assert_close(output.input_attention, full.input_attention, atol=0.02, rtol=0)
 
 
 @pytest.mark.parametrize("length", [3, 4, 9])  # fewer words than a group, a group, groups and one
