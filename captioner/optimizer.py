@@ -12,9 +12,9 @@ def adam(parameters: Iterable[torch.nn.Parameter], *, lr: float,
          betas: tuple[float, float]) -> torch.optim.Adam:
     """Adam over those of ``parameters`` that require grad.
 
-    Where they all lie on a GPU it is torch's fused implementation, which updates every tensor
-    in one kernel: a training step there is bound by launching kernels, and the default
-    (foreach) launches several per group of tensors. Elsewhere it is torch's default.
+    Where they all lie on a GPU it is torch's fused implementation, which updates all tensors in
+    a few kernels: a training step there is bound by launching kernels, and the default
+    (foreach) launches several per operation of the update. Elsewhere it is torch's default.
     """
     trainable = [parameter for parameter in parameters if parameter.requires_grad]
     on_gpu = bool(trainable) and all(parameter.is_cuda for parameter in trainable)
