@@ -60,14 +60,17 @@ def evaluate_captioner(
     options: DecodingOptions | None = None,
     batch_size: int = 16,
     metrics: Sequence[str] = ALL_METRICS,
+    spice_timeout: float | None = None,
     progress: bool = True,
     on_results: Callable[[list[dict]], None] | None = None,
 ) -> EvaluationReport:
     """Caption every image of ``split`` with ``captioner`` (decoding ``options``, default: the
     checkpoint's own) and report the caption metrics against the split's raw references, the
     output-attention statistics and, with a COCO ``instances`` file, object mentions and
-    attention precision. ``on_results`` gets the COCO results (``[{"image_id", "caption"}]``)
-    as soon as the captions are made, before any metric, so that a caller can keep them."""
+    attention precision. ``spice_timeout``: seconds before SPICE is stopped (default: as
+    :func:`eval.spice.spice_scores` scales it). ``on_results`` gets the COCO results
+    (``[{"image_id", "caption"}]``) as soon as the captions are made, before any metric, so
+    that a caller can keep them."""
     from data_prep.karpathy import load_karpathy
     from eval.attention_stats import attention_statistics
     from eval.objects import InstanceAnnotations, category_words_for, object_statistics
@@ -96,7 +99,7 @@ def evaluate_captioner(
     if on_results is not None:
         on_results(results)
     references = {entry.image_id: list(entry.raws) for entry in entries}
-    scores = compute_metrics(hypotheses, references, metrics)
+    scores = compute_metrics(hypotheses, references, metrics, spice_timeout=spice_timeout)
     objects = (
         object_statistics(
             {i: c.tokens for i, c in zip(ids, captions, strict=True)},

@@ -115,11 +115,15 @@ def test_figure_and_batch_options_are_checked_when_parsed(argv, message, capsys)
 
 
 @pytest.mark.parametrize("value", ["-1", "0", "nan", "inf"])
-def test_score_refuses_a_spice_timeout_that_is_not_a_positive_number(value, capsys):
-    from eval.commands.score import build_parser
+@pytest.mark.parametrize("command", ["score", "evaluate"])
+def test_score_and_evaluate_refuse_a_spice_timeout_that_is_not_a_positive_number(
+        command, value, capsys):
+    import importlib
 
+    build_parser = importlib.import_module(f"eval.commands.{command}").build_parser
+    required = {"score": ["--results", "r.json", "--references", "refs.json"],
+                "evaluate": ["--ckpt", "a.ckpt", "--data", "d.json", "--images", "images"]}
     with pytest.raises(SystemExit) as exit_info:
-        build_parser().parse_args(["--results", "r.json", "--references", "refs.json",
-                                   "--spice-timeout", value])
+        build_parser().parse_args([*required[command], "--spice-timeout", value])
     assert exit_info.value.code == 2
     assert f"argument --spice-timeout: must be > 0, got {value}" in capsys.readouterr().err

@@ -160,6 +160,33 @@ def test_ctrl_c_in_the_metrics_says_where_the_captions_are_kept(
     assert len(json.loads(results.read_text())) == 4
 
 
+def test_spice_timeout_reaches_the_metrics_and_the_line_after_ctrl_c(
+        synthetic_data, tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    import shlex
+
+    import eval.scoring
+    from eval.commands.score import build_parser as score_parser
+
+    timeouts = []
+
+    def interrupted(*args, spice_timeout=None, **kwargs):
+        timeouts.append(spice_timeout)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(eval.scoring, "compute_metrics", interrupted)
+    out = tmp_path / "eval"
+    assert evaluate.main([
+        "--ckpt", str(tiny_checkpoint), "--data", str(synthetic_data.karpathy_json), "--images",
+        str(synthetic_data.image_root), "--metrics", "Bleu,SPICE", "--spice-timeout", "1800",
+        "--beam-size", "1", "--no-progress", "--out", str(out)]) == 130
+    assert timeouts == [1800.0]
+    line = capsys.readouterr().err.strip()
+    command = line.partition("(captioner score ")[2].partition(" scores them")[0]
+    assert command.endswith("--metrics Bleu,SPICE --spice-timeout 1800")
+    given = score_parser().parse_args(shlex.split(command))
+    assert (given.metrics, given.spice_timeout) == ("Bleu,SPICE", 1800.0)
+
+
 def test_an_earlier_evaluation_in_out_is_kept_unless_overwrite(synthetic_data, tiny_checkpoint,
                                                                 tmp_path, capsys, monkeypatch):
     import eval.scoring

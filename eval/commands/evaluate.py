@@ -15,6 +15,7 @@ from captioner.commands.options import (
     report_error,
     warnings_as_lines,
 )
+from eval.commands import add_metric_arguments
 from eval.scoring import ALL_METRICS
 
 HELP = "caption a Karpathy split with a checkpoint; metrics, attention statistics, objects"
@@ -28,11 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", default="test", help="split to evaluate (default: %(default)s)")
     parser.add_argument("--instances", help="COCO instances JSON for object mentions")
     add_decoding_arguments(parser)
-    parser.add_argument(
-        "--metrics",
-        default=",".join(ALL_METRICS),
-        help="comma-separated subset of Bleu,METEOR,ROUGE_L,CIDEr,SPICE,REP (default: all)",
-    )
+    add_metric_arguments(parser)
     parser.add_argument("--out", default="evaluation", help="output folder (default: %(default)s)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the results_SPLIT.json and metrics_SPLIT.json of an "
@@ -98,7 +95,8 @@ def main(argv: list[str]) -> int:
             report = evaluate_captioner(
                 captioner, args.data, args.images, split=args.split, instances=args.instances,
                 options=options, batch_size=args.batch_size, metrics=metrics,
-                progress=not args.no_progress, on_results=keep,
+                spice_timeout=args.spice_timeout, progress=not args.no_progress,
+                on_results=keep,
             )  # fmt: skip
     except (SpiceJarsError, JavaToolError, FileNotFoundError, KeyError, ValueError) as exc:
         kept = f"(the captions are kept in {results})" if written else ""
@@ -110,9 +108,10 @@ def main(argv: list[str]) -> int:
         # and the same command is refused now that they are in --out.
         chosen = "" if args.metrics == ",".join(ALL_METRICS) else f" --metrics {args.metrics}"
         allow_empty = " --allow-empty" if empty else ""
+        timeout = "" if args.spice_timeout is None else f" --spice-timeout {args.spice_timeout:g}"
         print(f"captioner evaluate: interrupted; the captions are kept in {results} (captioner "
               f"score --results {results} --references {args.data} --split {args.split}"
-              f"{chosen}{allow_empty} scores them; --overwrite evaluates again)",
+              f"{chosen}{timeout}{allow_empty} scores them; --overwrite evaluates again)",
               file=sys.stderr)
         return SIGINT_STATUS
     write_json(metrics_file, report.to_dict(), indent=2)

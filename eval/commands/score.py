@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from captioner.commands.options import CommandParser, at_least, report_error, warnings_as_lines
-from eval.scoring import ALL_METRICS
+from captioner.commands.options import CommandParser, report_error, warnings_as_lines
+from eval.commands import add_metric_arguments
 
 HELP = "score a COCO results file: BLEU, METEOR, ROUGE_L, CIDEr, SPICE and REP"
 
@@ -23,11 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="COCO captions annotation JSON, or a Karpathy JSON together with --split",
     )
     parser.add_argument("--split", help="split of a Karpathy references file (train/val/test)")
-    parser.add_argument(
-        "--metrics",
-        default=",".join(ALL_METRICS),
-        help="comma-separated subset of Bleu,METEOR,ROUGE_L,CIDEr,SPICE,REP (default: all)",
-    )
+    add_metric_arguments(parser)
     parser.add_argument(
         "--out", help="write METRICS.json here (checked before scoring, replaced atomically)"
     )
@@ -35,10 +31,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-empty",
         action="store_true",
         help="score empty captions (every metric gives them 0) instead of refusing them",
-    )
-    parser.add_argument(
-        "--spice-timeout", type=at_least(0, float, strictly=True),
-        help="seconds before SPICE is stopped (default: scaled)",
     )
     return parser
 
