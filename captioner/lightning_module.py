@@ -34,7 +34,7 @@ from captioner.losses import check_output_mapping, teacher_forced_loss
 from captioner.model import CaptionModel
 from captioner.model.decoder import AttentionDecoder
 from captioner.model.encoder import build_encoder
-from captioner.optimizer import adam
+from captioner.optimizer import PAPER_BETAS, PAPER_LR, adam
 from data_prep.features import FeatureCache
 from data_prep.files import file_sha256
 from data_prep.vocab import Vocabulary
@@ -98,8 +98,8 @@ class CaptioningModule(L.LightningModule):
         hidden_dim: int = 512,
         attention_dim: int = 512,
         dropout: float = 0.5,
-        lr: float = 1e-4,
-        betas: tuple[float, float] = (0.8, 0.999),
+        lr: float = PAPER_LR,
+        betas: tuple[float, float] = PAPER_BETAS,
         lr_decay: float = 0.99,
         lr_decay_after: int = 10,
         gradient_clip_norm: float | None = 5.0,

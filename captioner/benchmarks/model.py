@@ -169,7 +169,7 @@ class _Runner:
         self.overlap = row == OVERLAP_ROW if args.tvmax_overlap and mapping == "tvmax" else None
 
         from captioner.model import AttentionDecoder
-        from captioner.optimizer import adam
+        from captioner.optimizer import PAPER_BETAS, PAPER_LR, adam
 
         input_attention = mapping if args.input_attention == "same" else args.input_attention
         torch.manual_seed(args.seed)
@@ -181,7 +181,7 @@ class _Runner:
             output_attention=mapping,
             output_attention_kwargs={"lam": args.lam} if mapping == "tvmax" else {},
         ).to(features.device)
-        self.optimizer = adam(self.decoder.parameters(), lr=1e-4, betas=(0.8, 0.999))
+        self.optimizer = adam(self.decoder.parameters(), lr=PAPER_LR, betas=PAPER_BETAS)
         self.args, self.features, self.captions = args, features, captions
         self.times: dict[str, list[float]] = {"train_step_ms": [], "beam_search_ms": []}
         self.lengths: list[int] = []
