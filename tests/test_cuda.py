@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 from test_decoding import END, MAX_LENGTH, START, ending_decoder
-from test_model import random_batch, reference_pass, small_decoder
+from test_model import assert_pass_matches_reference, random_batch, small_decoder
 
 import captioner.attention as att
 from captioner.decoding import beam_search
@@ -79,17 +79,9 @@ def test_decoder_on_cuda_matches_the_equations_with_torch_lstm_cell(dtype):
     # On a GPU the recurrence runs torch's fused LSTM cell on gates it multiplied itself.
     decoder = small_decoder("softmax", "sparsemax").to("cuda", dtype)
     features, captions = random_batch(length=7)
-    features, captions = features.to("cuda", dtype), captions.cuda()
-    output = decoder(features, captions)
-    expected = reference_pass(decoder, features, captions)
     tolerance = {"rtol": 1e-12, "atol": 1e-12} if dtype == torch.float64 else {}
-    for got, want in zip(output, expected, strict=True):
-        torch.testing.assert_close(got, want, **tolerance)
-    weights = torch.randn_like(output.scores)
-    grads = torch.autograd.grad((output.scores * weights).sum(), list(decoder.parameters()))
-    want = torch.autograd.grad((expected[0] * weights).sum(), list(decoder.parameters()))
-    for got_grad, want_grad in zip(grads, want, strict=True):
-        torch.testing.assert_close(got_grad, want_grad, **tolerance)
+    assert_pass_matches_reference(decoder, features.to("cuda", dtype), captions.cuda(),
+                                  tolerance, tolerance)
 
 
 def test_adam_is_fused_on_the_gpu_and_steps_as_the_single_tensor_adam():

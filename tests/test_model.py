@@ -138,17 +138,25 @@ def test_decoder_pass_and_gradients_match_the_equations_with_torch_lstm_cell(out
     # it must give nn.LSTMCell's pass and gradients, to float64 rounding.
     decoder = small_decoder("softmax", output_attention).double()
     features, captions = random_batch(length=7)
-    features = features.double()
+    assert_pass_matches_reference(decoder, features.double(), captions,
+                                  {"rtol": 1e-12, "atol": 1e-12}, {"rtol": 1e-10, "atol": 1e-12})
+
+
+def assert_pass_matches_reference(decoder, features, captions, tolerance: dict,
+                                  grad_tolerance: dict) -> None:
+    """The decoder's pass equals :func:`reference_pass` within ``tolerance``, and the
+    gradients of every parameter (of a random weighting of the scores) within
+    ``grad_tolerance``."""
     output = decoder(features, captions)
     expected = reference_pass(decoder, features, captions)
     for got, want in zip(output, expected, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(got, want, **tolerance)
     weights = torch.randn_like(output.scores)
     grads = torch.autograd.grad((output.scores * weights).sum(), list(decoder.parameters()))
     want = torch.autograd.grad((expected[0] * weights).sum(), list(decoder.parameters()))
     for (name, _), got_grad, want_grad in zip(decoder.named_parameters(), grads, want,
                                                strict=True):
-        torch.testing.assert_close(got_grad, want_grad, rtol=1e-10, atol=1e-12, msg=name)
+        torch.testing.assert_close(got_grad, want_grad, **grad_tolerance, msg=name)
 
 
 def test_decoder_rejects_bad_shapes_and_names():
