@@ -91,8 +91,8 @@ class CellLabelledImages(Dataset):
     @classmethod
     def load(cls, entries: list[ImageEntry], labeller: CellLabeller,
              settings: PretrainingSettings, crop: int | None) -> CellLabelledImages:
-        """The images of Karpathy ``entries`` with their labels. KeyError for an image missing
-        from the labeller's instances file; image errors name the file."""
+        """The images of Karpathy ``entries`` with their labels (the ``labeller`` loaded for
+        them); image errors name the file."""
         size, stride = settings.image_size, STRIDES[settings.layer]
         grid = (size // stride, size // stride)
         # Bilinear, as data_prep.images.imagenet_transform resizes for the feature cache.
@@ -198,9 +198,10 @@ def pretrain_encoder(karpathy_json, image_root, instances: dict[str, Path], out:
     for split, entries in splits.items():
         if not entries:
             raise ValueError(f"{karpathy_json}: the {split} split is empty")
-    train_labeller = CellLabeller.load(instances["train"])
+    images = {split: {e.image_id: e.path for e in entries} for split, entries in splits.items()}
+    train_labeller = CellLabeller.load(instances["train"], images["train"])
     labellers = {"train": train_labeller,
-                 "val": CellLabeller.load(instances["val"], train_labeller.classes)}
+                 "val": CellLabeller.load(instances["val"], images["val"], train_labeller.classes)}
     classes = {a: list(names) for a, names in train_labeller.classes.items()}
     L.seed_everything(settings.seed, verbose=False)
     data = {

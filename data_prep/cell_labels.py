@@ -14,12 +14,14 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .files import first_names, require_file
+from .images import orient, stored_layout
 
 ATTRIBUTE_FIELDS = ("colour", "size")
 NONE = "none"  # class 0 of every attribute: no object covers the cell
@@ -109,25 +111,65 @@ def check_instances(document, path: Path) -> None:
                                  f"the id of any of its {key}")
 
 
+def mask_orientations(coco, instances: Path, images: Mapping[int, Path]) -> dict[int, int]:
+    """For each image id of ``images`` (id -> image file), the EXIF orientation
+    (``data_prep.images.orient``) that lays its masks from the instances file ``instances``
+    (``coco``) over the image as ``load_image`` shows it.
+
+    COCO's masks follow the pixels as stored, whatever the file's EXIF orientation, and the
+    file gives their size: the image's orientation then. Some tools annotate the image as
+    shown and give that size: 1 (nothing to turn) when the size is the shown size alone.
+    Flips and half turns keep the size, so for them the masks are taken as COCO's.
+
+    Raises:
+        ValueError: ids missing from the instances file (the first named, and how many), or
+            an id given a size that is neither the stored nor the shown size of its image (the
+            message names both files and sizes).
+        ImageLoadError: an image that cannot be read.
+    """
+    missing = [image_id for image_id in images if image_id not in coco.imgs]
+    if missing:
+        raise ValueError(f"{instances}: has no image {missing[0]} ({images[missing[0]]}); "
+                         f"{len(missing)} of the {len(images)} images asked for are missing")
+    orientations = {}
+    for image_id, image in images.items():
+        info = coco.imgs[image_id]
+        (width, height), orientation = stored_layout(image)
+        stored, given = (width, height), (info["width"], info["height"])
+        shown = stored[::-1] if orientation >= 5 else stored
+        if given != stored and given != shown:
+            raise ValueError(
+                f"{instances}: image {image_id} is {given[0]}x{given[1]} there, but {image} is "
+                f"{width}x{height} (width x height"
+                + (f"; shown turned, {shown[0]}x{shown[1]}, by its EXIF orientation "
+                   f"{orientation})" if shown != stored else ")")
+            )
+        orientations[image_id] = orientation if given == stored else 1
+    return orientations
+
+
 @dataclass(frozen=True)
 class CellLabeller:
-    """Per-cell labels of the images of one COCO instances file.
+    """Per-cell labels of some images of one COCO instances file.
 
     Attributes:
         coco: the ``pycocotools.coco.COCO`` of the file.
         path: the file.
         classes: attribute name ("category", then the carried :data:`ATTRIBUTE_FIELDS`) ->
             class names, ``classes[a][0] == "none"``.
+        orientations: image id -> :func:`mask_orientations`, for the images labelled.
     """
 
     coco: object
     path: Path
     classes: dict[str, tuple[str, ...]]
+    orientations: dict[int, int]
 
     @classmethod
-    def load(cls, path: str | Path,
+    def load(cls, path: str | Path, images: Mapping[int, Path],
              classes: dict[str, tuple[str, ...]] | None = None) -> CellLabeller:
-        """The labeller of the instances file ``path``, with the ``classes`` of another split's
+        """The labeller of the instances file ``path`` for ``images`` (id -> image file; each
+        checked by :func:`mask_orientations`), with the ``classes`` of another split's
         labeller when given (ValueError naming a class that split does not have)."""
         coco = load_coco(path)
         annotations = list(coco.anns.values())
@@ -135,25 +177,28 @@ class CellLabeller:
         for field in ATTRIBUTE_FIELDS:
             if annotations and all(isinstance(a.get(field), str) for a in annotations):
                 own[field] = (NONE, *sorted({a[field] for a in annotations}))
-        if classes is None:
-            return cls(coco, Path(path), own)
-        for attribute, names in own.items():
-            unknown = sorted(set(names) - set(classes.get(attribute, ())))
-            if unknown:
-                raise ValueError(f"{path}: {attribute} {first_names(unknown)} not among the "
-                                 f"training classes ({first_names(classes.get(attribute, ()))})")
-        return cls(coco, Path(path), dict(classes))
+        if classes is not None:
+            for attribute, names in own.items():
+                unknown = sorted(set(names) - set(classes.get(attribute, ())))
+                if unknown:
+                    raise ValueError(
+                        f"{path}: {attribute} {first_names(unknown)} not among the training "
+                        f"classes ({first_names(classes.get(attribute, ()))})")
+        orientations = mask_orientations(coco, Path(path), images)
+        return cls(coco, Path(path), own if classes is None else dict(classes), orientations)
 
     def labels(self, image_id: int, grid: tuple[int, int]) -> np.ndarray:
         """(A, h, w) int64 class indices of every attribute (in ``classes`` order) for each
-        cell of the image's (h, w) grid. KeyError names an image missing from the file."""
-        if image_id not in self.coco.imgs:
-            raise KeyError(f"image {image_id} is not in the instances file {self.path}")
+        cell of the (h, w) grid over the image as shown. KeyError for an image not loaded."""
+        if image_id not in self.orientations:
+            raise KeyError(f"image {image_id} was not loaded from the instances file {self.path}")
         annotations = self.coco.loadAnns(self.coco.getAnnIds(imgIds=[image_id], iscrowd=None))
         labels = np.zeros((len(self.classes), *grid), dtype=np.int64)
         if not annotations:
             return labels
-        cover = np.stack([downsample_mask(self.coco.annToMask(a), grid) for a in annotations])
+        orientation = self.orientations[image_id]
+        cover = np.stack([downsample_mask(orient(self.coco.annToMask(a), orientation), grid)
+                          for a in annotations])
         best = cover.argmax(axis=0)
         covered = cover.max(axis=0) >= MIN_COVER
         for row, (attribute, names) in enumerate(self.classes.items()):

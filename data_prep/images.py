@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from data_prep.files import check_input_file
 
@@ -78,6 +78,41 @@ def load_image(path: str | Path, *, max_pixels: int = MAX_IMAGE_PIXELS) -> Image
     with _opened(path, max_pixels) as image:
         image.load()
         return _to_rgb(ImageOps.exif_transpose(image), path)
+
+
+# What ImageOps.exif_transpose does to the pixels for each EXIF orientation, on arrays
+# (rows, columns, ...): Pillow's FLIP_LEFT_RIGHT, ROTATE_180, FLIP_TOP_BOTTOM, TRANSPOSE,
+# ROTATE_270, TRANSVERSE and ROTATE_90 (rotations counter-clockwise).
+_EXIF_TURNS = {
+    1: lambda a: a,
+    2: lambda a: a[:, ::-1],
+    3: lambda a: a[::-1, ::-1],
+    4: lambda a: a[::-1],
+    5: lambda a: a.swapaxes(0, 1),
+    6: lambda a: np.rot90(a, -1),
+    7: lambda a: np.rot90(a, 2).swapaxes(0, 1),
+    8: lambda a: np.rot90(a, 1),
+}
+
+
+def orient(array: np.ndarray, orientation: int) -> np.ndarray:
+    """``array`` (rows, columns, ...) laid out as an image's stored pixels, turned as
+    :func:`load_image` turns the pixels of an image of that EXIF ``orientation`` (1-8)."""
+    return np.ascontiguousarray(_EXIF_TURNS[orientation](array))
+
+
+def stored_layout(path: str | Path) -> tuple[tuple[int, int], int]:
+    """((width, height) of the pixels as stored, EXIF orientation) of an image file: the
+    orientation :func:`load_image` applies, 1 (as stored) without a tag or with a value
+    outside 2-8, which Pillow leaves as stored too. ImageLoadError as :func:`load_image`."""
+    path = Path(path)
+    try:
+        check_input_file(path)
+    except ValueError as exc:
+        raise ImageLoadError(str(exc)) from None
+    with _opened(path, MAX_IMAGE_PIXELS) as image:
+        orientation = image.getexif().get(ExifTags.Base.Orientation, 1)
+        return image.size, orientation if orientation in _EXIF_TURNS else 1
 
 
 def check_image(path: str | Path, max_pixels: int | None = None) -> str | None:

@@ -31,8 +31,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from data_prep.cell_labels import ATTRIBUTE_FIELDS, downsample_mask, load_coco
+from data_prep.cell_labels import ATTRIBUTE_FIELDS, downsample_mask, load_coco, mask_orientations
 from data_prep.files import first_names
+from data_prep.images import orient
 
 # Words naming each COCO category: the category name plus common synonyms and hyponyms used in
 # COCO captions. Irregular plurals are listed; regular plurals are derived.
@@ -203,14 +204,21 @@ def mentions(
 
 @dataclass
 class InstanceAnnotations:
-    """COCO instance annotations: annotated categories and their masks per image."""
+    """COCO instance annotations of some images: annotated categories and their masks.
+
+    ``orientations``: image id -> ``data_prep.cell_labels.mask_orientations``, for the images
+    loaded."""
 
     coco: object  # pycocotools.coco.COCO
     path: Path
+    orientations: dict[int, int]
 
     @classmethod
-    def load(cls, path: str | Path) -> InstanceAnnotations:
-        return cls(load_coco(path), Path(path))
+    def load(cls, path: str | Path, images: Mapping[int, Path]) -> InstanceAnnotations:
+        """The annotations of ``images`` (id -> image file) in the instances file ``path``:
+        ValueError naming the files for an image it lacks or gives another size."""
+        coco = load_coco(path)
+        return cls(coco, Path(path), mask_orientations(coco, Path(path), images))
 
     @property
     def category_names(self) -> list[str]:
@@ -226,21 +234,22 @@ class InstanceAnnotations:
         )
 
     def has_image(self, image_id: int) -> bool:
-        return image_id in self.coco.imgs
+        return image_id in self.orientations
 
     def categories(self, image_id: int) -> set[str]:
         anns = self.coco.loadAnns(self.coco.getAnnIds(imgIds=[image_id], iscrowd=None))
         return {self.coco.cats[a["category_id"]]["name"] for a in anns}
 
     def mask(self, image_id: int, category: str, grid: tuple[int, int]) -> np.ndarray:
-        """Area fraction (h, w) float64 of each grid cell covered by ``category`` in the image."""
+        """Area fraction (h, w) float64 of each cell of the grid over the image as shown
+        covered by ``category``."""
         cat_ids = self.coco.getCatIds(catNms=[category])
         anns = self.coco.loadAnns(self.coco.getAnnIds(imgIds=[image_id], catIds=cat_ids))
         info = self.coco.imgs[image_id]
         union = np.zeros((info["height"], info["width"]), dtype=bool)
         for ann in anns:
             union |= self.coco.annToMask(ann).astype(bool)
-        return downsample_mask(union, grid)
+        return downsample_mask(orient(union, self.orientations[image_id]), grid)
 
 
 def attention_precision(
@@ -259,7 +268,8 @@ def attention_precision(
     ``maps``: (T, h, w) output attention, T = len(tokens). ``category_words`` defaults to the
     synonym lists of the annotation file's categories. KeyError/ValueError name the image."""
     if not annotations.has_image(image_id):
-        raise KeyError(f"image {image_id} is not in the instances file {annotations.path}")
+        raise KeyError(f"image {image_id} was not loaded from the instances file "
+                       f"{annotations.path}")
     if maps.dim() != 3 or maps.shape[0] != len(tokens):
         raise ValueError(
             f"image {image_id}: attention of shape {tuple(maps.shape)} for {len(tokens)} tokens; "

@@ -18,6 +18,8 @@ from data_prep.images import (
     check_images,
     imagenet_transform,
     load_image,
+    orient,
+    stored_layout,
 )
 
 
@@ -140,6 +142,28 @@ def test_exif_orientation_is_applied(tmp_path, orientation):
     # The opposite corner stays blue.
     far = got[got.shape[0] - 1 - row, got.shape[1] - 1 - column]
     assert far[2] > 200 and far[0] < 60
+
+
+@pytest.mark.parametrize("orientation", range(10))
+def test_orient_turns_stored_pixels_as_load_image_shows_them(tmp_path, orientation):
+    """Every EXIF orientation (and 0, 9: no turn), on a non-square image of distinct pixels;
+    Pillow's own exif_transpose inside load_image is the reference."""
+    stored = np.random.default_rng(orientation).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    Image.fromarray(stored).save(tmp_path / "photo.png", exif=exif)
+    size, found = stored_layout(tmp_path / "photo.png")
+    assert size == (7, 5)
+    assert found == (orientation if 1 <= orientation <= 8 else 1)
+    np.testing.assert_array_equal(orient(stored, found), pixels(load_image(tmp_path / "photo.png")))
+
+
+def test_stored_layout_names_a_bad_file(tmp_path):
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    with pytest.raises(ImageLoadError, match="empty.jpg: "):
+        stored_layout(tmp_path / "empty.jpg")
+    with pytest.raises(ImageLoadError, match="none.jpg: file not found"):
+        stored_layout(tmp_path / "none.jpg")
 
 
 def _png_header(width: int, height: int) -> bytes:

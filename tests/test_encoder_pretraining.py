@@ -11,15 +11,19 @@ import sys
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from pycocotools import mask as mask_utils
+from turned_photo import turned_photo
 
 from captioner.encoder_pretraining import CellLabelledImages, PretrainingSettings
 from captioner.model.encoder import build_encoder
-from data_prep.cell_labels import CellLabeller
+from data_prep.cell_labels import MIN_COVER, CellLabeller, downsample_mask
 from data_prep.features import FeatureCache
 
 
 def _instances(path, annotations, size=64):
+    """An instances file of one image (id 1, ``size`` px square) with these annotations, and
+    that image (black, beside the file): (file, {1: image})."""
     def rle(mask):
         encoded = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
         return {"size": list(encoded["size"]), "counts": encoded["counts"].decode("ascii")}
@@ -33,7 +37,9 @@ def _instances(path, annotations, size=64):
             for k, (category, mask, extra) in enumerate(annotations)
         ],
     }))
-    return path
+    image = path.with_suffix(".png")
+    Image.new("RGB", (size, size)).save(image)
+    return path, {1: image}
 
 
 def test_cell_labels_by_hand(tmp_path):
@@ -45,7 +51,7 @@ def test_cell_labels_by_hand(tmp_path):
         (2, square, {"colour": "red", "size": "large"}),
         (1, circle, {"colour": "blue", "size": "small"}),
     ])
-    labeller = CellLabeller.load(path)
+    labeller = CellLabeller.load(*path)
     assert labeller.classes == {
         "category": ("none", "circle", "square"),
         "colour": ("none", "blue", "red"),
@@ -59,27 +65,37 @@ def test_cell_labels_by_hand(tmp_path):
     np.testing.assert_array_equal(labels[1], np.where(category == 2, 2, np.where(category, 1, 0)))
     np.testing.assert_array_equal(labels[2], np.where(category == 2, 1, np.where(category, 2, 0)))
     # Less than half a cell: no object.
-    assert CellLabeller.load(path).labels(1, (2, 2))[0].tolist() == [[2, 0], [0, 0]]
-    with pytest.raises(KeyError, match="image 7 is not in the instances file"):
+    assert CellLabeller.load(*path).labels(1, (2, 2))[0].tolist() == [[2, 0], [0, 0]]
+    with pytest.raises(KeyError, match="image 7 was not loaded from the instances file"):
         labeller.labels(7, (4, 4))
+
+
+@pytest.mark.parametrize("orientation", [3, 6])
+def test_cell_labels_lie_over_the_photo_as_the_encoder_sees_it(tmp_path, orientation):
+    """A photo stored turned: the labels follow its pixels once load_image has turned them."""
+    path, images, shown = turned_photo(tmp_path, orientation)
+    labels = CellLabeller.load(path, images).labels(1, (4, 4))
+    on_object = downsample_mask(shown, (4, 4)) >= MIN_COVER
+    assert on_object.any() and not on_object.all()
+    np.testing.assert_array_equal(labels[0], np.where(on_object, 1, 0))  # class 1: square
 
 
 def test_other_split_uses_the_training_classes_and_refuses_new_ones(tmp_path):
     mask = np.zeros((64, 64), dtype=bool)
     mask[:32, :32] = True
-    train = CellLabeller.load(_instances(tmp_path / "train.json", [
+    train = CellLabeller.load(*_instances(tmp_path / "train.json", [
         (1, mask, {"colour": "red", "size": "large"}),
         (2, ~mask, {"colour": "blue", "size": "small"}),
     ]))
     val = CellLabeller.load(
-        _instances(tmp_path / "val.json", [(1, mask, {"colour": "blue", "size": "small"})]),
+        *_instances(tmp_path / "val.json", [(1, mask, {"colour": "blue", "size": "small"})]),
         train.classes,
     )
     assert val.classes == train.classes  # blue is class 1 in both, though val lacks red
     assert val.labels(1, (2, 2))[1, 0, 0] == train.classes["colour"].index("blue")
     with pytest.raises(ValueError,
                        match=r"colour green not among the training classes \(none, blue, red\)$"):
-        CellLabeller.load(_instances(tmp_path / "val2.json", [
+        CellLabeller.load(*_instances(tmp_path / "val2.json", [
             (1, mask, {"colour": "green", "size": "small"})]), train.classes)
 
 

@@ -63,6 +63,10 @@ def _instances_variants(synthetic_data, tmp_path) -> dict[str, tuple[str, str]]:
                              "categories"),
         "no_height": ({**good, "images": [{"id": 1, "width": 3}]}, "images[0] lacks field "
                       "'height'"),
+        "wrong_size": ({**good, "images": [{**good["images"][0], "width": 999},
+                                           *good["images"][1:]]},
+                       f"image {good['images'][0]['id']} is 999x{good['images'][0]['height']} "
+                       "there, but "),
         "own_category": ({**good, "categories": [{**good["categories"][0], "name": "zebra_thing"},
                                                  *good["categories"][1:]]},
                          "no synonym list for categories zebra_thing (known: COCO and "),

@@ -6,7 +6,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from pycocotools import mask as mask_utils
+from turned_photo import turned_photo
 
 from data_prep.cell_labels import area_weights, downsample_mask
 from eval.objects import (
@@ -74,7 +76,16 @@ def instances(tmp_path):
     }
     path = tmp_path / "instances.json"
     path.write_text(json.dumps(data))
-    return InstanceAnnotations.load(path)
+    return InstanceAnnotations.load(path, _blank_images(data, tmp_path))
+
+
+def _blank_images(data: dict, folder) -> dict:
+    """A black PNG of each image's size in the instances ``data``: image id -> file."""
+    files = {}
+    for image in data["images"]:
+        files[image["id"]] = folder / image["file_name"]
+        Image.new("RGB", (image["width"], image["height"])).save(files[image["id"]])
+    return files
 
 
 def test_coco_table_covers_the_80_categories():
@@ -123,7 +134,7 @@ def _with_attributes(instances, tmp_path) -> InstanceAnnotations:
         annotation.update(colour=colour, size="large")
     path = tmp_path / "instances_attributes.json"
     path.write_text(json.dumps(data))
-    return InstanceAnnotations.load(path)
+    return InstanceAnnotations.load(path, _blank_images(data, tmp_path))
 
 
 def test_phrase_precision_counts_the_colour_and_size_words_before_the_shape(instances, tmp_path):
@@ -146,7 +157,7 @@ def test_phrase_precision_counts_the_colour_and_size_words_before_the_shape(inst
 
 
 def test_missing_image_and_length_mismatch_are_named(instances):
-    with pytest.raises(KeyError, match="image 9 is not in the instances file"):
+    with pytest.raises(KeyError, match="image 9 was not loaded from the instances file"):
         object_statistics({9: ["a"]}, {9: torch.ones(1, 2, 2)}, instances)
     with pytest.raises(ValueError, match=r"image 1: attention of shape \(2, 2, 2\) for 1 tokens"):
         object_statistics({1: ["a"]}, {1: torch.ones(2, 2, 2)}, instances)
@@ -155,3 +166,34 @@ def test_missing_image_and_length_mismatch_are_named(instances):
             "attention_precision"
         ]
     )
+
+
+@pytest.mark.parametrize(("orientation", "annotated"), [
+    *((orientation, "stored") for orientation in range(1, 9)),
+    # Flips and half turns keep the size: such masks are taken as COCO's, so only the
+    # quarter turns can be told to follow the pixels as shown.
+    *((orientation, "shown") for orientation in range(5, 9)),
+])
+def test_masks_lie_over_the_photo_as_the_captioner_sees_it(tmp_path, orientation, annotated):
+    """COCO's masks follow the stored pixels; a photo stored sideways is captioned turned by
+    its EXIF orientation. The mask over the grid must be where the object's pixels are."""
+    path, images, shown = turned_photo(tmp_path, orientation, annotated)
+    annotations = InstanceAnnotations.load(path, images)
+    for grid in ((4, 4), (3, 2)):
+        np.testing.assert_allclose(annotations.mask(1, "square", grid),
+                                   downsample_mask(shown, grid), atol=1e-12)
+
+
+def test_an_instances_size_that_is_not_the_photos_is_refused(tmp_path):
+    path, images, _ = turned_photo(tmp_path, 6, given_size=(10, 8))
+    with pytest.raises(ValueError, match=(
+            rf"^{path}: image 1 is 10x8 there, but {images[1]} is 12x8 \(width x height; "
+            r"shown turned, 8x12, by its EXIF orientation 6\)$")):
+        InstanceAnnotations.load(path, images)
+    path, images, _ = turned_photo(tmp_path, 1, given_size=(12, 9))
+    with pytest.raises(ValueError, match=rf"^{path}: image 1 is 12x9 there, but .* is 12x8 "
+                                         r"\(width x height\)$"):
+        InstanceAnnotations.load(path, images)
+    with pytest.raises(ValueError, match=rf"^{path}: has no image 5 \(.*other.png\); 1 of the 2 "
+                                         "images asked for are missing$"):
+        InstanceAnnotations.load(path, {**images, 5: tmp_path / "other.png"})
