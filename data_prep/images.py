@@ -70,12 +70,7 @@ def load_image(path: str | Path, *, max_pixels: int = MAX_IMAGE_PIXELS) -> Image
         ImageLoadError: the file is missing, unreadable, not an image, corrupt, truncated, of
             an unsupported mode, or larger than ``max_pixels`` pixels.
     """
-    path = Path(path)
-    try:
-        check_input_file(path)
-    except ValueError as exc:
-        raise ImageLoadError(str(exc)) from None
-    with _opened(path, max_pixels) as image:
+    with _opened(Path(path), max_pixels) as image:
         image.load()
         return _to_rgb(ImageOps.exif_transpose(image), path)
 
@@ -105,12 +100,7 @@ def stored_layout(path: str | Path) -> tuple[tuple[int, int], int]:
     """((width, height) of the pixels as stored, EXIF orientation) of an image file: the
     orientation :func:`load_image` applies, 1 (as stored) without a tag or with a value
     outside 2-8, which Pillow leaves as stored too. ImageLoadError as :func:`load_image`."""
-    path = Path(path)
-    try:
-        check_input_file(path)
-    except ValueError as exc:
-        raise ImageLoadError(str(exc)) from None
-    with _opened(path, MAX_IMAGE_PIXELS) as image:
+    with _opened(Path(path), MAX_IMAGE_PIXELS) as image:
         orientation = image.getexif().get(ExifTags.Base.Orientation, 1)
         return image.size, orientation if orientation in _EXIF_TURNS else 1
 
@@ -158,9 +148,13 @@ def check_image(path: str | Path, max_pixels: int | None = None) -> str | None:
 
 @contextmanager
 def _opened(path: Path, max_pixels: int) -> Iterator[Image.Image]:
-    """``Image.open(path)`` of an image of at most ``max_pixels`` pixels; Pillow's failures
-    while it is open (corrupt, truncated, unrecognised, ...) are raised as
-    :class:`ImageLoadError` naming the file and the reason in one line."""
+    """``Image.open(path)`` of an image of at most ``max_pixels`` pixels; a FIFO or device
+    (never opened) and Pillow's failures while it is open (corrupt, truncated, unrecognised,
+    ...) are raised as :class:`ImageLoadError` naming the file and the reason in one line."""
+    try:
+        check_input_file(path)
+    except ValueError as exc:
+        raise ImageLoadError(str(exc)) from None
     try:
         with warnings.catch_warnings():
             # Our own, lower limit below gives the clearer message.
