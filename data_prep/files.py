@@ -391,6 +391,35 @@ def check_output_folder(folder: Path, what: str, marker: str, tag: str, overwrit
     return True
 
 
+def refuse_inputs_in_output(folder: Path, inputs: Iterable[Path]) -> None:
+    """Check, before any work, that the ``inputs`` of a command that writes the output
+    ``folder`` (heatmaps, gallery, rating kit) lie outside it, and that it lies outside every
+    input folder. The command fills the folder with images and --overwrite empties it first:
+    an input inside would be read back as the command's own earlier figures, or deleted, and
+    an output folder inside an input folder would feed its figures to the next run.
+
+    ``inputs``: the image files read and the folders searched for them, as given (compared as
+    the files they lead to: another spelling or a link is the same file).
+
+    Raises:
+        OutputPathError: naming the first input inside the folder, or the input folder that
+            holds it.
+    """
+    out = Path(os.path.realpath(folder))
+    for path in inputs:
+        real = Path(os.path.realpath(path))
+        if real.is_relative_to(out):
+            raise OutputPathError(
+                f"{path}: an input inside the output folder {folder}, which the command fills "
+                "with its figures (and --overwrite empties first); choose an --out outside "
+                "the inputs")
+        if real.is_dir() and out.is_relative_to(real):
+            raise OutputPathError(
+                f"{folder}: the output folder lies inside the input folder {path}, so its "
+                "figures would be read as input images by the next run; choose an --out "
+                "outside the inputs")
+
+
 def foreign_entries(folder: Path, ours: Collection[str]) -> list[str]:
     """The entries under ``folder`` that are not in ``ours``, as ``/``-separated paths relative
     to ``folder``, sorted, at any depth: files (links, FIFOs and the like included) not in

@@ -105,7 +105,8 @@ def kit_scale(images: Sequence[KitImage], models: Sequence[KitModel],
 
     Raises:
         ValueError: no model, more models than labels, an image key given twice, an image
-            without one caption per model, only empty captions or no positive weight.
+            without one caption per model, only empty captions (with no ``vmax``) or no
+            positive weight.
     """
     if not models:
         raise ValueError("a rating kit needs at least one model")
@@ -120,6 +121,10 @@ def kit_scale(images: Sequence[KitImage], models: Sequence[KitModel],
                 f"image {item.key!r}: {len(item.captions)} captions for {len(models)} models"
             )
     if vmax is None:
+        if not any(c.tokens for item in images for c in item.captions):
+            raise ValueError(f"every caption of the {len(images)} sampled images is empty (an "
+                             "under-trained checkpoint writes some): the kit would have nothing "
+                             "to rate; train the models further")
         vmax = shared_vmax(c.attention for item in images for c in item.captions)
     return vmax
 

@@ -192,6 +192,53 @@ def test_an_output_that_is_one_of_the_inputs_is_refused(tmp_path):
     assert key.read_text() == "{}"
 
 
+def _tree(folder) -> dict:
+    """Every file under ``folder``: relative path -> bytes."""
+    return {str(f.relative_to(folder)): f.read_bytes()
+            for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.parametrize("name", ["heatmaps", "gallery", "rating-kit"])
+def test_an_out_among_the_inputs_is_refused_and_the_earlier_result_kept(
+        name, tiny_checkpoint, tmp_path, capsys):
+    """An --out inside the folder of input images (or holding an input image) would feed the
+    command its own figures, and --overwrite would delete them while they are read."""
+    from PIL import Image
+
+    from captioner.commands import heatmaps
+    from eval.commands import gallery, rating_kit
+
+    main = {"heatmaps": heatmaps.main, "gallery": gallery.main, "rating-kit": rating_kit.main}
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for k, colour in enumerate([(200, 30, 30), (30, 200, 30)]):
+        Image.new("RGB", (24, 20), colour).save(photos / f"img{k}.png")
+    options = ["--ckpt", str(tiny_checkpoint), "--beam-size", "1", "--max-length", "4",
+               "--no-progress", *(["--n", "2"] if name == "rating-kit" else [])]
+    inside = photos / "out"
+    assert main[name]([str(photos), "--out", str(inside), *options]) == 2
+    assert capsys.readouterr().err == (
+        f"captioner {name}: {inside}: the output folder lies inside the input folder {photos}, "
+        "so its figures would be read as input images by the next run; choose an --out "
+        "outside the inputs\n")
+    assert not inside.exists()
+
+    out = tmp_path / "out"
+    assert main[name]([str(photos), "--out", str(out), *options]) == 0
+    capsys.readouterr()
+    earlier = _tree(out)
+    assert any(name.endswith((".png", ".jpg")) for name in earlier)
+    # The earlier result's images given back as inputs: by folder, and as a file by name.
+    images = out / "images" if name == "rating-kit" else out
+    figure = next(f for f in sorted(out.rglob("*")) if f.suffix in (".png", ".jpg"))
+    for given in ([images], [figure]) if name != "rating-kit" else ([images],):
+        code = main[name]([*map(str, given), "--out", str(out), *options, "--overwrite"])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, err
+        assert ": an input inside the output folder " in err, err
+        assert _tree(out) == earlier
+
+
 def test_score_summary_and_caption_never_write_over_what_they_read(
         tiny_checkpoint, synthetic_data, kit_key_and_ratings, tmp_path, capsys):
     from captioner.commands import caption

@@ -204,3 +204,30 @@ def test_a_key_over_the_dataset_file_or_an_image_is_refused_with_overwrite_too(
                 "replace it") in capsys.readouterr().err
     assert (data.read_bytes(), image.read_bytes()) == before
     assert not (tmp_path / "kit").exists()
+
+
+def test_a_kit_of_empty_captions_only_is_refused_naming_why(tiny_checkpoint, synthetic_data,
+                                                            tmp_path, capsys, monkeypatch):
+    """An under-trained checkpoint may write nothing but empty captions: the kit would have
+    nothing to rate, and the line says so (rating-kit has no --vmax to suggest)."""
+    import dataclasses
+
+    from captioner.inference import Captioner
+
+    original = Captioner.caption
+
+    def empty_captions(self, *args, **kwargs):
+        return [dataclasses.replace(c, text="", tokens=[], attention=c.attention[:0],
+                                    input_attention=c.input_attention[:0])
+                for c in original(self, *args, **kwargs)]
+
+    monkeypatch.setattr(Captioner, "caption", empty_captions)
+    out = tmp_path / "kit"
+    assert command.main(["--ckpt", str(tiny_checkpoint), "--split", "test", "--n", "2",
+                         "--data", str(synthetic_data.karpathy_json), "--images",
+                         str(synthetic_data.image_root), "--out", str(out), *FAST]) == 1
+    assert capsys.readouterr().err == (
+        "captioner rating-kit: every caption of the 2 sampled images is empty (an under-trained "
+        "checkpoint writes some): the kit would have nothing to rate; train the models further\n")
+    assert not out.exists() or not any(out.iterdir())
+    assert not (tmp_path / "kit-key.json").exists()

@@ -19,7 +19,9 @@ OUT must be new or empty: a folder holding an earlier run's heatmaps is refused,
 --overwrite, emptied and filled anew once the new captions are made (the earlier figures stay
 until then); figures of two runs in one folder would be drawn on two colour scales, with only
 the last run indexed. Files beside an earlier run's heatmaps are never deleted: such a folder
-is refused, with --overwrite too. A checkpoint given twice is refused, and so is an image
+is refused, with --overwrite too, and so is an OUT that holds an input image or lies inside an
+input folder (its figures would be read as images by the next run). A checkpoint given twice
+is refused, and so is an image
 (also by two spellings of its path, or as a file and inside a folder given): its figures would
 go once into one folder but twice into the index.
 
@@ -140,6 +142,7 @@ def main(argv: list[str]) -> int:
         check_output_folder,
         clear_folder,
         emptied_on_failure,
+        refuse_inputs_in_output,
     )
 
     try:
@@ -147,6 +150,7 @@ def main(argv: list[str]) -> int:
         earlier = check_output_folder(args.out, "heatmaps", "index.json", INDEX_TAG,
                                       args.overwrite, index_entries)
         paths = collect_images(args.inputs)
+        refuse_inputs_in_output(args.out, [*map(Path, args.inputs), *paths])
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         models = [_Model(name, path, captioner, decoding_options(args, captioner.decoding))
                   for name, path, captioner in zip(names, args.ckpt, captioners, strict=True)]

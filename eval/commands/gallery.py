@@ -3,7 +3,8 @@
 Captions images with every ``--ckpt`` and writes ``OUT/index.html`` (open it in a browser,
 also from file://; no network), with ``OUT/images/``, ``OUT/attention/`` and
 ``OUT/colorbar.png`` beside it. For each image the page shows one column per model: its name
-(the checkpoint's file stem, made unique as in captioner heatmaps), its output attention
+(as captioner heatmaps names a checkpoint: a run's name for fit's checkpoints, else the file
+stem, made unique), its output attention
 mapping, its caption and, per word, the attention drawn over the image with the word under
 it; hovering over a word shows it large, clicking pins the large view. Left/right arrows (or
 k/j) and the buttons move between images; the URL keeps the image number (index.html#3).
@@ -19,8 +20,8 @@ refused on one line that names the first of them (exit status 2).
 OUT must be new or empty: a folder holding an earlier gallery is refused, or, with
 --overwrite, emptied and filled anew once the new captions are made (the earlier gallery stays
 until then), never a mix of two galleries' files. Files beside an earlier gallery are never
-deleted: such a folder is refused, with --overwrite too. A checkpoint or an image given twice
-is refused.
+deleted: such a folder is refused, with --overwrite too, and so is an OUT that holds an input
+image or lies inside an input folder. A checkpoint or an image given twice is refused.
 
 Colour scale: one scale 0..vmax for every model, word and image of the page; vmax is --vmax
 when given (to compare separate galleries), else the largest attention weight of the page.
@@ -123,7 +124,7 @@ def main(argv: list[str]) -> int:
 
     from captioner.heatmaps import checkpoint_names
     from captioner.inference import open_captioner
-    from data_prep.files import check_output_folder
+    from data_prep.files import check_output_folder, refuse_inputs_in_output
     from eval.gallery import GALLERY_FORMAT, GalleryModel, caption_gallery, gallery_files
 
     try:
@@ -134,6 +135,7 @@ def main(argv: list[str]) -> int:
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         options = [decoding_options(args, captioner.decoding) for captioner in captioners]
         paths, shown_names, skipped, note = _images(args)
+        refuse_inputs_in_output(args.out, [*map(Path, args.inputs), *paths])
     except (OSError, ValueError) as exc:
         return report_error("captioner gallery", exc)
     for error in skipped:

@@ -10,7 +10,8 @@ An existing key is never replaced silently: ratings collected with its kit can b
 only with it. A key that exists, or an OUT that is not new or empty, is refused before any
 work; with --overwrite an earlier kit and its key are replaced (the earlier kit stays until
 the new captions are made); files beside an earlier kit are never deleted: such a folder is
-refused, with --overwrite too. A checkpoint given twice is refused.
+refused, with --overwrite too, and so is an OUT that holds an image to sample or lies inside
+IMAGE_DIR. A checkpoint given twice is refused.
 """
 
 from __future__ import annotations
@@ -141,12 +142,14 @@ def main(argv: list[str]) -> int:
 
     from captioner.heatmaps import checkpoint_names
     from captioner.inference import open_captioner
-    from data_prep.files import check_output_folder
+    from data_prep.files import check_output_folder, refuse_inputs_in_output
     from eval.rating_kit import KIT_FORMAT, KitModel, kit_files, sample_readable
 
     try:
         names = checkpoint_names(args.ckpt)
         candidates = _candidates(args)
+        refuse_inputs_in_output(args.out, [*([args.image_dir] if args.image_dir else []),
+                                           *(path for _, path in candidates)])
         reads = [*(("checkpoint", path) for path in args.ckpt),
                  *([("dataset file", args.data)] if args.data is not None else []),
                  *(("image", path) for _, path in candidates)]
