@@ -51,7 +51,7 @@ from captioner.training_runs import (
     version_number,
 )
 from data_prep.features import FeatureCache
-from data_prep.files import check_output_dir, let_go
+from data_prep.files import check_output_dir, first_names, let_go
 
 CHECKPOINT_DEFAULTS = {
     "checkpoint.monitor": "val/CIDEr",
@@ -398,12 +398,17 @@ class CaptionerCLI(LightningCLI):
         if self._resumed_run is not None:
             resumed = (self._resumed_run, self._checkpoint_step)
         if self.trainer.is_global_zero:
-            folder = self._resumed_run or self._make_new_version() or self._named_version()
+            named = None
+            folder = self._resumed_run or self._make_new_version()
+            if folder is None:
+                folder = named = self._named_version()
             if folder is not None:
                 try:
                     self._run_lock = RunLock(folder)
                 except RunInUse as exc:
                     raise UserError(str(exc)) from None  # names the run, however it was given
+            if named is not None:  # after the lock, which names a fit training there now
+                _refuse_an_earlier_run(named)
             if self._resumed_run is not None:
                 hold_metrics_for_resume(self._resumed_run)
         self.trainer.callbacks.append(FitStartGuard(resumed, self._new_root))
@@ -497,6 +502,20 @@ class CaptionerCLI(LightningCLI):
             lines.append(f"last checkpoint: {last.path} (epochs done: {trainer.current_epoch}, "
                          f"step {trainer.global_step})")
         return "\n".join(line for line in lines if line)
+
+
+def _refuse_an_earlier_run(folder: Path) -> None:
+    """UserError unless the version folder that a new fit names is empty: its last.ckpt,
+    config.yaml and metrics.csv would be replaced, and its best checkpoint kept beside the
+    new run's."""
+    entries = sorted(entry.name for entry in folder.iterdir())
+    if not entries:
+        return
+    config = folder / "config.yaml"
+    remedy = (f"resume it with captioner fit --config {config} --ckpt_path last, or name "
+              "another version" if config.is_file() else "name another version or empty it")
+    raise UserError(f"{folder}: holds an earlier run ({first_names(entries, 3)}), which a new "
+                    f"fit would overwrite; {remedy}")
 
 
 def _log_beside_the_run(init_args, checkpoint: Path, subcommand: str) -> Path | None:

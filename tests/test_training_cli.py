@@ -651,6 +651,25 @@ def test_a_fit_holds_a_version_named_on_its_command_line(synthetic_data, tiny_ca
     assert (run / "checkpoints" / "last.ckpt").is_file()
 
 
+def test_a_new_fit_naming_a_finished_runs_version_is_refused(synthetic_data, tiny_cache,
+                                                             tmp_path, capsys):
+    """A fresh fit with --trainer.logger.init_args.version V where V holds a run would replace
+    its last.ckpt, config.yaml and metrics, leaving its best checkpoint beside the new run's."""
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.max_epochs", "1",
+                     "--trainer.logger.init_args.version", "mine")
+    assert lightning_main(["fit", *args]) == 0
+    run = tmp_path / "runs" / "demo_softmax" / "mine"
+    before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+    capsys.readouterr()
+    assert lightning_main(["fit", *args]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"captioner fit: {run}: holds an earlier run (checkpoints, config.yaml, hparams.yaml and "
+        f"1 more), which a new fit would overwrite; resume it with captioner fit --config "
+        f"{run}/config.yaml --ckpt_path last, or name another version\n"), err
+    assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before
+
+
 def test_a_named_versions_own_config_resumes_it_with_its_metrics(synthetic_data, tiny_cache,
                                                                    tmp_path, capsys):
     """--trainer.logger.init_args.version mine, then mine's config.yaml with --ckpt_path last:
