@@ -259,3 +259,37 @@ def test_an_empty_reference_caption_is_named(tmp_path, capsys):
     assert rc == 0, err
     assert (f"warning: 1 image of {references} has an empty reference caption (image ids 5), "
             "scored as a reference") in err
+
+
+def test_a_coco_captions_file_scores_the_images_of_the_results(tmp_path, capsys):
+    """Karpathy's test split is a part of val2014: against captions_val2014.json the results'
+    images are scored, as coco-caption scores them; an id the references lack is refused."""
+    annotations = [(5, "a dog runs on the grass"), (5, "a brown dog"), (6, "a cat on a sofa"),
+                   (6, "a sleeping cat"), (7, "a red bus on a street"), (8, "two birds")]
+
+    def coco(ids):
+        return {"images": [{"id": i} for i in ids],
+                "annotations": [{"id": k, "image_id": i, "caption": c}
+                                for k, (i, c) in enumerate(annotations) if i in ids]}
+    whole = _write(tmp_path / "captions_val.json", coco({5, 6, 7, 8}))
+    part = _write(tmp_path / "captions_part.json", coco({5, 6, 7}))
+    results = _write(tmp_path / "r.json", [{"image_id": 5, "caption": "a dog on grass"},
+                                           {"image_id": 6, "caption": "a cat"},
+                                           {"image_id": 7, "caption": "a bus"}])
+    scores = {}
+    for references in (whole, part):
+        out = tmp_path / f"m_{os.path.basename(references)}"
+        rc, _, err = _score(capsys, "--results", results, "--references", references,
+                            "--metrics", "Bleu,CIDEr,REP", "--out", str(out))
+        assert rc == 0, err
+        scores[references] = json.loads(out.read_text())
+        if references == whole:
+            assert err == f"scoring the 3 images of {results}; {whole} holds references of 4\n"
+        else:
+            assert err == ""
+    for name in ("Bleu_4", "CIDEr", "REP", "per_image"):
+        assert scores[whole][name] == scores[part][name]
+    extra = _write(tmp_path / "r2.json", [{"image_id": 5, "caption": "a dog"},
+                                          {"image_id": 99, "caption": "a cow"}])
+    rc, _, err = _score(capsys, "--results", extra, "--references", whole, "--metrics", "Bleu")
+    assert rc == 2 and "1 image id of the results has no reference caption (99)" in err
