@@ -144,7 +144,9 @@ def test_captions_are_kept_when_a_metric_fails_after_them(synthetic_data, tiny_c
                                           tiny_checkpoint, out, monkeypatch) == 2
     results = out / "results_test.json"
     assert capsys.readouterr().err.strip() == (
-        f"captioner evaluate: SPICE stopped (the captions are kept in {results})")
+        f"captioner evaluate: SPICE stopped (the captions are kept in {results}; captioner score "
+        f"--results {results} --references {synthetic_data.karpathy_json} --split test "
+        "--metrics Bleu scores them; --overwrite evaluates again)")
     assert len(json.loads(results.read_text())) == 4
     assert not (out / "metrics_test.json").exists()
 

@@ -99,22 +99,27 @@ def main(argv: list[str]) -> int:
                 on_results=keep,
             )  # fmt: skip
     except (SpiceJarsError, JavaToolError, FileNotFoundError, KeyError, ValueError) as exc:
-        kept = f"(the captions are kept in {results})" if written else ""
-        return report_error("captioner evaluate", exc, after=kept)
+        kept = f"(the captions are kept in {results}; {_rescore(args, results, empty)})"
+        return report_error("captioner evaluate", exc, after=kept if written else "")
     except KeyboardInterrupt:
         if not written:
             raise  # nothing kept: captioner.cli's one line
-        # Ctrl-C in the metrics (SPICE takes longest): the captions need not be made again,
-        # and the same command is refused now that they are in --out.
-        chosen = "" if args.metrics == ",".join(ALL_METRICS) else f" --metrics {args.metrics}"
-        allow_empty = " --allow-empty" if empty else ""
-        timeout = "" if args.spice_timeout is None else f" --spice-timeout {args.spice_timeout:g}"
-        print(f"captioner evaluate: interrupted; the captions are kept in {results} (captioner "
-              f"score --results {results} --references {args.data} --split {args.split}"
-              f"{chosen}{timeout}{allow_empty} scores them; --overwrite evaluates again)",
-              file=sys.stderr)
+        # Ctrl-C in the metrics (SPICE takes longest): the captions need not be made again.
+        print(f"captioner evaluate: interrupted; the captions are kept in {results} "
+              f"({_rescore(args, results, empty)})", file=sys.stderr)
         return SIGINT_STATUS
     write_json(metrics_file, report.to_dict(), indent=2)
     print(report.summary())
     print(f"\nwrote {results} and {metrics_file}")
     return 0
+
+
+def _rescore(args: argparse.Namespace, results: Path, empty: list) -> str:
+    """How to go on once the captions are in ``results`` and their metrics failed or were
+    stopped: the score command that scores them (the same evaluate command is refused now
+    that they are in --out; ``empty``: the ids of empty captions, which it must allow)."""
+    chosen = "" if args.metrics == ",".join(ALL_METRICS) else f" --metrics {args.metrics}"
+    allow_empty = " --allow-empty" if empty else ""
+    timeout = "" if args.spice_timeout is None else f" --spice-timeout {args.spice_timeout:g}"
+    return (f"captioner score --results {results} --references {args.data} --split "
+            f"{args.split}{chosen}{timeout}{allow_empty} scores them; --overwrite evaluates again")
