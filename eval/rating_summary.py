@@ -148,6 +148,9 @@ def load_ratings(path: Path, key: RatingKey) -> tuple[str, list[Rating]]:
             raise RatingsError(f"{path}: rating {index} is not an object")
         image = _text(entry.get("image"), path, index, "image", "a string, the kit's image key")
         label = _text(entry.get("label"), path, index, "label", "a string, a caption's letter")
+        lacking = [field for field in ("image", "label") if entry.get(field) is None]
+        if lacking:
+            raise RatingsError(f"{path}: rating {index} lacks field {lacking[0]!r}")
         labels = key.labels.get(image)
         if labels is None:
             raise RatingsError(f"{path}: rating {index}: image {image!r} is not in the key")
@@ -280,8 +283,9 @@ def summarize(ratings_paths: Sequence[Path], key_path: Path) -> dict:
     }
 
 
-def format_table(summary: dict) -> str:
-    """The summary as a plain-text Table 2 with the problems counted underneath."""
+def format_table(summary: dict, written_to: Path | None = None) -> str:
+    """The summary as a plain-text Table 2 with the problems underneath: counted, and listed
+    in the JSON file ``written_to`` or, without one, here (the first ten of each kind)."""
     width = max([16, *map(len, summary["models"])])
     lines = [f"{'model':<{width}} {'caption (1-5)':<28} {'attention relevance (1-5)':<28} "
              "raters images"]
@@ -306,6 +310,22 @@ def format_table(summary: dict) -> str:
     lines.append(f"raters: {len(summary['raters'])}, images rated: {summary['images_rated']} "
                  f"of {summary['images_in_key']}")
     for name in ("incomplete", "missing", "duplicates"):
-        if summary[name]:
-            lines.append(f"{name}: {len(summary[name])} (listed in the JSON summary)")
+        if not summary[name]:
+            continue
+        if written_to is not None:
+            lines.append(f"{name}: {len(summary[name])} (listed in {written_to})")
+            continue
+        listed = [_problem(entry) for entry in summary[name]]
+        lines.append(f"{name}: {len(listed)} ({first_names(listed, separator='; ')}"
+                     f"{'; --out FILE lists all' if len(listed) > 10 else ''})")
     return "\n".join(lines)
+
+
+def _problem(entry: dict) -> str:
+    """One incomplete, missing or duplicate rating of the summary, in a few words."""
+    words = f"rater {entry['rater']}, image {entry['image']}, label {entry['label']}"
+    if "missing" in entry:
+        words += f": no {' or '.join(entry['missing'])}"
+    if "count" in entry:
+        words += f": rated {entry['count']} times"
+    return words

@@ -113,6 +113,8 @@ def test_single_rater_has_no_agreement_figure(tmp_path, key_path):
         (lambda d: d["ratings"][2].update(attention_score=2.5), "attention_score must be one"),
         (lambda d: d.update(rater_id=" "), "rater_id is missing"),
         (lambda d: d.update(format="x"), "not a ratings file"),
+        (lambda d: d["ratings"][3].pop("label"), "rating 3 lacks field 'label'"),
+        (lambda d: d["ratings"][0].update(image=None), "rating 0 lacks field 'image'"),
     ],
 )
 def test_ratings_that_do_not_match_the_key_are_errors_naming_the_file(
@@ -139,6 +141,29 @@ def test_command_reports_errors_and_writes_summary(tmp_path, key_path, capsys):
     printed = capsys.readouterr().out
     assert "softmax" in printed and "tvmax" in printed and "Krippendorff" in printed
     assert json.loads(out.read_text())["models"]["tvmax"]["caption"]["n"] == 3
+
+
+def test_command_lists_the_problems_without_out_and_refuses_a_file_given_twice(
+        tmp_path, key_path, capsys):
+    partial = dict(RATER_2)
+    partial["2", "A"] = (4, None)
+    del partial["3", "B"]
+    r1 = _write(tmp_path / "r1.json", _ratings("r1", RATER_1))
+    r2 = _write(tmp_path / "r2.json", _ratings("r2", partial))
+    assert command.main([str(r1), str(r2), "--key", str(key_path)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-2:] == ["incomplete: 1 (rater r2, image 2, label A: no attention)",
+                            "missing: 1 (rater r2, image 3, label B)"]
+    out = tmp_path / "table2.json"
+    assert command.main([str(r1), str(r2), "--key", str(key_path), "--out", str(out)]) == 0
+    assert f"missing: 1 (listed in {out})" in capsys.readouterr().out
+    # One rater's file twice (here by a link) would count each rating as a duplicate.
+    again = tmp_path / "link.json"
+    again.symlink_to(r1)
+    assert command.main([str(r1), str(again), "--key", str(key_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"captioner rating-summary: ratings file {again} is given twice (also as {r1}); give "
+        "each ratings file once\n")
 
 
 def test_bootstrap_interval():

@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    from data_prep.files import check_output_file, require_file, write_json
+    from data_prep.files import check_output_file, refuse_repeated, require_file, write_json
     from eval.rating_summary import RatingsError, format_table, summarize
 
     try:
@@ -39,10 +39,11 @@ def main(argv: list[str]) -> int:
                                          *(("ratings file", path) for path in args.ratings)])
         for path in (*args.ratings, args.key):
             require_file(path, "ratings file" if path != args.key else "key file")
+        refuse_repeated(args.ratings, "ratings file")  # its ratings would count as duplicates
         summary = summarize(args.ratings, args.key)
     except (RatingsError, OSError, ValueError) as exc:
         return report_error("captioner rating-summary", exc)
-    print(format_table(summary))
+    print(format_table(summary, args.out))
     if args.out is not None:
         try:
             write_json(args.out, summary)
