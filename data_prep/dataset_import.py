@@ -846,7 +846,9 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
     """
     images, out = Path(options.images), Path(options.out)
     if not images.is_dir():
-        raise DatasetImportError(f"{images}: image folder not found")
+        problem = "is a file, not the folder of the images" if images.exists() else (
+            "image folder not found")
+        raise DatasetImportError(f"{images}: {problem}")
     spec = parse_split(options.split)
     reads = [("captions file", options.captions)]
     if spec.lists is not None:
@@ -862,7 +864,8 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
         unread = (f" as {fmt} ({len(log.problems)} lines could not be read, the first: "
                   f"{log.problems[0].skipped}; is --format right?)") if log.problems else ""
         raise DatasetImportError(
-            f"{options.captions}: {'is empty' if empty else 'holds no captions'}{unread}"
+            f"{options.captions}: {'captions file is empty' if empty else 'holds no captions'}"
+            f"{unread}"
         )
     listed = {record.image for record in records}
     # Before any image is decoded: an output named like one of the images would replace it,

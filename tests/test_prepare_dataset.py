@@ -560,6 +560,8 @@ def test_input_and_output_paths_are_checked(tmp_path, capsys):
          f"captions file not found: {tmp_path / 'nope.jsonl'}"),
         (["--captions", captions, "--images", tmp_path / "nodir", *out],
          "nodir: image folder not found"),
+        (["--captions", captions, "--images", captions, *out],
+         "captions.jsonl: is a file, not the folder of the images"),
         (["--captions", captions, "--images", photos, "--out", captions],
          "captions.jsonl: is the captions file this command reads; writing the output there "
          "would replace it"),

@@ -256,7 +256,8 @@ def test_an_unusable_image_is_skipped_and_listed(name, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "make", bad.unreadable_file_rows("captions.jsonl", empty="is empty", folder="is a folder"))
+    "make", bad.unreadable_file_rows("captions.jsonl", empty="captions file is empty",
+                                     folder="is a folder"))
 def test_unusable_captions_file_is_one_line(make, tmp_path, capsys):
     photos = _photos(tmp_path)
     captions, phrase = make(tmp_path)
