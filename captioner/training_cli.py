@@ -375,6 +375,12 @@ class CaptionerCLI(LightningCLI):
         self._new_root = None if root.exists() else root
         if "version" not in init_args:
             return
+        version = init_args["version"]
+        if subcommand == "fit" and isinstance(version, str) and (
+                version in ("", ".", "..") or Path(version).name != version):
+            # runs/NAME/V must be one folder of NAME's, where runs and resumes look for it.
+            raise UserError(f"--trainer.logger.init_args.version {version!r}: a version names "
+                            "one folder (no '/', '.' or '..')")
         if self._resume_version is not None:
             init_args["version"] = self._resume_version
         ckpt_path = config.get("ckpt_path")
@@ -441,9 +447,11 @@ class CaptionerCLI(LightningCLI):
         made now, so that a fit holds it as it holds any run (two fits naming one version
         would write into one folder); None without such a logger."""
         logger = self.trainer.logger
-        if getattr(logger, "_version", None) is None or not hasattr(logger, "log_dir"):
+        log_dir = getattr(logger, "log_dir", None)
+        # --trainer.fast_dev_run swaps in Lightning's DummyLogger, which has no folder.
+        if getattr(logger, "_version", None) is None or not isinstance(log_dir, str | Path):
             return None
-        folder = Path(logger.log_dir)
+        folder = Path(log_dir)
         folder.mkdir(parents=True, exist_ok=True)
         return folder
 
@@ -493,6 +501,8 @@ class CaptionerCLI(LightningCLI):
         trainer = self.trainer
         best = self.best_callback
         last = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)
+        if trainer.log_dir is None:  # --trainer.fast_dev_run: Lightning saves nothing
+            return "a trial run (fast_dev_run): no run folder, no checkpoint"
         lines = [f"run folder: {trainer.log_dir}"]
         if best.best_model_path:
             score = best.best_model_score
@@ -505,17 +515,19 @@ class CaptionerCLI(LightningCLI):
 
 
 def _refuse_an_earlier_run(folder: Path) -> None:
-    """UserError unless the version folder that a new fit names is empty: its last.ckpt,
-    config.yaml and metrics.csv would be replaced, and its best checkpoint kept beside the
-    new run's."""
-    entries = sorted(entry.name for entry in folder.iterdir())
-    if not entries:
+    """UserError when the version folder that a new fit names holds a checkpoint of an earlier
+    run: its last.ckpt, config.yaml and metrics.csv would be replaced, and its best checkpoint
+    kept beside the new run's. A run stopped before its first checkpoint has nothing to resume
+    or keep: the new fit starts over in its folder."""
+    checkpoints = sorted(path.name for path in folder.glob("checkpoints/*.ckpt"))
+    if not checkpoints:
         return
     config = folder / "config.yaml"
-    remedy = (f"resume it with captioner fit --config {config} --ckpt_path last, or name "
-              "another version" if config.is_file() else "name another version or empty it")
-    raise UserError(f"{folder}: holds an earlier run ({first_names(entries, 3)}), which a new "
-                    f"fit would overwrite; {remedy}")
+    remedy = (f"resume it with captioner fit --config {config} --ckpt_path last (and a larger "
+              "--trainer.max_epochs if it has finished), or name another version"
+              if config.is_file() else "name another version")
+    raise UserError(f"{folder}: holds an earlier run (checkpoints/{first_names(checkpoints, 2)}), "
+                    f"which a new fit would overwrite; {remedy}")
 
 
 def _log_beside_the_run(init_args, checkpoint: Path, subcommand: str) -> Path | None:

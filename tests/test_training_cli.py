@@ -660,14 +660,56 @@ def test_a_new_fit_naming_a_finished_runs_version_is_refused(synthetic_data, tin
     assert lightning_main(["fit", *args]) == 0
     run = tmp_path / "runs" / "demo_softmax" / "mine"
     before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+    [best] = run.glob("checkpoints/best-*.ckpt")
+    cider = best.stem.removeprefix("best-epoch00-cider")
     capsys.readouterr()
     assert lightning_main(["fit", *args]) == 2
     err = capsys.readouterr().err
     assert err == (
-        f"captioner fit: {run}: holds an earlier run (checkpoints, config.yaml, hparams.yaml and "
-        f"1 more), which a new fit would overwrite; resume it with captioner fit --config "
-        f"{run}/config.yaml --ckpt_path last, or name another version\n"), err
+        f"captioner fit: {run}: holds an earlier run (checkpoints/best-epoch00-cider"
+        f"{cider}.ckpt, last.ckpt), which a new fit would overwrite; resume it with captioner fit "
+        f"--config {run}/config.yaml --ckpt_path last (and a larger --trainer.max_epochs if it "
+        "has finished), or name another version\n"), err
     assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before
+
+
+def test_a_named_version_stopped_before_its_first_checkpoint_starts_over(
+        synthetic_data, tiny_cache, tmp_path, capsys):
+    """Ctrl-C before the first last.ckpt leaves config.yaml, hparams.yaml and metrics.csv in
+    the named folder, and nothing to resume: the same command must start the run over."""
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.max_epochs", "1",
+                     "--trainer.logger.init_args.version", "mine")
+    run = tmp_path / "runs" / "demo_softmax" / "mine"
+    run.mkdir(parents=True)
+    for name in ("config.yaml", "hparams.yaml", "metrics.csv"):
+        (run / name).write_text("left by a run stopped in its first epoch\n")
+    assert lightning_main(["fit", *args]) == 0, capsys.readouterr().err
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+    assert "left by" not in (run / "config.yaml").read_text()
+
+
+@pytest.mark.parametrize("version", ["../elsewhere", "a/b", "..", ""])
+def test_a_named_version_that_is_not_one_folder_is_refused(version, synthetic_data,
+                                                           tiny_cache, tmp_path, capsys):
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.max_epochs", "1",
+                     "--trainer.logger.init_args.version", version)
+    assert lightning_main(["fit", *args]) == 2
+    assert capsys.readouterr().err == (
+        f"captioner fit: --trainer.logger.init_args.version {version!r}: a version names one "
+        "folder (no '/', '.' or '..')\n")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_trial_run_with_fast_dev_run_says_it_saved_nothing(synthetic_data, tiny_cache,
+                                                             tmp_path, capsys):
+    for named in ([], ["--trainer.logger.init_args.version", "mine"]):
+        args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.fast_dev_run", "true",
+                         *named)
+        assert lightning_main(["fit", *args]) == 0
+        out, err = capsys.readouterr()
+        assert out.splitlines()[-1] == ("a trial run (fast_dev_run): no run folder, no "
+                                        "checkpoint"), err
+        assert "Traceback" not in err and not (tmp_path / "runs").exists()
 
 
 def test_a_named_versions_own_config_resumes_it_with_its_metrics(synthetic_data, tiny_cache,
