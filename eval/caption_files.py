@@ -43,7 +43,8 @@ def _image_id(value: Any, path: Path, index: int) -> int:
 def load_results(path: str | Path) -> dict[int, str]:
     """``[{"image_id": int, "caption": str}, ...]`` (COCO results format) -> {id: caption}.
 
-    Raises CaptionFileError for a wrong structure, listing duplicate image ids if any."""
+    Raises CaptionFileError for a wrong structure or no caption, listing duplicate image ids
+    if any."""
     path = Path(path)
     data = _read_json(path, "results")
     if not isinstance(data, list):
@@ -51,6 +52,8 @@ def load_results(path: str | Path) -> dict[int, str]:
             f"{path}: COCO results must be a list of {{'image_id', 'caption'}} objects, "
             f"got {type(data).__name__}"
         )
+    if not data:
+        raise CaptionFileError(f"{path}: holds no captions (an empty list)")
     results: dict[int, str] = {}
     for index, entry in enumerate(data):
         if not isinstance(entry, dict) or "image_id" not in entry or "caption" not in entry:

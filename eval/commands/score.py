@@ -66,12 +66,13 @@ def main(argv: list[str]) -> int:
         references = load_references(args.references, args.split)
     except (CaptionFileError, FileNotFoundError, KeyError, OutputPathError, ValueError) as exc:
         return report_error("captioner score", exc)
+    subset = ""
     if args.split is None and set(references) - set(hypotheses):
         # A COCO captions file holds a whole set (val2014: 40,504 images), of which Karpathy's
         # test split is a part: as coco-caption does, the results' images are scored. A split
         # of a Karpathy file is the set itself, so each of its images needs a caption.
-        print(f"scoring the {counted(len(hypotheses), 'image')} of {args.results}; "
-              f"{args.references} holds references of {len(references)}", file=sys.stderr)
+        subset = (f"scoring the {counted(len(hypotheses), 'image')} of {args.results}; "
+                  f"{args.references} holds references of {len(references)}")
         references = {i: texts for i, texts in references.items() if i in hypotheses}
     problems = coverage_problems(hypotheses, references)
     empty = empty_caption_ids(hypotheses)
@@ -84,6 +85,8 @@ def main(argv: list[str]) -> int:
     if problems:
         return report_error("captioner score", ValueError("; ".join(problems)),
                             f"cannot score {args.results}")
+    if subset:
+        print(subset, file=sys.stderr)
     if empty:
         print(f"warning: scoring {counted(len(empty), 'empty caption')} (image ids "
               f"{first_names(empty)})")
