@@ -355,13 +355,28 @@ def check_feature_cache(settings: Mapping[str, Any], cache: FeatureCache, *,
     configured = ", ".join(f"{key}={settings[option]!r}" for key, option in differing)
     if checkpoint is None:
         advice = "to use this cache, set " + ", ".join(
-            f"{option} to {cached.get(key)}" for key, option in differing)
+            f"{option} to {_value_to_set(key, cached.get(key), cache)}"
+            for key, option in differing)
     else:
         kept = ", ".join(f"{option}={settings[option]}" for _, option in differing)
         advice = (f"the model of {checkpoint} keeps {kept}: give a feature cache written with "
                   "that encoder, or --data.feature_cache null to read the images")
     raise ValueError(f"feature cache {path} was written with encoder {written}, but the model "
                      f"has {configured}; {advice}")
+
+
+def _value_to_set(key: str, cached: Any, cache: FeatureCache) -> Any:
+    """The value that the cache's setting ``key`` (recorded as ``cached``) asks for: the
+    recorded one, but for weights no longer at the recorded path, the file beside the cache
+    that holds them (the cache and its ``NAME.encoder.pt`` moved together), if any."""
+    if key != "weights" or not isinstance(cached, str) or Path(cached).exists():
+        return cached
+    from captioner.feature_extraction import encoder_weights_path
+
+    beside = encoder_weights_path(cache.path)
+    if beside.is_file() and file_sha256(beside) == cache.weights_sha256:
+        return str(beside)
+    return f"{cached} (no longer there: a copy of it)"
 
 
 def _same_setting(cached: Any, configured: Any, sha256: str | None = None) -> bool:

@@ -951,6 +951,32 @@ def test_a_cache_of_other_weights_than_a_checkpoints_asks_for_another_cache(tiny
         check_feature_cache(settings, cache)
 
 
+def test_a_moved_caches_advice_names_its_encoder_file_where_it_now_lies(tiny_cache, tmp_path):
+    # The cache records its NAME.encoder.pt by absolute path; moved together to another folder,
+    # the advice must name the file beside the cache, not the recorded path that is gone.
+    from types import SimpleNamespace
+
+    from captioner.lightning_module import CACHE_SETTINGS, check_feature_cache
+    from data_prep.files import file_sha256
+
+    cache = FeatureCache(tiny_cache)
+    recorded = Path(cache.encoder["weights"])
+    moved = tmp_path / "moved" / tiny_cache.name
+    moved.parent.mkdir()
+    beside = moved.with_name(f"{moved.stem}.encoder.pt")
+    shutil.copy(recorded, beside)
+    gone = str(tmp_path / "gone" / recorded.name)
+    settings = {option: cache.encoder.get(key, "layer4") for key, option in CACHE_SETTINGS.items()}
+    settings.update({"model.encoder_trainable": False, "model.encoder_weights": "none"})
+    for weights_sha256, advised in ((file_sha256(recorded), beside),
+                                    ("0" * 64, f"{gone} (no longer there: a copy of it)")):
+        moved_cache = SimpleNamespace(path=moved, encoder={**cache.encoder, "weights": gone},
+                                      weights_sha256=weights_sha256)
+        with pytest.raises(ValueError) as error:
+            check_feature_cache(settings, moved_cache)
+        assert str(error.value).endswith(f"set model.encoder_weights to {advised}")
+
+
 def test_a_cache_of_another_encoder_names_every_setting_that_differs(tiny_cache):
     # Set one by one, the paper config's defaults (resnet101, layer4, 256 px, ImageNet weights)
     # took four refused runs to fit a cache of --arch resnet18 --layer layer3.
