@@ -40,6 +40,9 @@ from data_prep.files import file_sha256
 from data_prep.vocab import Vocabulary
 
 VOCABULARY_KEY = "vocabulary"
+# The metrics a fit logs, which its best checkpoint can be chosen by (--checkpoint.monitor):
+# the training loss every step, and corpus_scores' BLEU-4 and CIDEr-D of every validation.
+LOGGED_METRICS = ("train/loss", "val/Bleu_4", "val/CIDEr")
 # Hyperparameters of earlier versions that became fields of ``decoding``.
 _LEGACY_DECODING_KEYS = ("beam_size", "max_length")
 

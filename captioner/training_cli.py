@@ -34,7 +34,12 @@ from lightning.pytorch.cli import LightningCLI
 
 from captioner.checkpointing import load_safely
 from captioner.data import CaptionDataModule
-from captioner.lightning_module import CACHE_SETTINGS, CaptioningModule, check_feature_cache
+from captioner.lightning_module import (
+    CACHE_SETTINGS,
+    LOGGED_METRICS,
+    CaptioningModule,
+    check_feature_cache,
+)
 from captioner.training_runs import (
     LAST_NAME,
     EvaluationGuard,
@@ -356,6 +361,11 @@ class CaptionerCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
+        monitor = config.get("checkpoint", {}).get("monitor")
+        if subcommand == "fit" and monitor is not None and monitor not in LOGGED_METRICS:
+            # Lightning would find out after the first epoch's validation, losing the epoch.
+            raise UserError(f"--checkpoint.monitor {monitor!r} is not a metric the model logs "
+                            f"({', '.join(LOGGED_METRICS)})")
         torch.set_float32_matmul_precision(
             config.get("float32_matmul_precision") or MATMUL_PRECISIONS[0]
         )
@@ -415,9 +425,27 @@ class CaptionerCLI(LightningCLI):
                     raise UserError(str(exc)) from None  # names the run, however it was given
             if named is not None:  # after the lock, which names a fit training there now
                 _refuse_an_earlier_run(named)
+            elif self._starts_afresh():
+                _refuse_earlier_checkpoints(self._checkpoint_folder())
             if self._resumed_run is not None:
                 hold_metrics_for_resume(self._resumed_run)
         self.trainer.callbacks.append(FitStartGuard(resumed, self._new_root))
+
+    def _starts_afresh(self) -> bool:
+        """Whether this fit starts from no checkpoint (no --ckpt_path)."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        return not config.get("ckpt_path")
+
+    def _checkpoint_folder(self) -> Path:
+        """The folder a fit writes its checkpoints to, as Lightning's ModelCheckpoint picks it:
+        --checkpoint.dirpath, else the logger's run folder, else (--trainer.logger false)
+        the trainer's default_root_dir, each with ``checkpoints/``."""
+        if self.best_callback.dirpath:
+            return Path(self.best_callback.dirpath)
+        logger = self.trainer.logger
+        log_dir = getattr(logger, "log_dir", None)
+        root = log_dir if isinstance(log_dir, str | Path) else self.trainer.default_root_dir
+        return Path(root) / "checkpoints"
 
     def before_validate(self) -> None:
         if self.trainer.is_global_zero:
@@ -528,6 +556,18 @@ def _refuse_an_earlier_run(folder: Path) -> None:
               if config.is_file() else "name another version")
     raise UserError(f"{folder}: holds an earlier run (checkpoints/{first_names(checkpoints, 2)}), "
                     f"which a new fit would overwrite; {remedy}")
+
+
+def _refuse_earlier_checkpoints(folder: Path) -> None:
+    """UserError when the checkpoint folder of a fit that starts afresh holds checkpoints of
+    an earlier run (a --checkpoint.dirpath or a --trainer.logger false run given twice): the
+    new run would replace its last.ckpt and put its best checkpoint beside the earlier one."""
+    checkpoints = sorted(path.name for path in folder.glob("*.ckpt"))
+    if checkpoints:
+        raise UserError(
+            f"{folder}: holds checkpoints of an earlier run ({first_names(checkpoints, 2)}), "
+            f"which a new fit would overwrite; resume it with --ckpt_path {folder / LAST_NAME}, "
+            "or give the new run another checkpoint folder")
 
 
 def _log_beside_the_run(init_args, checkpoint: Path, subcommand: str) -> Path | None:

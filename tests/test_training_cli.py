@@ -795,12 +795,48 @@ def read_epochs_done(run: Path) -> int:
     return json.loads((run / "checkpoints" / "progress.json").read_text())["epochs_done"]
 
 
-def test_fit_runs_without_a_logger(synthetic_data, tiny_cache, tmp_path, monkeypatch):
+def test_fit_runs_without_a_logger(synthetic_data, tiny_cache, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # Lightning's default_root_dir: the working directory
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1",
                            "--trainer.logger", "false"]) == 0
-    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+    folder = tmp_path / "checkpoints"
+    assert (folder / "last.ckpt").is_file()
+    # A second fresh run would replace the first one's last.ckpt, beside its best checkpoint;
+    # so would one given the same --checkpoint.dirpath.
+    before = {path: path.read_bytes() for path in folder.iterdir()}
+    capsys.readouterr()
+    for again in (["--trainer.logger", "false"], ["--checkpoint.dirpath", str(folder)]):
+        assert lightning_main(["fit", *args, "--trainer.max_epochs", "1", *again]) == 2
+        [best] = folder.glob("best-*.ckpt")
+        assert capsys.readouterr().err == (
+            f"captioner fit: {folder}: holds checkpoints of an earlier run ({best.name}, "
+            f"last.ckpt), which a new fit would overwrite; resume it with --ckpt_path "
+            f"{folder / 'last.ckpt'}, or give the new run another checkpoint folder\n")
+    assert {path: path.read_bytes() for path in folder.iterdir()} == before
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "2", "--trainer.logger",
+                           "false", "--ckpt_path", str(folder / "last.ckpt")]) == 0
+    assert read_epochs_done(folder.parent) == 2
+
+
+def test_the_best_checkpoint_monitors_a_metric_the_model_logs(synthetic_data, tiny_cache,
+                                                              tmp_path, capsys):
+    """A misspelt --checkpoint.monitor is refused before training (Lightning finds out after
+    the first epoch's validation, and that epoch is lost); the names it may take are exactly
+    those a fit logs."""
+    from captioner.lightning_module import LOGGED_METRICS
+
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.max_epochs", "1")
+    assert lightning_main(["fit", *args, "--checkpoint.monitor", "val/CIDER"]) == 2
+    assert capsys.readouterr().err == (
+        "captioner fit: --checkpoint.monitor 'val/CIDER' is not a metric the model logs "
+        "(train/loss, val/Bleu_4, val/CIDEr)\n")
+    assert not (tmp_path / "runs").exists()
+    assert lightning_main(["fit", *args, "--checkpoint.monitor", "val/Bleu_4",
+                           "--trainer.log_every_n_steps", "1"]) == 0
+    [metrics] = (tmp_path / "runs").glob("*/version_0/metrics.csv")
+    columns = metrics.read_text().splitlines()[0].split(",")
+    assert sorted(set(columns) - {"epoch", "step"}) == sorted(LOGGED_METRICS)
 
 
 def test_a_misspelt_key_of_a_config_file_names_the_config_files(synthetic_data, tiny_cache,
