@@ -442,10 +442,8 @@ class CaptionerCLI(LightningCLI):
         the trainer's default_root_dir, each with ``checkpoints/``."""
         if self.best_callback.dirpath:
             return Path(self.best_callback.dirpath)
-        logger = self.trainer.logger
-        log_dir = getattr(logger, "log_dir", None)
-        root = log_dir if isinstance(log_dir, str | Path) else self.trainer.default_root_dir
-        return Path(root) / "checkpoints"
+        root = _logger_folder(self.trainer.logger) or Path(self.trainer.default_root_dir)
+        return root / "checkpoints"
 
     def before_validate(self) -> None:
         if self.trainer.is_global_zero:
@@ -475,11 +473,9 @@ class CaptionerCLI(LightningCLI):
         made now, so that a fit holds it as it holds any run (two fits naming one version
         would write into one folder); None without such a logger."""
         logger = self.trainer.logger
-        log_dir = getattr(logger, "log_dir", None)
-        # --trainer.fast_dev_run swaps in Lightning's DummyLogger, which has no folder.
-        if getattr(logger, "_version", None) is None or not isinstance(log_dir, str | Path):
+        folder = _logger_folder(logger)
+        if getattr(logger, "_version", None) is None or folder is None:
             return None
-        folder = Path(log_dir)
         folder.mkdir(parents=True, exist_ok=True)
         return folder
 
@@ -540,6 +536,13 @@ class CaptionerCLI(LightningCLI):
             lines.append(f"last checkpoint: {last.path} (epochs done: {trainer.current_epoch}, "
                          f"step {trainer.global_step})")
         return "\n".join(line for line in lines if line)
+
+
+def _logger_folder(logger) -> Path | None:
+    """The run folder of a fit's logger; None without a logger, and for the DummyLogger that
+    --trainer.fast_dev_run swaps in, which has none."""
+    log_dir = getattr(logger, "log_dir", None)
+    return Path(log_dir) if isinstance(log_dir, str | Path) else None
 
 
 def _refuse_an_earlier_run(folder: Path) -> None:
