@@ -366,6 +366,8 @@ class CaptionerCLI(LightningCLI):
             # Lightning would find out after the first epoch's validation, losing the epoch.
             raise UserError(f"--checkpoint.monitor {monitor!r} is not a metric the model logs "
                             f"({', '.join(LOGGED_METRICS)})")
+        if subcommand == "fit":
+            _name_best_after_monitor(config.checkpoint)
         torch.set_float32_matmul_precision(
             config.get("float32_matmul_precision") or MATMUL_PRECISIONS[0]
         )
@@ -623,6 +625,18 @@ def option_values(args: list[str], key: str) -> list[str]:
     """The values that ``args`` gives the option ``--key``, in order."""
     return [option.value for option in given_options(args)
             if option.key == key and option.value is not None]
+
+
+def _name_best_after_monitor(checkpoint) -> None:
+    """The default best-checkpoint file name shows val/CIDEr; with another
+    ``--checkpoint.monitor`` it shows that metric instead (``best-epoch03-bleu_4=0.2512``),
+    so the name never reports a score the checkpoint was not chosen on."""
+    default = CHECKPOINT_DEFAULTS["checkpoint.filename"]
+    monitor = checkpoint.get("monitor")
+    if checkpoint.get("filename") == default and monitor not in (
+            None, CHECKPOINT_DEFAULTS["checkpoint.monitor"]):
+        metric = monitor.rsplit("/", 1)[-1].lower()
+        checkpoint.filename = f"best-epoch{{epoch:02d}}-{metric}={{{monitor}:.4f}}"
 
 
 def _first_config(args: list[str]) -> str | None:

@@ -837,6 +837,10 @@ def test_the_best_checkpoint_monitors_a_metric_the_model_logs(synthetic_data, ti
     [metrics] = (tmp_path / "runs").glob("*/version_0/metrics.csv")
     columns = metrics.read_text().splitlines()[0].split(",")
     assert sorted(set(columns) - {"epoch", "step"}) == sorted(LOGGED_METRICS)
+    # The best checkpoint's name gives the score it was chosen on, read from the log.
+    [best] = metrics.parent.glob("checkpoints/best-*.ckpt")
+    bleu = [row["val/Bleu_4"] for row in csv.DictReader(metrics.open()) if row["val/Bleu_4"]]
+    assert best.name == f"best-epoch00-bleu_4={float(bleu[-1]):.4f}.ckpt"
 
 
 def test_a_misspelt_key_of_a_config_file_names_the_config_files(synthetic_data, tiny_cache,
