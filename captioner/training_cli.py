@@ -366,7 +366,14 @@ class CaptionerCLI(LightningCLI):
             # Lightning would find out after the first epoch's validation, losing the epoch.
             raise UserError(f"--checkpoint.monitor {monitor!r} is not a metric the model logs "
                             f"({', '.join(LOGGED_METRICS)})")
-        if subcommand == "fit":
+        if subcommand == "fit" and monitor is not None:
+            mode = config.checkpoint.get("mode")
+            if (mode == "min") != monitor.endswith("loss"):
+                # A loss kept at its highest (or a score at its lowest) keeps the worst epoch.
+                better = "min" if monitor.endswith("loss") else "max"
+                raise UserError(f"--checkpoint.monitor {monitor!r} with --checkpoint.mode "
+                                f"{mode!r} would keep the worst epoch; give --checkpoint.mode "
+                                f"{better}")
             _name_best_after_monitor(config.checkpoint)
         torch.set_float32_matmul_precision(
             config.get("float32_matmul_precision") or MATMUL_PRECISIONS[0]

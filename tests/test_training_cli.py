@@ -832,6 +832,14 @@ def test_the_best_checkpoint_monitors_a_metric_the_model_logs(synthetic_data, ti
         "captioner fit: --checkpoint.monitor 'val/CIDER' is not a metric the model logs "
         "(train/loss, val/Bleu_4, val/CIDEr)\n")
     assert not (tmp_path / "runs").exists()
+    assert lightning_main(["fit", *args, "--checkpoint.monitor", "train/loss"]) == 2
+    assert capsys.readouterr().err == (
+        "captioner fit: --checkpoint.monitor 'train/loss' with --checkpoint.mode 'max' would "
+        "keep the worst epoch; give --checkpoint.mode min\n")
+    assert lightning_main(["fit", *args, "--checkpoint.monitor", "val/Bleu_4",
+                           "--checkpoint.mode", "min"]) == 2
+    assert "give --checkpoint.mode max" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
     assert lightning_main(["fit", *args, "--checkpoint.monitor", "val/Bleu_4",
                            "--trainer.log_every_n_steps", "1"]) == 0
     [metrics] = (tmp_path / "runs").glob("*/version_0/metrics.csv")
