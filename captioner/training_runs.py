@@ -87,6 +87,12 @@ class LastCheckpoint(Checkpoint):
         if trainer.is_global_zero:
             epochs = trainer.current_epoch + int(epoch_done)
             write_progress(folder, trainer, self.path, epochs_done=epochs)
+            beside_the_log = _log_dir(trainer)
+            if trainer.loggers and beside_the_log.resolve() != folder.resolve():
+                # Checkpoints kept elsewhere (--checkpoint.dirpath): the run's own folder,
+                # where ``captioner runs`` looks, still says where they are.
+                beside_the_log.mkdir(exist_ok=True)
+                write_progress(beside_the_log, trainer, self.path, epochs_done=epochs)
 
     def state_dict(self) -> dict[str, Any]:
         # Called while the checkpoint is written, so these are the states at the save; "rng"

@@ -851,6 +851,24 @@ def test_the_best_checkpoint_monitors_a_metric_the_model_logs(synthetic_data, ti
     assert best.name == f"best-epoch00-bleu_4={float(bleu[-1]):.4f}.ckpt"
 
 
+def test_runs_lists_a_run_whose_checkpoints_are_kept_elsewhere(synthetic_data, tiny_cache,
+                                                               tmp_path, capsys):
+    """With --checkpoint.dirpath outside the run's folder, `captioner runs` still gives the
+    run's epochs, best score and both checkpoints (it said "no checkpoint yet")."""
+    from captioner.commands import runs
+
+    elsewhere = tmp_path / "kept"
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.max_epochs", "1",
+                     "--checkpoint.dirpath", str(elsewhere))
+    assert lightning_main(["fit", *args]) == 0
+    [best] = elsewhere.glob("best-*.ckpt")
+    capsys.readouterr()
+    assert runs.main(["--root", str(tmp_path / "runs")]) == 0
+    [row] = capsys.readouterr().out.splitlines()[1:]
+    assert row.split()[:4] == ["demo_softmax", "version_0", "1", "2"]
+    assert row.endswith(f"best {best.resolve()}  last {(elsewhere / 'last.ckpt').resolve()}")
+
+
 def test_a_misspelt_key_of_a_config_file_names_the_config_files(synthetic_data, tiny_cache,
                                                                 tmp_path):
     typo = tmp_path / "mine.yaml"
