@@ -354,6 +354,10 @@ class CaptionerCLI(LightningCLI):
             return None
         last = folder / "checkpoints" / LAST_NAME
         if not last.is_file():
+            try:
+                RunLock(folder).release()
+            except RunInUse as exc:  # a fit in its first epoch there: no last.ckpt yet
+                raise UserError(f"--ckpt_path last: {exc}") from None
             raise UserError(f"--ckpt_path last: {folder} has no checkpoints/{LAST_NAME} yet")
         version = version_number(folder)
         return (folder.name if version is None else version), last

@@ -649,6 +649,22 @@ def test_a_fit_holds_a_version_named_on_its_command_line(synthetic_data, tiny_ca
     assert "Traceback" not in err and not (run / "checkpoints").exists()
     assert lightning_main(["fit", *args]) == 0
     assert (run / "checkpoints" / "last.ckpt").is_file()
+    # Resuming it by its config.yaml while another fit trains there in its first epoch (no
+    # last.ckpt yet) names that fit, not a missing last.ckpt.
+    (run / "checkpoints" / "last.ckpt").unlink()
+    resume = ["fit", "--config", str(run / "config.yaml"), "--ckpt_path", "last"]
+    capsys.readouterr()
+    other = RunLock(run)
+    try:
+        assert lightning_main(resume) == 2
+    finally:
+        other.release()
+    assert capsys.readouterr().err == (
+        f"captioner fit: --ckpt_path last: {run}: another fit is training in this run now; "
+        "wait for it to end (or stop it) before training in it again\n")
+    assert lightning_main(resume) == 2
+    assert capsys.readouterr().err == (
+        f"captioner fit: --ckpt_path last: {run.resolve()} has no checkpoints/last.ckpt yet\n")
 
 
 def test_a_new_fit_naming_a_finished_runs_version_is_refused(synthetic_data, tiny_cache,
