@@ -68,6 +68,12 @@ def _tail(text: str, lines: int = 40) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+def _what_java_said(stderr: str) -> str:
+    """The tail of Java's stderr under a heading, or a line saying it wrote nothing."""
+    tail = _tail(stderr)
+    return f"Java stderr (last lines):\n{tail}" if tail else "Java wrote nothing to stderr"
+
+
 def run_java(
     args: Sequence[str], *, tool: str, cwd: Path, timeout: float | None
 ) -> subprocess.CompletedProcess[str]:
@@ -84,11 +90,11 @@ def run_java(
         stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
         raise JavaToolError(
             f"{tool} did not finish within {timeout:.0f} s and was stopped.\n"
-            f"command: {' '.join(cmd)}\nJava stderr (last lines):\n{_tail(stderr or '')}"
+            f"command: {' '.join(cmd)}\n{_what_java_said(stderr or '')}"
         ) from exc
     if proc.returncode != 0:
         raise JavaToolError(
             f"{tool} failed with exit status {proc.returncode}.\n"
-            f"command: {' '.join(cmd)}\nJava stderr (last lines):\n{_tail(proc.stderr)}"
+            f"command: {' '.join(cmd)}\n{_what_java_said(proc.stderr)}"
         )
     return proc

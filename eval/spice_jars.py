@@ -39,7 +39,8 @@ from data_prep.files import first_names
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
 SPICE_JAR_NAME = "spice-1.0.jar"
 PYCOCOEVALCAP_SPICE_DIR = Path(_pycocoevalcap_spice.__file__).parent
-FETCH_HINT = "run 'captioner fetch-spice' (or pass its --cache-dir) to install them"
+FETCH_HINT = ("run 'captioner fetch-spice' to install them (jars installed with its "
+              "--cache-dir DIR are found with CAPTIONER_SPICE_DIR=DIR)")
 SHOWN_PROBLEMS = 3  # missing or damaged files named in the one-line error; the rest counted
 
 

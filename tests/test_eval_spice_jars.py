@@ -103,6 +103,8 @@ def test_empty_cache_names_the_fetch_command(tmp_path, monkeypatch):
     with pytest.raises(SpiceJarsError, match="run 'captioner fetch-spice'") as info:
         locate_spice()
     assert "stanford-corenlp-3.6.0-models.jar: missing" in str(info.value)
+    # score and evaluate have no --cache-dir: the hint names the variable they read
+    assert "--cache-dir DIR are found with CAPTIONER_SPICE_DIR=DIR" in str(info.value)
 
 
 def test_fetch_spice_command(seeded, tmp_path, capsys, no_network):
