@@ -78,7 +78,8 @@ class LastCheckpoint(Checkpoint):
         if trainer.sanity_checking or trainer.fast_dev_run:
             return
         best = _best_callback(trainer)
-        folder = Path(best.dirpath) if best is not None and best.dirpath else _log_dir(trainer)
+        beside_the_log = _log_dir(trainer)  # every rank: trainer.log_dir is a collective
+        folder = Path(best.dirpath) if best is not None and best.dirpath else beside_the_log
         self.path = folder / LAST_NAME
         self._states_by_rank = _gather(_rng_states(), trainer.world_size)
         trainer.save_checkpoint(self.path, weights_only=False)  # full state
@@ -87,7 +88,6 @@ class LastCheckpoint(Checkpoint):
         if trainer.is_global_zero:
             epochs = trainer.current_epoch + int(epoch_done)
             write_progress(folder, trainer, self.path, epochs_done=epochs)
-            beside_the_log = _log_dir(trainer)
             if trainer.loggers and beside_the_log.resolve() != folder.resolve():
                 # Checkpoints kept elsewhere (--checkpoint.dirpath): the run's own folder,
                 # where ``captioner runs`` looks, still says where they are.
