@@ -409,6 +409,11 @@ class CaptionerCLI(LightningCLI):
         ckpt_path = config.get("ckpt_path")
         if subcommand in ("validate", "test") and ckpt_path:
             self._evaluated_run = _log_beside_the_run(init_args, Path(ckpt_path), subcommand)
+            if self._evaluated_run is None:
+                # A checkpoint from outside the runs gets a new version, also when --config is
+                # a run's config.yaml that names its version: the logger would replace that
+                # run's config.yaml, hparams.yaml and metrics.csv with the test's.
+                init_args["version"] = None
             # They log into version_N/<subcommand>/, so the best-checkpoint callback restored
             # from the run warns that its folder changed: true, and of no use to them.
             warnings.filterwarnings("ignore", message=r"The dirpath has changed from")

@@ -500,6 +500,31 @@ def test_a_refused_test_of_a_runs_checkpoint_leaves_no_test_folder(synthetic_dat
     assert (run / "test" / "metrics.csv").is_file()
 
 
+@pytest.mark.parametrize("command", ["validate", "test"])
+def test_an_outside_checkpoint_scored_with_a_runs_config_leaves_that_run_alone(
+        synthetic_data, tiny_cache, tmp_path, command):
+    """A resumed run's config.yaml pins its version: validate / test of a checkpoint from
+    outside the runs with that config logged into the run itself, replacing its config.yaml,
+    hparams.yaml and metrics.csv with the test's."""
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    run = tmp_path / "runs" / "demo_softmax" / "version_0"
+    outside = tmp_path / "outside.ckpt"
+    shutil.copy(run / "checkpoints" / "last.ckpt", outside)
+    assert lightning_main(["fit", "--config", str(run / "config.yaml"), "--ckpt_path", "last",
+                           "--trainer.max_epochs", "2"]) == 0
+    assert yaml.safe_load((run / "config.yaml").read_text())["trainer"]["logger"][
+        "init_args"]["version"] == 0
+    before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+    assert lightning_main([command, "--config", str(run / "config.yaml"),
+                           "--ckpt_path", str(outside)]) == 0
+    assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before
+    scored = yaml.safe_load((run.parent / "version_1" / "config.yaml").read_text())
+    assert scored["ckpt_path"] == str(outside)
+    logged = {"validate": "val/CIDEr", "test": "test/CIDEr"}[command]
+    assert logged in (run.parent / "version_1" / "metrics.csv").read_text()
+
+
 def test_ctrl_c_in_a_test_leaves_no_unscored_run_folder(synthetic_data, tiny_cache, tmp_path,
                                                          capsys, monkeypatch):
     # A test of a checkpoint from outside the runs logs into a new version_N; stopped before
