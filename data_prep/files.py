@@ -420,6 +420,11 @@ def refuse_inputs_in_output(folder: Path, inputs: Iterable[Path]) -> None:
                 "outside the inputs")
 
 
+# The hidden folder inside an output folder where --overwrite draws the new result, until it
+# replaces the earlier one (:func:`result_folder`); one left by a killed run is nobody's file.
+STAGING_PREFIX = ".partial-"
+
+
 def foreign_entries(folder: Path, ours: Collection[str]) -> list[str]:
     """The entries under ``folder`` that are not in ``ours``, as ``/``-separated paths relative
     to ``folder``, sorted, at any depth: files (links, FIFOs and the like included) not in
@@ -427,7 +432,8 @@ def foreign_entries(folder: Path, ours: Collection[str]) -> list[str]:
     once rather than by its content. Links are never followed.
 
     ``ours``: ``/``-separated paths relative to ``folder`` (``index.json``,
-    ``tvmax/photo/00_a.png``, ``images``)."""
+    ``tvmax/photo/00_a.png``, ``images``). A staging folder left by a killed run
+    (:data:`STAGING_PREFIX`) is not counted: the next replacement removes it."""
     ours = set(ours)
     on_the_way = {str(parent) for name in ours for parent in PurePosixPath(name).parents}
     foreign: list[str] = []
@@ -437,6 +443,8 @@ def foreign_entries(folder: Path, ours: Collection[str]) -> list[str]:
             entries = sorted(scan, key=lambda entry: entry.name)
         for entry in entries:
             name = prefix + entry.name
+            if name.startswith(STAGING_PREFIX):
+                continue  # a killed run's unfinished result: the next replacement removes it
             is_folder = entry.is_dir(follow_symlinks=False)
             if is_folder and (name in ours or name in on_the_way):
                 walk(Path(entry.path), name + "/")
@@ -455,16 +463,35 @@ def _holds(path: Path, tag: str) -> bool:
 
 
 @contextmanager
-def emptied_on_failure(folder: Path) -> Iterator[Path]:
-    """Inside, a command fills ``folder``, new or emptied (:func:`check_output_folder`), with a
-    whole result; an exception (Ctrl-C too) empties it again before going on, so that half a
-    result, with no index or page to mark it, does not block the rerun."""
+def result_folder(folder: Path, earlier: bool) -> Iterator[Path]:
+    """The folder that a command writing a whole result (heatmaps, gallery, rating kit) fills,
+    for ``folder``: new or empty, or holding an ``earlier`` result that --overwrite replaces
+    (:func:`check_output_folder`).
+
+    Without an earlier result it yields ``folder``; an exception (Ctrl-C too) empties it again,
+    so that half a result, with no index or page to mark it, does not block the rerun. With
+    one, it yields a hidden staging folder inside ``folder`` (the same file system, also where
+    ``folder`` is a link or a mount point), and only once the new result is whole are the
+    earlier result's entries removed and the new ones moved in; an exception removes the
+    staging folder and leaves the earlier result as it was."""
+    if not earlier:
+        try:
+            yield folder
+        except BaseException:
+            if folder.is_dir():
+                clear_folder(folder)
+            raise
+        return
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=folder))
     try:
-        yield folder
+        yield staging
     except BaseException:
-        if folder.is_dir():
-            clear_folder(folder)
+        shutil.rmtree(staging, ignore_errors=True)
         raise
+    clear_folder(folder, [entry.name for entry in folder.iterdir() if entry != staging])
+    for entry in staging.iterdir():
+        entry.rename(folder / entry.name)
+    staging.rmdir()
 
 
 def clear_folder(folder: Path, names: Iterable[str] | None = None) -> None:

@@ -239,6 +239,53 @@ def test_an_out_among_the_inputs_is_refused_and_the_earlier_result_kept(
         assert _tree(out) == earlier
 
 
+@pytest.mark.parametrize("name", ["heatmaps", "gallery", "rating-kit"])
+def test_a_replacement_stopped_half_way_keeps_the_earlier_result(
+        name, tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    """--overwrite emptied the folder first: Ctrl-C while the new result was drawn left an
+    empty folder where a finished result had been."""
+    from PIL import Image
+
+    from captioner.commands import heatmaps
+    from eval.commands import gallery, rating_kit
+
+    main = {"heatmaps": heatmaps.main, "gallery": gallery.main, "rating-kit": rating_kit.main}
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for k, colour in enumerate([(200, 30, 30), (30, 200, 30)]):
+        Image.new("RGB", (24, 20), colour).save(photos / f"img{k}.png")
+    out = tmp_path / "out"
+    args = [str(photos), "--out", str(out), "--ckpt", str(tiny_checkpoint), "--beam-size", "1",
+            "--max-length", "4", "--no-progress", *(["--n", "2"] if name == "rating-kit" else [])]
+    assert main[name](args) == 0
+    earlier = _tree(out)
+    key = tmp_path / "out-key.json"
+    earlier_key = key.read_bytes() if name == "rating-kit" else None
+    save = Image.Image.save
+    saved = []
+
+    def stopped_at_the_second_image(image, *a, **k):
+        if saved:
+            raise KeyboardInterrupt
+        saved.append(save(image, *a, **k))
+
+    monkeypatch.setattr(Image.Image, "save", stopped_at_the_second_image)
+    with pytest.raises(KeyboardInterrupt):
+        main[name]([*args, "--overwrite"])
+    assert len(saved) == 1
+    assert _tree(out) == earlier and sorted(os.listdir(out)) == sorted(
+        p.name for p in out.iterdir() if not p.name.startswith("."))
+    if earlier_key is not None:
+        assert key.read_bytes() == earlier_key
+    monkeypatch.undo()
+    # A whole replacement replaces it: the first result differs in its title only.
+    assert main[name]([*args, "--overwrite"] + (["--title", "again"] if name != "heatmaps"
+                                               else ["--vmax", "0.5"])) == 0
+    assert _tree(out) != earlier and not list(out.glob(".partial-*"))
+    if earlier_key is not None:
+        assert json.loads(key.read_text())["kit_id"] != json.loads(earlier_key)["kit_id"]
+
+
 def test_score_summary_and_caption_never_write_over_what_they_read(
         tiny_checkpoint, synthetic_data, kit_key_and_ratings, tmp_path, capsys):
     from captioner.commands import caption

@@ -97,10 +97,11 @@ def _caption_all(args: argparse.Namespace, models: list[_Model], paths: list[Pat
     return captions, failed
 
 
-def _write_figures(args: argparse.Namespace, models: list[_Model], captions,
+def _write_figures(out: Path, args: argparse.Namespace, models: list[_Model], captions,
                    images: list[tuple[Path, str]], vmax: float, progress: bool) -> dict:
-    """Draw the figures of ``images`` (path, folder name) into ``OUT/MODEL/FOLDER/`` of --out,
-    with ``captions`` keyed (model name, path); returns the index of the run."""
+    """Draw the figures of ``images`` (path, folder name) into ``out/MODEL/FOLDER/`` (--out,
+    or where the result is drawn before it replaces an earlier one), with ``captions`` keyed
+    (model name, path); returns the index of the run, whose paths are relative to ``out``."""
     from tqdm import tqdm
 
     from captioner.heatmaps import AttentionRecord, write_heatmaps
@@ -116,13 +117,13 @@ def _write_figures(args: argparse.Namespace, models: list[_Model], captions,
             record = AttentionRecord(str(path), caption.text, list(caption.tokens),
                                      caption.attention.float().numpy(),
                                      model.captioner.output_attention_name, vmax)
-            files = write_heatmaps(args.out / model.name / folder, image, record,
+            files = write_heatmaps(out / model.name / folder, image, record,
                                    zero_style=args.zero_style, upsample=args.upsample,
                                    max_side=args.size)
             index["images"].append({
                 "image": str(path), "model": model.name, "checkpoint": str(model.checkpoint),
                 "mapping": record.mapping, "caption": caption.text,
-                "files": [str(f.relative_to(args.out)) for f in files],
+                "files": [str(f.relative_to(out)) for f in files],
             })
     return index
 
@@ -140,9 +141,8 @@ def main(argv: list[str]) -> int:
     from data_prep.files import (
         atomic_write,
         check_output_folder,
-        clear_folder,
-        emptied_on_failure,
         refuse_inputs_in_output,
+        result_folder,
     )
 
     try:
@@ -170,11 +170,9 @@ def main(argv: list[str]) -> int:
     try:
         # Before an earlier result goes: only empty captions leave no weight to scale by.
         vmax = args.vmax or shared_vmax(c.attention.float().numpy() for c in captions.values())
-        if earlier:
-            clear_folder(args.out)
-        with emptied_on_failure(args.out):
-            index = _write_figures(args, models, captions, images, vmax, progress)
-            with atomic_write(args.out / "index.json") as handle:
+        with result_folder(args.out, earlier) as out:
+            index = _write_figures(out, args, models, captions, images, vmax, progress)
+            with atomic_write(out / "index.json") as handle:
                 json.dump(index, handle, indent=1, ensure_ascii=False)
     except (OSError, ValueError) as exc:
         return report_error("captioner heatmaps", exc, status=1)

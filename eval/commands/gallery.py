@@ -102,19 +102,18 @@ def _images(args: argparse.Namespace) -> tuple[list[Path], list[str], list[str],
 
 
 def _write_page(args: argparse.Namespace, images, models, earlier: bool) -> Path:
-    """Write the gallery into --out, first removing the ``earlier`` one (--overwrite) once the
-    new one is known to be drawable: a gallery of only empty captions has no weight to scale
-    colours by, and must not replace a good one by none. Returns the page's path."""
-    from data_prep.files import clear_folder, emptied_on_failure
+    """Write the gallery into --out, replacing the ``earlier`` one (--overwrite) only once the
+    new one is whole: one stopped half-way, or of only empty captions (no weight to scale
+    colours by), must not replace a good one by none. Returns the page's path."""
+    from data_prep.files import result_folder
     from eval.gallery import build_gallery, gallery_scale
 
     gallery_scale(images, models, vmax=args.vmax, zero_style=args.zero_style)
-    if earlier:
-        clear_folder(args.out)
-    with emptied_on_failure(args.out):
-        return build_gallery(args.out, images, models, title=args.title, vmax=args.vmax,
+    with result_folder(args.out, earlier) as out:
+        page = build_gallery(out, images, models, title=args.title, vmax=args.vmax,
                              zero_style=args.zero_style, upsample=args.upsample,
                              progress=not args.no_progress)
+    return args.out / page.relative_to(out)
 
 
 def main(argv: list[str]) -> int:

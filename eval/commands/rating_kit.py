@@ -17,6 +17,7 @@ IMAGE_DIR. A checkpoint given twice is refused.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -111,20 +112,20 @@ def _caption_sample(args: argparse.Namespace, sample, captioners, options) -> li
 
 
 def _write_kit(args: argparse.Namespace, images, models, key_path: Path, earlier: bool):
-    """Write the kit into --out and its key to ``key_path``, first removing the ``earlier``
-    kit (--overwrite) once the new one is known to be drawable, so that it is never replaced
-    by none. Returns the `RatingKit`."""
-    from data_prep.files import clear_folder, emptied_on_failure
+    """Write the kit into --out and its key to ``key_path``, replacing the ``earlier`` kit
+    (--overwrite) only once the new one is whole, so that it is never replaced by none (one
+    stopped half-way, or of only empty captions). Returns the `RatingKit`."""
+    from data_prep.files import result_folder
     from eval.rating_kit import build_kit, kit_scale, write_key
 
     vmax = kit_scale(images, models)
-    if earlier:
-        clear_folder(args.out)
-    with emptied_on_failure(args.out):
-        kit = build_kit(args.out, images, models, seed=args.seed, title=args.title,
+    with result_folder(args.out, earlier) as out:
+        kit = build_kit(out, images, models, seed=args.seed, title=args.title,
                         upsample=args.upsample, max_side=args.size, vmax=vmax)
-        write_key(kit.key, key_path)
-    return kit
+    # Once the kit is in place: a run stopped before keeps the earlier kit with its own key.
+    # The kit's id, in both, tells a key of another kit apart (rating-summary refuses it).
+    write_key(kit.key, key_path)
+    return dataclasses.replace(kit, html=args.out / kit.html.relative_to(out))
 
 
 def main(argv: list[str]) -> int:
