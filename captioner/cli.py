@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.metadata import entry_points
 
 GROUP = "captioner.commands"
 SIGPIPE_STATUS = 141  # 128 + SIGPIPE, as a shell reports a process that signal ended
 SIGINT_STATUS = 130  # 128 + SIGINT
+# Signals that stop a command as Ctrl-C does: `kill`, `timeout`, a closed terminal.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def _commands() -> dict[str, str]:
@@ -36,6 +42,28 @@ def _usage(commands: dict[str, str]) -> str:
         lines.append(f"  {name:<18} {help_text}")
     lines += ["", "Run 'captioner COMMAND --help' for the options of a command."]
     return "\n".join(lines)
+
+
+def _raise_keyboard_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def _stopped_as_by_ctrl_c() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt while a command runs, so that they stop it
+    as Ctrl-C does (finished records kept, half results removed, one line, status 130): by
+    default they end the process at once, leaving half-written folders and temporary files.
+    Lightning's fit adds its own SIGTERM handling in front of this one."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {number: signal.signal(number, _raise_keyboard_interrupt)
+                for number in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,12 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     # LightningCLI commands need to know which sub-command they were called as.
     args = [name, *rest] if getattr(module, "NEEDS_COMMAND_NAME", False) else rest
     try:
-        code = int(module.main(args) or 0)
-        sys.stdout.flush()
+        with _stopped_as_by_ctrl_c():
+            code = int(module.main(args) or 0)
+            sys.stdout.flush()
     except KeyboardInterrupt:
-        # Ctrl-C in a command that does not say more itself (caption, prepare-features and fit
-        # say what they kept): one line, not a traceback, and the status a shell gives a
-        # process that SIGINT ended.
+        # Ctrl-C (or SIGTERM, SIGHUP) in a command that does not say more itself (caption,
+        # prepare-features and fit say what they kept): one line, not a traceback, and the
+        # status a shell gives a process that SIGINT ended.
         print(f"captioner {name}: interrupted", file=sys.stderr)
         return SIGINT_STATUS
     except BrokenPipeError:

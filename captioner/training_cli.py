@@ -75,14 +75,21 @@ TRAINER_DEFAULTS = {
 _DEFAULT_LOGGER_NAME = "lightning_logs"
 
 
-class _NoAdvertising(logging.Filter):
-    """Drops Lightning's product tip ("Tip: ... try installing litmodels") from every fit."""
+class _Unsaid(logging.Filter):
+    """Drops Lightning's lines that say nothing a user acts on: its product tip ("Tip: ... try
+    installing litmodels"), and its notes on Ctrl-C and SIGTERM, which the one line that
+    ends an interrupted command says better (what was kept, how to go on)."""
+
+    _UNSAID = ("Tip:", "Detected KeyboardInterrupt, attempting graceful shutdown",
+               "Received SIGTERM")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "Tip:" not in str(record.msg)
+        return not any(text in str(record.msg) for text in self._UNSAID)
 
 
-logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdvertising())
+for _logger in ("lightning.pytorch.utilities.rank_zero",
+                "lightning.pytorch.trainer.connectors.signal_connector"):
+    logging.getLogger(_logger).addFilter(_Unsaid())
 for _message in (
     # The frozen encoder stays in eval mode on purpose (fixed batch-norm statistics, as in the
     # paper); Lightning warns about it at the start of every fit.

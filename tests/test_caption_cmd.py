@@ -196,7 +196,7 @@ def test_ctrl_c_keeps_the_captions_done_or_else_the_earlier_out_file(
     assert captioner(args) == 130
     if captioned:
         assert capsys.readouterr().err == (
-            "captioner caption: interrupted; the captions done so far were written\n")
+            f"captioner caption: interrupted; 2 captions of 3 images written to {out}\n")
         assert out.read_text().splitlines() == earlier.splitlines()[:captioned]
     else:
         assert capsys.readouterr().err == (

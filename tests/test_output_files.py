@@ -286,6 +286,41 @@ def test_a_replacement_stopped_half_way_keeps_the_earlier_result(
         assert json.loads(key.read_text())["kit_id"] != json.loads(earlier_key)["kit_id"]
 
 
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGHUP"])
+def test_kill_stops_a_command_as_ctrl_c_does(stop, tiny_checkpoint, tmp_path, capsys,
+                                             monkeypatch):
+    """`kill` (SIGTERM) or a closed terminal (SIGHUP) ended the process at once: a replacement
+    half drawn stayed, and the next run refused the folder as holding no earlier result."""
+    import signal
+
+    from PIL import Image
+
+    from captioner.cli import SIGINT_STATUS, main
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for k, colour in enumerate([(200, 30, 30), (30, 200, 30)]):
+        Image.new("RGB", (24, 20), colour).save(photos / f"img{k}.png")
+    out = tmp_path / "out"
+    args = ["heatmaps", str(photos), "--out", str(out), "--ckpt", str(tiny_checkpoint),
+            "--beam-size", "1", "--max-length", "4", "--no-progress"]
+    assert main(args) == 0
+    earlier = _tree(out)
+    handler = signal.getsignal(getattr(signal, stop))
+    save = Image.Image.save
+
+    def killed_while_saving(image, *a, **k):
+        save(image, *a, **k)
+        os.kill(os.getpid(), getattr(signal, stop))
+
+    monkeypatch.setattr(Image.Image, "save", killed_while_saving)
+    capsys.readouterr()
+    assert main([*args, "--overwrite"]) == SIGINT_STATUS
+    assert capsys.readouterr().err == "captioner heatmaps: interrupted\n"
+    assert _tree(out) == earlier and not list(out.glob(".partial-*"))
+    assert signal.getsignal(getattr(signal, stop)) == handler  # the caller's, back
+
+
 def test_score_summary_and_caption_never_write_over_what_they_read(
         tiny_checkpoint, synthetic_data, kit_key_and_ratings, tmp_path, capsys):
     from captioner.commands import caption

@@ -37,6 +37,7 @@ from captioner.commands.options import (
     decoding_options,
     report_error,
 )
+from data_prep.files import counted
 
 HELP = "caption images or folders of images (text, jsonl with per-word attention, COCO results)"
 
@@ -146,8 +147,9 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 130
     if interrupted:
-        print("captioner caption: interrupted; the captions done so far were written",
-              file=sys.stderr)
+        where = "standard output" if args.out is None else str(args.out)
+        print(f"captioner caption: interrupted; {counted(records, 'caption')} of "
+              f"{counted(len(paths), 'image')} written to {where}", file=sys.stderr)
         return 130
     if failures:
         print(f"captioner caption: {len(failures)} of {len(paths)} images could not be read: "
