@@ -19,6 +19,12 @@ def _captioner(*argv: str, **env: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300, env={**os.environ, **env})
 
 
+def test_python_dash_m_captioner_runs_the_console_script():
+    run = subprocess.run([sys.executable, "-m", "captioner", "no-such-command"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and "unknown command 'no-such-command'" in run.stderr
+
+
 def test_help_lists_the_commands_and_unknown_ones_are_refused(capsys):
     assert main(["--help"]) == 0
     listed = capsys.readouterr().out
