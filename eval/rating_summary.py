@@ -28,6 +28,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +47,8 @@ class RatingsError(ValueError):
 
 @dataclass(frozen=True)
 class Rating:
-    """One exported entry: scores are ints in `SCORES` or None (not given)."""
+    """One exported entry: scores are ints in `SCORES` or None (not given); ``last_time`` is
+    the later of its two times as written (``""`` when it has none)."""
 
     file: str
     rater: str
@@ -126,6 +128,24 @@ def _text(value: object, path: Path, index: int, field: str, what: str) -> str |
     raise RatingsError(f"{path}: rating {index}: {field} must be {what}, got {value!r}")
 
 
+def _as_time(text: str) -> datetime:
+    """An ISO 8601 time as an aware datetime (the page writes UTC, ``...Z``; one without a
+    zone is taken as UTC), so that times are compared as times, never as strings."""
+    time = datetime.fromisoformat(text)
+    return time if time.tzinfo is not None else time.replace(tzinfo=UTC)
+
+
+def _time(value: str | None, path: Path, index: int, field: str) -> datetime | None:
+    """A rating's time ``field`` (None when null), checked."""
+    if value is None:
+        return None
+    try:
+        return _as_time(value)
+    except ValueError:
+        raise RatingsError(f"{path}: rating {index}: {field} must be an ISO 8601 time string, "
+                           f"got {value!r}") from None
+
+
 def load_ratings(path: Path, key: RatingKey) -> tuple[str, list[Rating]]:
     """Read one exported ratings file and unblind it with ``key`` (from `load_key`): its rater
     id (stripped) and its ratings, in file order."""
@@ -133,6 +153,9 @@ def load_ratings(path: Path, key: RatingKey) -> tuple[str, list[Rating]]:
     if data.get("format") != RATINGS_FORMAT:
         raise RatingsError(f"{path}: not a ratings file (format {data.get('format')!r}, "
                            f"expected {RATINGS_FORMAT!r})")
+    if "kit_id" not in data:
+        raise RatingsError(f"{path}: field 'kit_id' is missing (the page writes the id of its "
+                           "kit)")
     if data.get("kit_id") != key.kit_id:
         raise RatingsError(f"{path}: ratings of kit {data.get('kit_id')!r} do not match the "
                            f"key of kit {key.kit_id!r}")
@@ -157,13 +180,15 @@ def load_ratings(path: Path, key: RatingKey) -> tuple[str, list[Rating]]:
         if label not in labels:
             raise RatingsError(f"{path}: rating {index}: label {label!r} is not in the key "
                                f"for image {image!r}")
-        times = [t for field in ("caption_time", "attention_time")
-                 if (t := _text(entry.get(field), path, index, field, "an ISO 8601 time string"))]
+        times = [(time, text) for field in ("caption_time", "attention_time")
+                 if (text := _text(entry.get(field), path, index, field,
+                                   "an ISO 8601 time string"))
+                 and (time := _time(text, path, index, field))]
         ratings.append(Rating(
             str(path), rater.strip(), image, label, labels[label],
             _score(entry.get("caption_score"), path, index, "caption_score"),
             _score(entry.get("attention_score"), path, index, "attention_score"),
-            max(times, default=""),
+            max(times)[1] if times else "",
         ))
     return rater.strip(), ratings
 
@@ -200,13 +225,18 @@ def krippendorff_alpha(matrix: np.ndarray) -> tuple[float | None, str | None]:
         return None, str(exc)
 
 
+def _latest(rating: Rating) -> datetime:
+    """Orders ratings by their last time; one without a time is the oldest."""
+    return _as_time(rating.last_time) if rating.last_time else datetime.min.replace(tzinfo=UTC)
+
+
 def _deduplicate(ratings: list[Rating]) -> tuple[list[Rating], list[dict]]:
     groups: dict[tuple[str, str, str], list[Rating]] = defaultdict(list)
     for rating in ratings:
         groups[rating.rater, rating.image, rating.label].append(rating)
     kept, duplicates = [], []
     for (rater, image, label), group in groups.items():
-        latest = max(group, key=lambda r: r.last_time)
+        latest = max(group, key=_latest)
         kept.append(latest)
         if len(group) > 1:
             duplicates.append({

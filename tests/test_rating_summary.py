@@ -74,6 +74,26 @@ def test_means_std_counts_and_agreement(tmp_path, key_path):
     assert summary["incomplete"] == summary["missing"] == summary["duplicates"] == []
 
 
+def test_the_latest_of_duplicate_ratings_is_chosen_by_time_not_by_its_text(tmp_path, key_path):
+    """23:30 UTC is later than 00:00 at UTC+1 (23:00 UTC), though its text sorts first; a
+    text that is no time at all was kept as "latest" when the texts were compared."""
+    files = [_write(tmp_path / "r1.json", _ratings("r1", RATER_1,
+                                                   time="2026-02-01T00:00:00+01:00")),
+             _write(tmp_path / "r1-later.json", _ratings("r1", {("1", "A"): (1, 1)},
+                                                         time="2026-01-31T23:30:00.000Z"))]
+    [duplicate] = summarize(files, key_path)["duplicates"]
+    assert duplicate["kept_time"] == "2026-01-31T23:30:00.000Z"
+    assert duplicate["scores"] == [[3, 2], [1, 1]]
+    files.append(_write(tmp_path / "r1-edited.json", _ratings("r1", RATER_1, time="yesterday")))
+    with pytest.raises(RatingsError, match=r"r1-edited.json: rating 0: caption_time must be an "
+                                           r"ISO 8601 time string, got 'yesterday'"):
+        summarize(files, key_path)
+    no_kit = _ratings("r1", RATER_1)
+    del no_kit["kit_id"]
+    with pytest.raises(RatingsError, match=r"no-kit.json: field 'kit_id' is missing"):
+        summarize([_write(tmp_path / "no-kit.json", no_kit)], key_path)
+
+
 def test_incomplete_missing_and_duplicate_ratings_are_reported(tmp_path, key_path):
     partial = dict(RATER_2)
     partial["2", "A"] = (4, None)
