@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from data_prep.features import FeatureCache
-from data_prep.files import first_names
+from data_prep.files import counted, first_names
 from data_prep.images import imagenet_transform, load_image
 from data_prep.karpathy import ImageEntry, KarpathyDataset, load_karpathy
 from data_prep.machine import usable_cpus
@@ -379,13 +379,15 @@ class CaptionDataModule(L.LightningDataModule):
         if stage not in _STAGE_SPLITS:
             raise ValueError(f"unknown stage {stage!r}; expected one of {sorted(_STAGE_SPLITS)}")
         inputs = self._inputs()
-        for split in _STAGE_SPLITS[stage]:
-            if split in self.datasets:
-                continue
-            entries = self.karpathy.split(split)
+        splits = {split: self.karpathy.split(split) for split in _STAGE_SPLITS[stage]
+                  if split not in self.datasets}
+        for split, entries in splits.items():
             if not entries:
                 raise ValueError(f"{self.karpathy_json}: the {split!r} split has no images")
-            self._check_inputs_exist(entries)
+        # Every split of the stage at once: a refusal names all that is missing, not the
+        # first split's alone.
+        self._check_inputs_exist([entry for entries in splits.values() for entry in entries])
+        for split, entries in splits.items():
             if split == "train":
                 self.datasets[split] = CaptionPairs(
                     entries, inputs, self.vocabulary, self.hparams.max_caption_length
@@ -417,12 +419,17 @@ class CaptionDataModule(L.LightningDataModule):
         note = ""
         if self.feature_cache is None:
             missing = [str(entry.path) for entry in entries if not entry.path.is_file()]
-            what = "image files"
+            what = f"{counted(len(missing), 'image file')} missing"
         else:
+            from data_prep.karpathy import image_name
+
             cache = FeatureCache(self.feature_cache)
-            missing_ids = [entry.image_id for entry in entries if entry.image_id not in cache]
-            missing = [str(image_id) for image_id in missing_ids]
-            what = f"image ids in the feature cache {self.feature_cache}"
+            absent = [entry for entry in entries if entry.image_id not in cache]
+            missing_ids = [entry.image_id for entry in absent]
+            missing = [f"{entry.image_id} ({image_name(entry, self.image_root)})"
+                       for entry in absent]
+            what = (f"{counted(len(missing), 'image')} missing from the feature cache "
+                    f"{self.feature_cache} (id and file)")
             skipped = set(cache.skipped_ids).intersection(missing_ids)
             if skipped:
                 from data_prep.features import skipped_images_path
@@ -433,7 +440,7 @@ class CaptionDataModule(L.LightningDataModule):
                 )
         if missing:
             raise FileNotFoundError(
-                f"{self.karpathy_json}: {len(missing)} {what} missing: "
+                f"{self.karpathy_json}: {what}: "
                 f"{first_names(missing, _MISSING_SHOWN)}{note}"
             )
         if self.feature_cache is not None:

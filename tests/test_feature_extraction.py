@@ -174,8 +174,9 @@ def test_skip_mode_records_the_skipped_images_and_training_names_them(tmp_path, 
     with pytest.raises(FileNotFoundError) as error:
         module.setup("fit")
     message = str(error.value)
-    assert "9 image ids in the feature cache" in message
-    assert "missing: 1000, 1001, 1002, 1003, 1004 and 4 more (9 of them" in message
+    assert f"9 images missing from the feature cache {out} (id and file): " in message
+    assert ("1000 (0.png), 1001 (1.png), 1002 (2.png), 1003 (3.png), 1004 (4.png) and 4 "
+            "more (9 of them") in message
     assert "9 of them skipped as unusable images" in message
     assert str(skipped_images_path(out)) in message
 

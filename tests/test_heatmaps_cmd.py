@@ -144,7 +144,8 @@ def test_write_figures_draws_each_image_into_its_given_folder_for_every_model(tm
                 for model in models for path in paths}
     args = argparse.Namespace(out=tmp_path / "out", vmax=None, zero_style="white",
                               upsample="nearest", size=48)
-    index = command._write_figures(args.out, args, models, captions, [(paths[1], "second")], 1.0, False)
+    index = command._write_figures(args.out, args, models, captions, [(paths[1], "second")],
+                                   1.0, False)
 
     assert {key: index[key] for key in ("vmax", "vmax_rule", "zero_style", "upsample")} == {
         "vmax": 1.0, "vmax_rule": "maximum weight of the run", "zero_style": "white",

@@ -315,3 +315,26 @@ def test_a_missing_input_is_named_by_its_setting(cached_dataset, tmp_path):
         with pytest.raises(FileNotFoundError) as raised:
             CaptionDataModule(**settings).prepare_data()
         assert str(raised.value) == message
+
+
+def test_images_missing_from_every_split_of_the_stage_are_named_together(cached_dataset,
+                                                                        tmp_path):
+    """fit's refusal named the train split's missing images alone, by id; the val split's
+    came only after those were mended."""
+    karpathy, cache, _ = cached_dataset
+    (tmp_path / "x").mkdir()
+    for i in (0, 1, 2, 3, 4, 6):  # 5.jpg (train) and 7.jpg (val) are missing
+        (tmp_path / "x" / f"{i}.jpg").write_bytes(b"")
+    with pytest.raises(FileNotFoundError) as error:
+        CaptionDataModule(karpathy, karpathy.parent, min_count=1, num_workers=0).setup("fit")
+    assert str(error.value) == (f"{karpathy}: 2 image files missing: "
+                                f"{tmp_path / 'x' / '5.jpg'}, {tmp_path / 'x' / '7.jpg'}")
+    partial = tmp_path / "partial.h5"
+    with FeatureCacheWriter(partial, grid=GRID, channels=CHANNELS,
+                            encoder={"arch": "x"}) as writer:
+        writer.add([100 + i for i in (0, 1, 2, 3, 4, 6)],
+                   np.zeros((6, *GRID, CHANNELS), np.float16))
+    with pytest.raises(FileNotFoundError) as error:
+        _module(karpathy, partial).setup("fit")
+    assert str(error.value) == (f"{karpathy}: 2 images missing from the feature cache {partial} "
+                                "(id and file): 105 (x/5.jpg), 107 (x/7.jpg)")
