@@ -271,12 +271,15 @@ def _read_jsonl(path: Path, log: ProblemLog) -> list[CaptionRecord]:
             record = json.loads(line.rstrip("\r\n"))
         except json.JSONDecodeError as exc:
             log.add("malformed_record", where, f"{path} line {number}: not valid JSON "
-                    f"({exc.msg} at column {exc.colno})", where=where, order=number)
+                    f"({exc.msg}: column {exc.colno})", where=where, order=number)
             continue
         image = record.get("image") if isinstance(record, dict) else None
         captions = record.get("captions") if isinstance(record, dict) else None
         if not isinstance(record, dict):
             problem = f"must be a JSON object, got {type(record).__name__}"
+        elif absent := [field for field in ("image", "captions") if field not in record]:
+            problem = (f"field {absent[0]!r} is missing (a record holds 'image' and "
+                       f"'captions'; it has {', '.join(map(repr, record)) or 'no field'})")
         elif not isinstance(image, str):
             problem = f"field 'image' must be a string, got {image!r}"
         elif not isinstance(captions, list) or not all(isinstance(c, str) for c in captions):

@@ -172,10 +172,12 @@ def _opened(path: Path, max_pixels: int) -> Iterator[Image.Image]:
     except FileNotFoundError as exc:
         raise ImageLoadError(f"{path}: file not found") from exc
     except IsADirectoryError as exc:
-        raise ImageLoadError(f"{path}: is a directory, not an image file") from exc
+        raise ImageLoadError(f"{path}: is a folder, not an image file") from exc
     except PermissionError as exc:
         raise ImageLoadError(f"{path}: permission denied") from exc
     except UnidentifiedImageError as exc:
+        if path.stat().st_size == 0:  # said as check_image says it
+            raise ImageLoadError(f"{path}: is empty (0 bytes)") from exc
         raise ImageLoadError(f"{path}: not an image file (unrecognised format)") from exc
     except Image.DecompressionBombError as exc:
         raise ImageLoadError(

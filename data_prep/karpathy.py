@@ -109,6 +109,11 @@ def load_karpathy(json_path: str | Path, image_root: str | Path) -> KarpathyData
             f"{json_path}: top level must be an object, got {type(data).__name__}"
         )
     name = data.get("dataset")
+    if "annotations" in data and "dataset" not in data:
+        raise KarpathyFormatError(
+            f"{json_path}: a COCO captions file ('annotations'), not a Karpathy split file; "
+            "make one from it with captioner prepare-dataset --captions "
+            f"{json_path} --images FOLDER --out SPLIT_FILE.json")
     if not isinstance(name, str) or not name:
         raise KarpathyFormatError(f"{json_path}: field 'dataset' must be a non-empty string")
     images = data.get("images")

@@ -226,7 +226,7 @@ BAD_FILES = {
     "truncated.png": (lambda: _png_bytes()[: len(_png_bytes()) // 2], "truncated"),
     "corrupt.png": (lambda: _png_bytes()[:40] + b"\x00" * 200, "corrupt"),
     "notes.jpg": (lambda: b"this is a caption file, not an image\n", "not an image"),
-    "empty.png": (lambda: b"", "not an image"),
+    "empty.png": (lambda: b"", r"is empty \(0 bytes\)"),
 }
 
 
@@ -242,8 +242,18 @@ def test_bad_files_raise_naming_the_file(tmp_path, name):
 def test_missing_file_and_directory(tmp_path):
     with pytest.raises(ImageLoadError, match="absent.jpg: file not found"):
         load_image(tmp_path / "absent.jpg")
-    with pytest.raises(ImageLoadError, match="is a directory"):
+    with pytest.raises(ImageLoadError, match="is a folder, not an image file"):
         load_image(tmp_path)
+
+
+def test_an_empty_file_is_named_alike_by_loading_and_by_checking(tmp_path):
+    from data_prep.images import check_image
+
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    with pytest.raises(ImageLoadError) as info:
+        load_image(tmp_path / "empty.jpg")
+    assert str(info.value) == f"{tmp_path / 'empty.jpg'}: is empty (0 bytes)"
+    assert check_image(tmp_path / "empty.jpg") == "is empty (0 bytes)"
 
 
 def test_check_images_raises_or_skips_with_one_warning(tmp_path):

@@ -191,3 +191,16 @@ def test_invalid_json_and_missing_file(tmp_path):
         load_karpathy(broken, tmp_path)
     with pytest.raises(FileNotFoundError, match="absent.json"):
         load_karpathy(tmp_path / "absent.json", tmp_path)
+
+
+def test_a_coco_captions_file_given_as_a_split_file_says_what_it_is(tmp_path):
+    coco = tmp_path / "captions_mine.json"
+    coco.write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "a.jpg"}],
+        "annotations": [{"id": 1, "image_id": 1, "caption": "a dog"}]}))
+    with pytest.raises(KarpathyFormatError) as error:
+        load_karpathy(coco, tmp_path)
+    assert str(error.value) == (
+        f"{coco}: a COCO captions file ('annotations'), not a Karpathy split file; make one "
+        f"from it with captioner prepare-dataset --captions {coco} --images FOLDER --out "
+        "SPLIT_FILE.json")

@@ -430,7 +430,12 @@ CASES = {
     "malformed JSONL line": (
         lambda t: _jsonl_case(t, ['{"image": "x.jpg", "captions": ["a"]', {"image": 3}]),
         "skipped 2 (malformed record): captions.jsonl line 7, captions.jsonl line 8",
-        "captions.jsonl line 7: not valid JSON (Expecting ',' delimiter at column 37)", 6),
+        "captions.jsonl line 7: not valid JSON (Expecting ',' delimiter: column 37)", 6),
+    "JSONL record with a misnamed field": (
+        lambda t: _jsonl_case(t, [{"file": "good1.jpg", "captions": ["a dog"]}]),
+        "skipped 1 (malformed record): captions.jsonl line 7",
+        "captions.jsonl line 7: field 'image' is missing (a record holds 'image' and "
+        "'captions'; it has 'file', 'captions')", 6),
     "CSV row with an unquoted comma": (
         lambda t: _csv_case(t, "image,caption\n" + "".join(f"{n},a photo\n" for n in GOOD)
                             + "good1.jpg,a dog, running\n"),

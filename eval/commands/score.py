@@ -112,7 +112,7 @@ def main(argv: list[str]) -> int:
         return report_error("captioner score", exc)
     except (JavaToolError, RuntimeError, ValueError) as exc:
         return report_error("captioner score", exc, status=1)
-    print(f"{len(hypotheses)} images")
+    print(counted(len(hypotheses), "image"))
     for name, value in scores.corpus.items():
         print(f"{name:>8}: {value:.4f}")
     print()
