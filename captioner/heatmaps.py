@@ -52,6 +52,9 @@ ZERO_STYLES = ("transparent", "white")
 UPSAMPLE_MODES = ("nearest", "bilinear")
 OVERLAY_OPACITY = 0.6
 DEFAULT_MAX_SIDE = 384
+# The smallest longer side a figure may be given: a 16x16 grid (a ResNet's at 512 px) at two
+# pixels a cell; smaller figures cannot show the cells a word attends to.
+MIN_MAX_SIDE = 32
 # The label of an empty caption's strip, which shows the image alone.
 EMPTY_CAPTION = "(empty caption)"
 # Longest displayed side over shortest: beyond it the short side is stretched (see above).

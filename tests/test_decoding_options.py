@@ -95,7 +95,7 @@ def test_validation_and_test_decode_with_the_models_options(tiny_checkpoint):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--size", "0"], "argument --size: must be >= 1, got 0"),
+        (["--size", "3"], "argument --size: must be >= 32, got 3"),
         (["--vmax", "0"], "argument --vmax: must be > 0, got 0"),
         (["--vmax", "x"], "argument --vmax: not a number: 'x'"),
         (["--vmax", "nan"], "argument --vmax: must be > 0, got nan"),

@@ -132,12 +132,13 @@ def add_figure_arguments(parser: argparse.ArgumentParser, *,
     """``--upsample`` and ``--size`` of the attention figures (see :mod:`captioner.heatmaps`);
     with ``vmax_default``, what the colour scale's maximum is without ``--vmax`` (e.g. "run
     maximum"), also ``--zero-style`` and ``--vmax`` (a float, None when not given)."""
-    from captioner.heatmaps import DEFAULT_MAX_SIDE, UPSAMPLE_MODES, ZERO_STYLES
+    from captioner.heatmaps import DEFAULT_MAX_SIDE, MIN_MAX_SIDE, UPSAMPLE_MODES, ZERO_STYLES
 
     parser.add_argument("--upsample", choices=UPSAMPLE_MODES, default="nearest",
                         help="attention cells drawn as blocks or smoothed (default: %(default)s)")
-    parser.add_argument("--size", type=at_least(1, int), default=DEFAULT_MAX_SIDE,
-                        help="longer image side in pixels (default: %(default)s)")
+    parser.add_argument("--size", type=at_least(MIN_MAX_SIDE, int), default=DEFAULT_MAX_SIDE,
+                        help=f"longer image side in pixels, at least {MIN_MAX_SIDE} (default: "
+                             "%(default)s)")
     if vmax_default is not None:
         parser.add_argument("--zero-style", choices=ZERO_STYLES, default="transparent",
                             help="zero attention fully transparent or a white mask "
