@@ -415,11 +415,17 @@ class CaptionDataModule(L.LightningDataModule):
         return batch
 
     def _check_inputs_exist(self, entries) -> None:
-        """Fail before training when an image file or a cached feature is missing."""
+        """Fail before training when an image file is missing or no image, or a cached feature
+        is missing."""
         note = ""
         if self.feature_cache is None:
-            missing = [str(entry.path) for entry in entries if not entry.path.is_file()]
-            what = f"{counted(len(missing), 'image file')} missing"
+            from data_prep.images import header_problem
+
+            # From the headers, so that an empty or foreign file stops the command before
+            # training, not in the middle of an epoch, which would be lost.
+            missing = [f"{entry.path} ({problem})" for entry in entries
+                       if (problem := header_problem(entry.path))]
+            what = f"{counted(len(missing), 'image file')} missing or unusable"
         else:
             from data_prep.karpathy import image_name
 

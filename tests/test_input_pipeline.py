@@ -320,15 +320,20 @@ def test_a_missing_input_is_named_by_its_setting(cached_dataset, tmp_path):
 def test_images_missing_from_every_split_of_the_stage_are_named_together(cached_dataset,
                                                                         tmp_path):
     """fit's refusal named the train split's missing images alone, by id; the val split's
-    came only after those were mended."""
+    came only after those were mended; an empty image file stopped the epoch that read it."""
     karpathy, cache, _ = cached_dataset
+    from PIL import Image
+
     (tmp_path / "x").mkdir()
-    for i in (0, 1, 2, 3, 4, 6):  # 5.jpg (train) and 7.jpg (val) are missing
-        (tmp_path / "x" / f"{i}.jpg").write_bytes(b"")
+    for i in (0, 1, 2, 4, 6):  # 3.jpg (train) is empty, 5.jpg (train) and 7.jpg (val) missing
+        Image.new("RGB", (8, 6)).save(tmp_path / "x" / f"{i}.jpg")
+    (tmp_path / "x" / "3.jpg").write_bytes(b"")
     with pytest.raises(FileNotFoundError) as error:
         CaptionDataModule(karpathy, karpathy.parent, min_count=1, num_workers=0).setup("fit")
-    assert str(error.value) == (f"{karpathy}: 2 image files missing: "
-                                f"{tmp_path / 'x' / '5.jpg'}, {tmp_path / 'x' / '7.jpg'}")
+    folder = tmp_path / "x"
+    assert str(error.value) == (
+        f"{karpathy}: 3 image files missing or unusable: {folder / '3.jpg'} (is empty (0 "
+        f"bytes)), {folder / '5.jpg'} (file not found), {folder / '7.jpg'} (file not found)")
     partial = tmp_path / "partial.h5"
     with FeatureCacheWriter(partial, grid=GRID, channels=CHANNELS,
                             encoder={"arch": "x"}) as writer:
