@@ -286,6 +286,29 @@ def test_a_replacement_stopped_half_way_keeps_the_earlier_result(
         assert json.loads(key.read_text())["kit_id"] != json.loads(earlier_key)["kit_id"]
 
 
+def test_a_killed_replacements_staging_folder_is_removed_by_the_next_one(tmp_path):
+    """`kill -9` during a replacement leaves its hidden staging folder beside the earlier
+    result: it is no one's file to refuse, and the next replacement removes it."""
+    from data_prep.files import STAGING_PREFIX, result_folder
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "index.json").write_text("earlier marker")
+    left = out / f"{STAGING_PREFIX}abc"
+    left.mkdir()
+    (left / "half.png").write_bytes(b"x")
+
+    def ours(folder):
+        return ["index.json"]
+
+    assert check_output_folder(out, "heatmaps", "index.json", "marker", True, ours)
+    with result_folder(out, earlier=True) as staging:
+        assert staging.parent == out and staging.name.startswith(STAGING_PREFIX)
+        (staging / "index.json").write_text("new marker")
+    assert sorted(p.name for p in out.iterdir()) == ["index.json"]
+    assert (out / "index.json").read_text() == "new marker"
+
+
 @pytest.mark.parametrize("stop", ["SIGTERM", "SIGHUP"])
 def test_kill_stops_a_command_as_ctrl_c_does(stop, tiny_checkpoint, tmp_path, capsys,
                                              monkeypatch):
