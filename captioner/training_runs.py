@@ -91,7 +91,7 @@ class LastCheckpoint(Checkpoint):
             if trainer.loggers and beside_the_log.resolve() != folder.resolve():
                 # Checkpoints kept elsewhere (--checkpoint.dirpath): the run's own folder,
                 # where ``captioner runs`` looks, still says where they are.
-                beside_the_log.mkdir(exist_ok=True)
+                beside_the_log.mkdir(parents=True, exist_ok=True)
                 write_progress(beside_the_log, trainer, self.path, epochs_done=epochs)
 
     def state_dict(self) -> dict[str, Any]:
