@@ -22,7 +22,7 @@ datasets of thousands of images, not for COCO, whose encoder is ImageNet's.
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -35,9 +35,10 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
+from captioner.lightning_stops import stops_as_keyboard_interrupt
 from captioner.model.encoder import GridEncoder
 from data_prep.cell_labels import CellLabeller
-from data_prep.files import atomic_write, check_output_file
+from data_prep.files import atomic_write, check_output_file, write_json
 from data_prep.images import IMAGENET_MEAN, IMAGENET_STD, load_image
 from data_prep.karpathy import ImageEntry, load_karpathy
 
@@ -219,9 +220,11 @@ def pretrain_encoder(karpathy_json, image_root, instances: dict[str, Path], out:
         split: DataLoader(d, batch_size=settings.batch_size, shuffle=split == "train")
         for split, d in data.items()
     }
-    trainer.fit(model, loaders["train"], loaders["val"])
-    accuracy = {k.removeprefix("val/"): round(float(v), 4)
-                for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    with stops_as_keyboard_interrupt(trainer):
+        trainer.fit(model, loaders["train"], loaders["val"])
+    # An accuracy over no cells (no validation cell on an object) is undefined: None (null).
+    accuracy = {k.removeprefix("val/"): round(value, 4) if math.isfinite(value := float(v))
+                else None for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     report = {
         **asdict(settings), "classes": classes,
         "images": {split: len(d) for split, d in data.items()},
@@ -229,8 +232,7 @@ def pretrain_encoder(karpathy_json, image_root, instances: dict[str, Path], out:
     }
     with atomic_write(out, "wb") as handle:
         torch.save(model.resnet_state_dict(), handle)
-    with atomic_write(report_path(out)) as handle:
-        json.dump(report, handle, indent=2)
+    write_json(report_path(out), report, indent=2)
     return report
 
 
@@ -239,9 +241,15 @@ def describe_accuracy(report: dict) -> str:
     accuracy = report["val_cell_accuracy"]
     lines = [f"per-cell accuracy on the validation split ({report['images']['val']} images):"]
     for attribute in report["classes"]:
-        lines.append(f"  {attribute:<9} {100 * accuracy[f'{attribute}_accuracy']:5.1f}% of all "
-                     f"cells, {100 * accuracy[f'{attribute}_accuracy_on_objects']:5.1f}% of "
+        lines.append(f"  {attribute:<9} {_percent(accuracy[f'{attribute}_accuracy'])} of all "
+                     f"cells, {_percent(accuracy[f'{attribute}_accuracy_on_objects'])} of "
                      "cells on an object")
-    lines.append(f"  all attributes right on {100 * accuracy['all_accuracy_on_objects']:.1f}% "
+    lines.append(f"  all attributes right on {_percent(accuracy['all_accuracy_on_objects'])} "
                  "of the cells on an object")
+    if accuracy["all_accuracy_on_objects"] is None:
+        lines.append("  (n/a: no cell of the validation images lies on an object)")
     return "\n".join(lines)
+
+
+def _percent(value: float | None) -> str:
+    return "  n/a " if value is None else f"{100 * value:5.1f}%"

@@ -40,6 +40,7 @@ from captioner.lightning_module import (
     CaptioningModule,
     check_feature_cache,
 )
+from captioner.lightning_stops import stops_as_keyboard_interrupt
 from captioner.training_runs import (
     LAST_NAME,
     EvaluationGuard,
@@ -75,21 +76,14 @@ TRAINER_DEFAULTS = {
 _DEFAULT_LOGGER_NAME = "lightning_logs"
 
 
-class _Unsaid(logging.Filter):
-    """Drops Lightning's lines that say nothing a user acts on: its product tip ("Tip: ... try
-    installing litmodels"), and its notes on Ctrl-C and SIGTERM, which the one line that
-    ends an interrupted command says better (what was kept, how to go on)."""
-
-    _UNSAID = ("Tip:", "Detected KeyboardInterrupt, attempting graceful shutdown",
-               "Received SIGTERM")
+class _NoAdvertising(logging.Filter):
+    """Drops Lightning's product tip ("Tip: ... try installing litmodels") from every fit."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not any(text in str(record.msg) for text in self._UNSAID)
+        return "Tip:" not in str(record.msg)
 
 
-for _logger in ("lightning.pytorch.utilities.rank_zero",
-                "lightning.pytorch.trainer.connectors.signal_connector"):
-    logging.getLogger(_logger).addFilter(_Unsaid())
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdvertising())
 for _message in (
     # The frozen encoder stays in eval mode on purpose (fixed batch-norm statistics, as in the
     # paper); Lightning warns about it at the start of every fit.
@@ -163,11 +157,9 @@ class CaptionerCLI(LightningCLI):
     # LightningCLI hook (Lightning 2.6): runs the sub-command.
     def _run_subcommand(self, subcommand: str) -> None:
         try:
-            super()._run_subcommand(subcommand)
-        except SystemExit:
-            # Lightning ends a run stopped by Ctrl-C with exit(1), once it has shut it down.
-            if not self.trainer.interrupted:
-                raise
+            with stops_as_keyboard_interrupt(self.trainer):
+                super()._run_subcommand(subcommand)
+        except KeyboardInterrupt:
             raise Interrupted(self._after_interrupt(subcommand)) from None
         finally:
             # Here, not at the trainer's teardown: Lightning calls no teardown hook when a fit

@@ -161,6 +161,7 @@ def train(mapping: str, data: DemoData, settings: DemoSettings, out: Path, seed:
     """Train one captioner through the same CLI and config as ``captioner fit``, unless the
     run's :class:`~eval.demo_trainings.TrainingRecord` holds a finished training of the same
     resolved config and encoder; returns its best checkpoint and that checkpoint's val/CIDEr."""
+    from captioner.lightning_stops import stops_as_keyboard_interrupt
     from captioner.training_cli import build_cli
     from eval.demo_trainings import Training, TrainingRecord
 
@@ -174,13 +175,8 @@ def train(mapping: str, data: DemoData, settings: DemoSettings, out: Path, seed:
               f"{finished.val_CIDEr:.4f})")
         return Path(finished.checkpoint), finished.val_CIDEr
     print(f"\n== training {which} ({cli.trainer.max_epochs} epochs)")
-    try:
+    with stops_as_keyboard_interrupt(cli.trainer):
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    except SystemExit:
-        # Lightning ends a fit stopped by Ctrl-C with exit(1) once it has shut it down.
-        if cli.trainer.interrupted:
-            raise KeyboardInterrupt from None
-        raise
     print(cli.run_summary())
     best = cli.best_callback
     checkpoint, score = Path(best.best_model_path), float(best.best_model_score)

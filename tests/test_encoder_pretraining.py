@@ -192,3 +192,55 @@ def test_pretrain_encoder_bad_input_is_one_line(synthetic_data, tmp_path):
     )
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
     assert "a_folder.pt" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_no_validation_cell_on_an_object_is_reported_as_undefined(synthetic_data, tmp_path):
+    """The accuracies over cells on an object, of none, were NaN: printed as 'nan%' and
+    written as NaN, which is not JSON (strict readers refuse the whole file)."""
+    data = synthetic_data
+    empty = json.loads(data.instances["val"].read_text())
+    empty["annotations"] = []
+    (tmp_path / "instances_val.json").write_text(json.dumps(empty))
+    run = _captioner(
+        "pretrain-encoder", "--data", str(data.karpathy_json), "--images", str(data.image_root),
+        "--train-instances", str(data.instances["train"]),
+        "--val-instances", str(tmp_path / "instances_val.json"), "--out", "encoder.pt",
+        "--image-size", "64", "--crop", "32", "--epochs", "1", "--no-progress", cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "nan" not in run.stdout.lower()
+    assert "  n/a  of cells on an object" in run.stdout
+    assert "(n/a: no cell of the validation images lies on an object)" in run.stdout
+    text = (tmp_path / "encoder.json").read_text()
+    accuracy = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in JSON"))[
+        "val_cell_accuracy"]
+    assert accuracy["all_accuracy_on_objects"] is None
+    assert 0.0 <= accuracy["category_accuracy"] <= 1.0
+
+
+def test_ctrl_c_stops_pretraining_with_one_line_and_status_130(synthetic_data, tmp_path,
+                                                               capsys, monkeypatch):
+    """Lightning ends a fit stopped by Ctrl-C with exit(1): pretrain-encoder (and the demo's
+    pretraining) ended with status 1 and no line of its own."""
+    import signal
+
+    from captioner.cli import SIGINT_STATUS, main
+    from captioner.encoder_pretraining import CellClassifier
+
+    def interrupted(self, batch, batch_idx):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(CellClassifier, "training_step", interrupted)
+    monkeypatch.chdir(tmp_path)
+    data = synthetic_data
+    handler = signal.getsignal(signal.SIGINT)  # Lightning ignores Ctrl-C while it stops
+    try:
+        code = main(["pretrain-encoder", "--data", str(data.karpathy_json), "--images",
+                     str(data.image_root), "--train-instances", str(data.instances["train"]),
+                     "--val-instances", str(data.instances["val"]), "--out", "encoder.pt",
+                     "--image-size", "64", "--crop", "32", "--epochs", "1", "--no-progress"])
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert code == SIGINT_STATUS
+    assert capsys.readouterr().err.splitlines()[-1] == "captioner pretrain-encoder: interrupted"
+    assert not (tmp_path / "encoder.pt").exists()
