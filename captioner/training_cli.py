@@ -22,6 +22,7 @@ import sys
 import warnings
 from argparse import ArgumentError
 from pathlib import Path
+from shlex import quote
 from typing import NamedTuple
 
 import torch
@@ -181,8 +182,9 @@ class CaptionerCLI(LightningCLI):
         # The run's own config.yaml (written once the fit started, before any last.ckpt) with
         # --ckpt_path last resumes this run whatever the command was: the same command would
         # resume another run if its --config was an earlier run's config.yaml.
-        return (f"interrupted; captioner fit --config {folder.parent / 'config.yaml'} "
-                f"--ckpt_path last resumes from {folder / LAST_NAME} (epochs done: {done})")
+        config = quote(str(folder.parent / "config.yaml"))  # to paste into a shell as it is
+        return (f"interrupted; captioner fit --config {config} --ckpt_path last resumes from "
+                f"{folder / LAST_NAME} (epochs done: {done})")
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -571,8 +573,8 @@ def _refuse_an_earlier_run(folder: Path) -> None:
     if not checkpoints:
         return
     config = folder / "config.yaml"
-    remedy = (f"resume it with captioner fit --config {config} --ckpt_path last (and a larger "
-              "--trainer.max_epochs if it has finished), or name another version"
+    remedy = (f"resume it with captioner fit --config {quote(str(config))} --ckpt_path last "
+              "(and a larger --trainer.max_epochs if it has finished), or name another version"
               if config.is_file() else "name another version")
     raise UserError(f"{folder}: holds an earlier run (checkpoints/{first_names(checkpoints, 2)}), "
                     f"which a new fit would overwrite; {remedy}")
@@ -586,8 +588,8 @@ def _refuse_earlier_checkpoints(folder: Path) -> None:
     if checkpoints:
         raise UserError(
             f"{folder}: holds checkpoints of an earlier run ({first_names(checkpoints, 2)}), "
-            f"which a new fit would overwrite; resume it with --ckpt_path {folder / LAST_NAME}, "
-            "or give the new run another checkpoint folder")
+            f"which a new fit would overwrite; resume it with --ckpt_path "
+            f"{quote(str(folder / LAST_NAME))}, or give the new run another checkpoint folder")
 
 
 def _log_beside_the_run(init_args, checkpoint: Path, subcommand: str) -> Path | None:

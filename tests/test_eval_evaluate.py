@@ -180,7 +180,7 @@ def test_spice_timeout_reaches_the_metrics_and_the_line_after_ctrl_c(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(eval.scoring, "compute_metrics", interrupted)
-    out = tmp_path / "eval"
+    out = tmp_path / "my eval"  # the command is quoted for a shell: pasted, it works
     assert evaluate.main([
         "--ckpt", str(tiny_checkpoint), "--data", str(synthetic_data.karpathy_json), "--images",
         str(synthetic_data.image_root), "--metrics", "Bleu,SPICE", "--spice-timeout", "1800",
@@ -191,6 +191,7 @@ def test_spice_timeout_reaches_the_metrics_and_the_line_after_ctrl_c(
     assert command.endswith("--metrics Bleu,SPICE --spice-timeout 1800")
     given = score_parser().parse_args(shlex.split(command))
     assert (given.metrics, given.spice_timeout) == ("Bleu,SPICE", 1800.0)
+    assert str(given.results) == str(out / "results_test.json")
 
 
 def test_an_earlier_evaluation_in_out_is_kept_unless_overwrite(synthetic_data, tiny_checkpoint,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -118,8 +119,13 @@ def _rescore(args: argparse.Namespace, results: Path, empty: list) -> str:
     """How to go on once the captions are in ``results`` and their metrics failed or were
     stopped: the score command that scores them (the same evaluate command is refused now
     that they are in --out; ``empty``: the ids of empty captions, which it must allow)."""
-    chosen = "" if args.metrics == ",".join(ALL_METRICS) else f" --metrics {args.metrics}"
-    allow_empty = " --allow-empty" if empty else ""
-    timeout = "" if args.spice_timeout is None else f" --spice-timeout {args.spice_timeout:g}"
-    return (f"captioner score --results {results} --references {args.data} --split "
-            f"{args.split}{chosen}{timeout}{allow_empty} scores them; --overwrite evaluates again")
+    command = ["captioner", "score", "--results", str(results), "--references", str(args.data),
+               "--split", args.split]
+    if args.metrics != ",".join(ALL_METRICS):
+        command += ["--metrics", args.metrics]
+    if args.spice_timeout is not None:
+        command += ["--spice-timeout", f"{args.spice_timeout:g}"]
+    if empty:
+        command.append("--allow-empty")
+    # Quoted for a shell, so that it can be pasted as it is (an --out with a space).
+    return f"{shlex.join(command)} scores them; --overwrite evaluates again"
