@@ -320,8 +320,10 @@ class CaptionerCLI(LightningCLI):
             raise UserError("--ckpt_path best: fit resumes from 'last' or a checkpoint file")
         found = self._config_run(root, name) or latest_resumable(root, name)
         if found is None:
+            # 'best' is read from the progress.json beside the newest run's last.ckpt.
+            what = LAST_NAME if which == "last" else f"best checkpoint (nor a {LAST_NAME})"
             raise UserError(
-                f"--ckpt_path {which}: no run of {name!r} has a {LAST_NAME} under "
+                f"--ckpt_path {which}: no run of {name!r} has a {what} under "
                 f"{root / name}; train first (without --ckpt_path) or give a checkpoint file"
             )
         version, last = found

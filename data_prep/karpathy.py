@@ -110,10 +110,16 @@ def load_karpathy(json_path: str | Path, image_root: str | Path) -> KarpathyData
         )
     name = data.get("dataset")
     if "annotations" in data and "dataset" not in data:
+        annotations = data["annotations"]
+        first = annotations[0] if isinstance(annotations, list) and annotations else {}
+        if isinstance(first, dict) and "caption" in first:
+            raise KarpathyFormatError(
+                f"{json_path}: a COCO captions file ('annotations' with captions), not a "
+                "Karpathy split file; make one from it with captioner prepare-dataset "
+                f"--captions {json_path} --images FOLDER --out SPLIT_FILE.json")
         raise KarpathyFormatError(
-            f"{json_path}: a COCO captions file ('annotations'), not a Karpathy split file; "
-            "make one from it with captioner prepare-dataset --captions "
-            f"{json_path} --images FOLDER --out SPLIT_FILE.json")
+            f"{json_path}: a COCO annotations file (of objects or an empty one), not a Karpathy "
+            "split file (with 'dataset' and 'images', each with its split and sentences)")
     if not isinstance(name, str) or not name:
         raise KarpathyFormatError(f"{json_path}: field 'dataset' must be a non-empty string")
     images = data.get("images")

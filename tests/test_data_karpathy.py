@@ -201,6 +201,15 @@ def test_a_coco_captions_file_given_as_a_split_file_says_what_it_is(tmp_path):
     with pytest.raises(KarpathyFormatError) as error:
         load_karpathy(coco, tmp_path)
     assert str(error.value) == (
-        f"{coco}: a COCO captions file ('annotations'), not a Karpathy split file; make one "
-        f"from it with captioner prepare-dataset --captions {coco} --images FOLDER --out "
-        "SPLIT_FILE.json")
+        f"{coco}: a COCO captions file ('annotations' with captions), not a Karpathy split "
+        f"file; make one from it with captioner prepare-dataset --captions {coco} --images "
+        "FOLDER --out SPLIT_FILE.json")
+    instances = tmp_path / "instances_val.json"
+    instances.write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "a.jpg"}], "categories": [{"id": 1, "name": "dog"}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 2, 2]}]}))
+    with pytest.raises(KarpathyFormatError) as error:
+        load_karpathy(instances, tmp_path)
+    assert str(error.value) == (
+        f"{instances}: a COCO annotations file (of objects or an empty one), not a Karpathy "
+        "split file (with 'dataset' and 'images', each with its split and sentences)")

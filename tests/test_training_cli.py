@@ -414,6 +414,15 @@ def test_ckpt_path_help_says_what_captioner_does(capsys):
     assert "the newest runs/NAME/version_N with a last.ckpt" in help_text
 
 
+def test_best_of_no_run_says_best(synthetic_data, tiny_cache, tmp_path, capsys):
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    assert lightning_main(["validate", *args, "--ckpt_path", "best"]) == 2
+    assert capsys.readouterr().err == (
+        "captioner validate: --ckpt_path best: no run of 'demo_softmax' has a best checkpoint "
+        f"(nor a last.ckpt) under {tmp_path / 'runs' / 'demo_softmax'}; train first (without "
+        "--ckpt_path) or give a checkpoint file\n")
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
