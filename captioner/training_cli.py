@@ -368,19 +368,8 @@ class CaptionerCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
-        monitor = config.get("checkpoint", {}).get("monitor")
-        if subcommand == "fit" and monitor is not None and monitor not in LOGGED_METRICS:
-            # Lightning would find out after the first epoch's validation, losing the epoch.
-            raise UserError(f"--checkpoint.monitor {monitor!r} is not a metric the model logs "
-                            f"({', '.join(LOGGED_METRICS)})")
-        if subcommand == "fit" and monitor is not None:
-            mode = config.checkpoint.get("mode")
-            if (mode == "min") != monitor.endswith("loss"):
-                # A loss kept at its highest (or a score at its lowest) keeps the worst epoch.
-                better = "min" if monitor.endswith("loss") else "max"
-                raise UserError(f"--checkpoint.monitor {monitor!r} with --checkpoint.mode "
-                                f"{mode!r} would keep the worst epoch; give --checkpoint.mode "
-                                f"{better}")
+        if subcommand == "fit" and config.checkpoint.get("monitor") is not None:
+            _check_monitor(config.checkpoint)
             _name_best_after_monitor(config.checkpoint)
         torch.set_float32_matmul_precision(
             config.get("float32_matmul_precision") or MATMUL_PRECISIONS[0]
@@ -644,6 +633,21 @@ def option_values(args: list[str], key: str) -> list[str]:
     """The values that ``args`` gives the option ``--key``, in order."""
     return [option.value for option in given_options(args)
             if option.key == key and option.value is not None]
+
+
+def _check_monitor(checkpoint) -> None:
+    """UserError, before training, for a ``--checkpoint.monitor`` the model does not log
+    (Lightning would find out after the first epoch's validation, losing the epoch), or a
+    ``--checkpoint.mode`` that would keep its worst epoch (a loss at its highest, a score at
+    its lowest)."""
+    monitor, mode = checkpoint.monitor, checkpoint.get("mode")
+    if monitor not in LOGGED_METRICS:
+        raise UserError(f"--checkpoint.monitor {monitor!r} is not a metric the model logs "
+                        f"({', '.join(LOGGED_METRICS)})")
+    better = "min" if monitor.endswith("loss") else "max"
+    if mode != better:
+        raise UserError(f"--checkpoint.monitor {monitor!r} with --checkpoint.mode {mode!r} "
+                        f"would keep the worst epoch; give --checkpoint.mode {better}")
 
 
 def _name_best_after_monitor(checkpoint) -> None:
