@@ -135,10 +135,8 @@ def _as_time(text: str) -> datetime:
     return time if time.tzinfo is not None else time.replace(tzinfo=UTC)
 
 
-def _time(value: str | None, path: Path, index: int, field: str) -> datetime | None:
-    """A rating's time ``field`` (None when null), checked."""
-    if value is None:
-        return None
+def _time(value: str, path: Path, index: int, field: str) -> datetime:
+    """A rating's time ``field``, checked."""
     try:
         return _as_time(value)
     except ValueError:
@@ -180,10 +178,10 @@ def load_ratings(path: Path, key: RatingKey) -> tuple[str, list[Rating]]:
         if label not in labels:
             raise RatingsError(f"{path}: rating {index}: label {label!r} is not in the key "
                                f"for image {image!r}")
-        times = [(time, text) for field in ("caption_time", "attention_time")
+        times = [(_time(text, path, index, field), text)
+                 for field in ("caption_time", "attention_time")
                  if (text := _text(entry.get(field), path, index, field,
-                                   "an ISO 8601 time string"))
-                 and (time := _time(text, path, index, field))]
+                                   "an ISO 8601 time string"))]
         ratings.append(Rating(
             str(path), rater.strip(), image, label, labels[label],
             _score(entry.get("caption_score"), path, index, "caption_score"),
