@@ -93,7 +93,8 @@ def load_karpathy(json_path: str | Path, image_root: str | Path) -> KarpathyData
     Raises:
         FileNotFoundError: ``json_path`` does not exist. ValueError: it is a folder or FIFO.
         KarpathyFormatError: invalid JSON, a missing or ill-typed field, an unknown split, an
-            image without captions, a caption without tokens, or a duplicate image id.
+            image without captions, a caption without tokens, a duplicate image id, or an
+            image file listed twice.
     """
     json_path = Path(json_path)
     image_root = Path(image_root)
@@ -128,6 +129,7 @@ def load_karpathy(json_path: str | Path, image_root: str | Path) -> KarpathyData
 
     entries: dict[str, list[ImageEntry]] = {split: [] for split in SPLITS}
     first_index_of_id: dict[int, int] = {}
+    first_of_path: dict[Path, tuple[int, str]] = {}
     for index, record in enumerate(images):
         entry = _parse_image(record, json_path, index, image_root)
         if entry.image_id in first_index_of_id:
@@ -135,7 +137,16 @@ def load_karpathy(json_path: str | Path, image_root: str | Path) -> KarpathyData
                 f"{json_path}: images[{index}]: duplicate image id {entry.image_id} "
                 f"(already used by images[{first_index_of_id[entry.image_id]}])"
             )
+        if entry.path in first_of_path:
+            # Under two ids, one image would be trained on and scored as two, and in two
+            # splits its test captions would be learnt.
+            first, split = first_of_path[entry.path]
+            raise KarpathyFormatError(
+                f"{json_path}: images[{index}] ({record['split']}): the image file "
+                f"{image_name(entry, image_root)} of images[{first}] ({split}) again; "
+                "every image is listed once")
         first_index_of_id[entry.image_id] = index
+        first_of_path[entry.path] = (index, record["split"])
         entries[entry.split].append(entry)
     return KarpathyDataset(name=name, entries=entries)
 

@@ -163,6 +163,19 @@ MALFORMED = {
         _set(("images", 3, "cocoid"), 9),
         r"images\[3\].*duplicate image id 9.*images\[0\]",
     ),
+    # A test image that is a training image under another id would leak into training.
+    "an image file listed twice": (
+        lambda data: data["images"][3].update(filepath="train2014",
+                                              filename="COCO_train2014_000000000009.jpg"),
+        r"images\[3\] \(test\): the image file train2014/COCO_train2014_000000000009.jpg of "
+        r"images\[0\] \(train\) again",
+    ),
+    "an image file listed twice, spelt otherwise": (
+        lambda data: data["images"][4].update(filepath="",
+                                              filename="./val2014//COCO_val2014_000000000030.jpg"),
+        r"images\[4\] \(restval\): the image file val2014/COCO_val2014_000000000030.jpg of "
+        r"images\[2\] \(val\)",
+    ),
 }
 
 
