@@ -8,6 +8,7 @@ Captions files (the reader is chosen by :func:`detect_format`, or explicitly):
 
 * ``jsonl``: one object per line, ``{"image": "relative/path.jpg", "captions": ["...", ...]}``
   (other keys are ignored; blank lines are allowed);
+* ``json``: a JSON array of the same objects;
 * ``csv`` / ``tsv``: a header line naming the columns ``image`` and ``caption`` (other columns
   are ignored), then one caption per line; an image has as many lines as captions. CSV fields
   follow the usual quoting (Flickr8k's ``captions.txt``: captions holding commas are quoted);
@@ -41,6 +42,7 @@ invalid ``--split``, an empty split) always raise.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
@@ -48,6 +50,7 @@ import math
 import os
 import random
 import shlex
+import unicodedata
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -64,7 +67,7 @@ from data_prep.files import (
 from data_prep.images import IMAGE_SUFFIXES, ImageLoadError, load_image
 from data_prep.karpathy import tokenize
 
-FORMATS: tuple[str, ...] = ("auto", "jsonl", "csv", "tsv", "coco")
+FORMATS: tuple[str, ...] = ("auto", "jsonl", "json", "csv", "tsv", "coco")
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 ON_ERROR: tuple[str, ...] = ("skip", "fail")
 DEFAULT_SPLIT = "0.8,0.1,0.1"
@@ -178,20 +181,36 @@ class ProblemLog:
 
 def detect_format(path: Path) -> str:
     """The format of captions file ``path``: by extension (``.jsonl``/``.ndjson``, ``.csv``,
-    ``.tsv``), else by content: a first line holding a JSON object with an ``image`` key is
-    JSONL, any other JSON object is COCO, a header line with a tab is TSV, else CSV."""
+    ``.tsv``), else by content: a JSON array is ``json``; lines holding JSON objects with an
+    ``image`` key are JSONL (also when the first of them is malformed), any other JSON object
+    is COCO; a header line with a tab is TSV, else CSV."""
     suffix = path.suffix.lower()
     by_suffix = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv"}
     if suffix in by_suffix:
         return by_suffix[suffix]
-    first = _first_line(path)
-    if first.lstrip().startswith("{"):
-        try:
-            record = json.loads(first)
-        except json.JSONDecodeError:
-            return "coco"  # an object spread over several lines: a whole-file JSON document
-        return "jsonl" if isinstance(record, dict) and "image" in record else "coco"
-    return "tsv" if "\t" in first else "csv"
+    first = _first_line(path).lstrip()
+    if first.startswith("["):
+        return "json"
+    if not first.startswith("{"):
+        return "tsv" if "\t" in first else "csv"
+    if _is_record_line(first):
+        return "jsonl"
+    try:
+        json.loads(_read_text(path))
+    except json.JSONDecodeError:
+        # Not one document: JSONL whose first line is malformed if another line is a record.
+        if any(_is_record_line(line) for line in _text_lines(path)):
+            return "jsonl"
+    return "coco"
+
+
+def _is_record_line(line: str) -> bool:
+    """Whether ``line`` is a JSON object with an ``image`` key (a JSONL record)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(record, dict) and "image" in record
 
 
 def read_captions(path: Path, fmt: str, log: ProblemLog) -> list[CaptionRecord]:
@@ -208,6 +227,8 @@ def read_captions(path: Path, fmt: str, log: ProblemLog) -> list[CaptionRecord]:
         fmt = detect_format(path)
     if fmt == "jsonl":
         return _gather(_read_jsonl(path, log), log, merge=False)
+    if fmt == "json":
+        return _gather(_read_json_array(path, log), log, merge=False)
     if fmt == "coco":
         return _gather(_read_coco(path, log), log, merge=False)
     return _gather(_read_delimited(path, "\t" if fmt == "tsv" else ",", log), log, merge=True)
@@ -215,12 +236,19 @@ def read_captions(path: Path, fmt: str, log: ProblemLog) -> list[CaptionRecord]:
 
 def _read_text(path: Path) -> str:
     """The text of ``path``, UTF-8 with or without a byte-order mark (spreadsheet programs
-    often write one before the header). Read whole and decoded at once, so that a byte that is
-    not UTF-8 can be named by its line and offset in the file."""
+    often write one before the header), or UTF-16 with its byte-order mark (Windows programs'
+    "Unicode text"). Read whole and decoded at once, so that a byte that is not UTF-8 can be
+    named by its line and offset in the file."""
     data = path.read_bytes()
+    encoding = "utf-16" if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) else (
+        "utf-8")
     try:
-        return data.decode("utf-8").removeprefix("\ufeff")
+        return data.decode(encoding).removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
+        if encoding == "utf-16":
+            raise DatasetImportError(f"{path}: starts with a UTF-16 byte-order mark but is not "
+                                     f"UTF-16 text ({exc.reason} at byte offset {exc.start:,})"
+                                     ) from None
         raise DatasetImportError(_not_utf8(path, data, exc)) from None
 
 
@@ -244,8 +272,8 @@ def _not_utf8(path: Path, data: bytes, exc: UnicodeDecodeError) -> str:
     converted = path.with_name(f"{path.stem}.utf8{path.suffix}")
     return (f"{path} line {line} (byte offset {exc.start:,}): not UTF-8 text: byte "
             f"0x{data[exc.start]:02x} after {before[-SHOWN_CHARS:]!r} ({exc.reason}); if the file "
-            f"is Latin-1, convert it: iconv -f latin1 -t utf-8 {shlex.quote(str(path))} > "
-            f"{shlex.quote(str(converted))}")
+            f"is Windows-1252 or Latin-1 text, convert it: iconv -f cp1252 -t utf-8 "
+            f"{shlex.quote(str(path))} > {shlex.quote(str(converted))}")
 
 
 def _text_lines(path: Path) -> Iterator[str]:
@@ -273,26 +301,48 @@ def _read_jsonl(path: Path, log: ProblemLog) -> list[CaptionRecord]:
             log.add("malformed_record", where, f"{path} line {number}: not valid JSON "
                     f"({exc.msg}: column {exc.colno})", where=where, order=number)
             continue
-        image = record.get("image") if isinstance(record, dict) else None
-        captions = record.get("captions") if isinstance(record, dict) else None
-        if not isinstance(record, dict):
-            problem = f"must be a JSON object, got {type(record).__name__}"
-        elif absent := [field for field in ("image", "captions") if field not in record]:
-            problem = (f"field {absent[0]!r} is missing (a record holds 'image' and "
-                       f"'captions'; it has {', '.join(map(repr, record)) or 'no field'})")
-        elif not isinstance(image, str):
-            problem = f"field 'image' must be a string, got {image!r}"
-        elif not isinstance(captions, list) or not all(isinstance(c, str) for c in captions):
-            problem = f"field 'captions' must be a list of strings, got {captions!r}"
-        else:
-            records.append(CaptionRecord(image, [
-                Caption(text, f"{where} caption {k}", number)
-                for k, text in enumerate(captions, start=1)
-            ], where, number))
-            continue
-        log.add("malformed_record", where, f"{path} line {number}: {problem}",
-                where=where, order=number)
+        _add_record(records, record, where, f"{path} line {number}", number, log)
     return records
+
+
+def _read_json_array(path: Path, log: ProblemLog) -> list[CaptionRecord]:
+    """The records of a JSON array of JSONL's objects, each placed by its index."""
+    try:
+        data = json.loads(_read_text(path))
+    except json.JSONDecodeError as exc:
+        raise DatasetImportError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, list):
+        raise DatasetImportError(f"{path}: a JSON {type(data).__name__}, not an array of "
+                                 "records (give --format coco for a COCO captions file)")
+    records: list[CaptionRecord] = []
+    for index, record in enumerate(data):
+        where = f"{path.name}[{index}]"
+        _add_record(records, record, where, f"{path}: [{index}]", index, log)
+    return records
+
+
+def _add_record(records: list[CaptionRecord], record: object, where: str, place: str,
+                order: int, log: ProblemLog) -> None:
+    """Append JSON record ``record`` (``{"image": str, "captions": [str, ...]}``) read at
+    ``where`` (short) / ``place`` (with the file's path) to ``records``, or report why not."""
+    image = record.get("image") if isinstance(record, dict) else None
+    captions = record.get("captions") if isinstance(record, dict) else None
+    if not isinstance(record, dict):
+        problem = f"must be a JSON object, got {type(record).__name__}"
+    elif absent := [field for field in ("image", "captions") if field not in record]:
+        problem = (f"field {absent[0]!r} is missing (a record holds 'image' and "
+                   f"'captions'; it has {', '.join(map(repr, record)) or 'no field'})")
+    elif not isinstance(image, str):
+        problem = f"field 'image' must be a string, got {image!r}"
+    elif not isinstance(captions, list) or not all(isinstance(c, str) for c in captions):
+        problem = f"field 'captions' must be a list of strings, got {captions!r}"
+    else:
+        records.append(CaptionRecord(image, [
+            Caption(text, f"{where} caption {k}", order)
+            for k, text in enumerate(captions, start=1)
+        ], where, order))
+        return
+    log.add("malformed_record", where, f"{place}: {problem}", where=where, order=order)
 
 
 class _Lines:
@@ -438,7 +488,8 @@ def _read_coco(path: Path, log: ProblemLog) -> list[CaptionRecord]:
     try:
         data = json.loads(_read_text(path))
     except json.JSONDecodeError as exc:
-        raise DatasetImportError(f"{path}: not valid JSON ({exc})") from exc
+        raise DatasetImportError(f"{path}: not valid JSON ({exc}), read as a COCO captions "
+                                 "file (give --format if it is another)") from None
     for key in ("images", "annotations"):
         if not isinstance(data, dict) or not isinstance(data.get(key), list):
             karpathy = isinstance(data, dict) and "dataset" in data
@@ -577,13 +628,27 @@ def _sentences(record: CaptionRecord, log: ProblemLog) -> list[tuple[str, tuple[
 def _probe(path: Path) -> tuple[str, str] | None:
     """None when ``path`` is a usable image, else ``(reason, message)``."""
     if not path.exists():
-        return "missing_image", f"{path}: file not found"
+        twin = _normalization_twin(path)
+        return "missing_image", f"{path}: file not found" + (
+            f"; the folder holds {twin!r}, the same name in another Unicode normalization "
+            "(as macOS writes names): rename the file or the captions file's entry"
+            if twin else "")
     try:
         # A full decode, as training does: truncated JPEGs pass a header check.
         load_image(path)
     except ImageLoadError as exc:
         return "unreadable_image", str(exc)
     return None
+
+
+def _normalization_twin(path: Path) -> str | None:
+    """The name of a file beside ``path`` that differs from its name only in Unicode
+    normalization (NFC / NFD), if any."""
+    if path.name.isascii() or not path.parent.is_dir():
+        return None
+    wanted = unicodedata.normalize("NFC", path.name)
+    return next((entry for entry in os.listdir(path.parent)
+                 if unicodedata.normalize("NFC", entry) == wanted), None)
 
 
 def readable_items(items: list[Item], image_root: Path, log: ProblemLog, *,

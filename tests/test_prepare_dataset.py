@@ -9,6 +9,7 @@ import random
 import re
 import subprocess
 import sys
+import unicodedata
 from fractions import Fraction
 from pathlib import Path
 
@@ -364,7 +365,7 @@ def test_format_option_overrides_detection(tmp_path, capsys):
     out = tmp_path / "out.json"
     code, stdout, _ = run(capsys, "--captions", captions, "--images", photos, "--out", out,
                           "--split", "1,1,1", "--format", "jsonl")
-    assert code == 0 and "captions read as jsonl" in stdout
+    assert code == 0 and "captions read as jsonl)" in stdout
     code, _, err = run(capsys, "--captions", captions, "--images", photos, "--out", out,
                        "--split", "1,1,1", "--format", "csv")
     assert code == 2 and "must be the header 'image,caption'" in err
@@ -597,6 +598,61 @@ def test_not_utf8_captions_are_named(tmp_path, capsys):
     code, _, err = run(capsys, "--captions", captions, "--images", photos,
                        "--out", tmp_path / "o.json")
     assert code == 2 and "c.csv line 2 (byte offset 27): not UTF-8 text: byte 0xe9" in err
+    assert f"iconv -f cp1252 -t utf-8 {captions} > {captions.with_name('c.utf8.csv')}" in err
+
+
+def test_utf16_captions_with_a_byte_order_mark_are_read(tmp_path, capsys):
+    photos = photo_folder(tmp_path / "photos", GOOD)
+    captions = tmp_path / "c.csv"  # as Windows programs save "Unicode text"
+    captions.write_text("image,caption\n" + "".join(f"{n},un café {n}\n" for n in GOOD),
+                        encoding="utf-16")
+    assert captions.read_bytes()[:2] == b"\xff\xfe"
+    out = tmp_path / "o.json"
+    code, _, err = run(capsys, "--captions", captions, "--images", photos, "--out", out,
+                       "--split", "4,1,1")
+    assert code == 0, err
+    raws = {i["filename"]: i["sentences"][0]["raw"] for i in json.loads(out.read_text())["images"]}
+    assert raws == {n: f"un café {n}" for n in GOOD}
+
+
+def test_a_json_array_of_records_is_read_and_its_bad_records_named_by_index(tmp_path, capsys):
+    photos = photo_folder(tmp_path / "photos", GOOD)
+    captions = tmp_path / "records.json"
+    records = [{"image": n, "captions": [f"a photo {n}"]} for n in GOOD]
+    captions.write_text(json.dumps([*records, {"file": "x.jpg", "captions": ["x"]}], indent=1))
+    out = tmp_path / "o.json"
+    code, stdout, err = run(capsys, "--captions", captions, "--images", photos, "--out", out,
+                            "--split", "4,1,1")
+    assert code == 0, err
+    assert "captions read as json)" in stdout
+    assert f"{captions}: [6]: field 'image' is missing" in err
+    assert sorted(i["filename"] for i in json.loads(out.read_text())["images"]) == GOOD
+
+
+def test_jsonl_named_json_with_a_malformed_first_line_is_read_as_jsonl(tmp_path, capsys):
+    photos = photo_folder(tmp_path / "photos", GOOD)
+    captions = write_jsonl(tmp_path / "captions.json", [
+        '{"image": "bad.jpg", "captions": ["cut off"', *(
+            {"image": n, "captions": [f"a photo {n}"]} for n in GOOD)])
+    out = tmp_path / "o.json"
+    code, stdout, err = run(capsys, "--captions", captions, "--images", photos, "--out", out,
+                            "--split", "4,1,1")
+    assert code == 0, err
+    assert "captions read as jsonl)" in stdout
+    assert f"{captions} line 1: not valid JSON (Expecting ',' delimiter: column" in err
+    assert len(json.loads(out.read_text())["images"]) == len(GOOD)
+
+
+def test_a_name_in_another_unicode_normalization_is_pointed_out(tmp_path, capsys):
+    photos = photo_folder(tmp_path / "photos", GOOD)
+    decomposed = unicodedata.normalize("NFD", "café.jpg")  # as a copy from macOS names it
+    save_photo(photos / decomposed)
+    captions = _jsonl_case(tmp_path, [{"image": "café.jpg", "captions": ["a cafe"]}])
+    code, _, err = run(capsys, "--captions", captions, "--images", photos,
+                       "--out", tmp_path / "o.json", "--split", "4,1,1")
+    assert code == 0
+    assert (f"{photos / 'café.jpg'}: file not found; the folder holds {decomposed!r}, the same "
+            "name in another Unicode normalization") in err
 
 
 def test_entry_point_runs_as_a_subprocess(tmp_path):
