@@ -78,6 +78,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.device.type == "cuda" and args.clock == "cpu":
         parser.error(f"--clock cpu only measures CPU devices, not --device {args.device}")
+    import numba
+
+    # numba starts its thread pool at this size (the CPU count, or NUMBA_NUM_THREADS).
+    if args.threads is not None and args.threads > numba.config.NUMBA_NUM_THREADS:
+        parser.error(f"argument --threads: must be <= {numba.config.NUMBA_NUM_THREADS} "
+                     f"(numba's threads on this machine), got {args.threads}")
     return args
 
 

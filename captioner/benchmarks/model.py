@@ -101,13 +101,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def _sizes(parser: argparse.ArgumentParser) -> None:
     """The options that size the batch, the model and the beam search, each with its least
-    value (the vocabulary holds the 4 special tokens, a caption its start token and a word)."""
+    value (the vocabulary holds the 4 special tokens and a word to caption with, a caption its
+    start token and a word)."""
     for flag, low, default, what in (
         ("--batch-size", 1, 64, "images per batch"),
         ("--grid", 1, 8, "feature grid side"),
         ("--channels", 1, 2048, "feature channels: 2048 (ResNet-50/101/152) or 512 "
          "(ResNet-18/34)"),
-        ("--vocab-size", 4, 10000, "words, the 4 special tokens included"),
+        ("--vocab-size", 5, 10000, "words, the 4 special tokens and at least one word"),
         ("--caption-length", 2, 16, "teacher-forced caption length, start token included"),
         ("--beam-size", 1, 3, "beams per image"),
         ("--max-length", 1, 16, "beam search max words"),

@@ -180,7 +180,8 @@ def at_least(low: float, kind: type, *, strictly: bool = False):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"not {'an integer' if kind is int else 'a number'}: {text!r}") from None
         if not math.isfinite(value) or value < low or (strictly and value == low):
             raise argparse.ArgumentTypeError(
                 f"must be {'>' if strictly else '>='} {low}, got {text}"
@@ -197,9 +198,11 @@ def names(what: str, check: Callable[[str], None] | None = None
     mapping is refused before the good ones are timed)."""
 
     def parse(text: str) -> list[str]:
-        listed = [name.strip() for name in text.split(",") if name.strip()]
-        if not listed:
+        listed = [name.strip() for name in text.split(",")]
+        if not any(listed):
             raise argparse.ArgumentTypeError(f"{text!r} names no {what}")
+        if not all(listed):  # a stray comma, or a name lost from the list
+            raise argparse.ArgumentTypeError(f"{text!r} holds an empty {what} name (a stray comma)")
         try:
             for name in listed if check else ():
                 check(name)
