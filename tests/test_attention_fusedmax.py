@@ -31,6 +31,24 @@ def test_tv1d_prox_matches_prox_tv(n):
         torch.testing.assert_close(tv1d_prox(z, lam), _reference_prox(z, lam), atol=1e-9, rtol=0)
 
 
+@pytest.mark.parametrize("lam", [1e12, 1e16, 1e20, 1e308])
+def test_a_huge_lam_gives_the_mean_exactly(lam):
+    """Beyond the largest prefix sum of the deviations from the mean, the prox is the mean.
+    Condat's algorithm (and prox_tv's, which gives the same) lost it to rounding at 1e16
+    (0.031 for a mean of 0.068), to -256 at 1e20, and to +inf at 1e308."""
+    z = _random((4, 64), seed=3)
+    mean = z.mean(-1, keepdim=True)
+    torch.testing.assert_close(tv1d_prox(z, lam), mean.expand_as(z), atol=1e-14, rtol=0)
+    torch.testing.assert_close(fusedmax(z, lam), torch.full_like(z, 1 / 64), atol=1e-15, rtol=0)
+    zg = _random((2, 7), seed=4).requires_grad_()
+    lam_t = torch.tensor(lam, dtype=F64, requires_grad=True)
+    assert torch.autograd.gradcheck(tv1d_prox, (zg, lam_t))
+    g = _random((2, 7), seed=5)
+    tv1d_prox(zg, lam_t).backward(g)
+    torch.testing.assert_close(zg.grad, g.mean(-1, keepdim=True).expand_as(g))
+    assert lam_t.grad.item() == 0.0
+
+
 def test_tv1d_prox_other_dims_and_float32():
     z = _random((3, 9, 4), seed=1)
     moved = tv1d_prox(z, 0.2, dim=1).transpose(1, 2)

@@ -333,6 +333,32 @@ def test_huge_and_tiny_magnitudes():
     )
 
 
+@pytest.mark.parametrize("lam", [1e16, 1e20, 1e308])
+@pytest.mark.parametrize("driver", ["serial", "parallel"])
+def test_a_huge_lam_gives_the_mean_and_uniform_weights(lam, driver, request):
+    """Beyond the largest edge flow to the mean, the prox is each connected part's mean.
+    TVmax at 1e308 raised ZeroDivisionError (its screening margin overflowed), and on the
+    parallel driver (50 grids of 64 cells, two threads) a SystemError."""
+    if driver == "parallel":
+        request.getfixturevalue("two_numba_threads")
+    z = torch.randn(50, 8, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    mean = z.mean((-2, -1), keepdim=True).expand_as(z)
+    torch.testing.assert_close(tv2d_prox(z, lam), mean, atol=1e-14, rtol=0)
+    torch.testing.assert_close(tvmax(z, lam), torch.full_like(z, 1 / 64), atol=1e-15, rtol=0)
+    # A masked column splits each grid in two parts, each at its own mean.
+    mask = torch.ones(8, 8, dtype=torch.bool)
+    mask[:, 3] = False
+    parts = tv2d_prox(z, lam, mask=mask)
+    for columns in (slice(0, 3), slice(4, 8)):
+        torch.testing.assert_close(parts[:, :, columns], z[:, :, columns].mean(
+            (-2, -1), keepdim=True).expand_as(z[:, :, columns]), atol=1e-14, rtol=0)
+    zg = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(5), dtype=torch.float64,
+                     requires_grad=True)
+    lam_t = torch.tensor(lam, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(tv2d_prox, (zg, lam_t))
+    assert torch.autograd.gradcheck(tvmax, (zg, lam_t))
+
+
 def test_leading_dims_and_batch_independence():
     z = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(10))
     out = tvmax(z, 0.2)

@@ -38,6 +38,22 @@ from .sparsemax import sparsemax
 PARALLEL_MIN_CELLS = 1 << 10
 
 
+@njit(cache=True)
+def capped_lam(lam, low, high, m):
+    """lam, or a smaller strength whose prox of TV (1-D or 2-D) equals lam's, for m cells whose
+    scores span [low, high] (float64).
+
+    On connected cells the prox is their mean, one group with d/dlam 0, once lam reaches the
+    largest edge flow that carries the scores to their mean (the duals of Eq. 16 times lam):
+    at most the sum of the positive deviations from the mean, m (high - low) / 2; beyond it
+    nothing changes. So a lam of 1e308 need not overflow the solvers' arithmetic, nor one of
+    1e16 drown the scores in rounding: the cap 2 m (high - low) (1 for equal scores) lies
+    strictly above that bound for every connected part, so the groups, and the Jacobian, stay
+    those of lam."""
+    reach = 2.0 * m * (high - low)
+    return min(lam, reach if reach > 0.0 else 1.0)
+
+
 def by_size(serial, parallel):
     """A row kernel that runs ``parallel`` when numba has several threads and the batch holds
     at least :data:`PARALLEL_MIN_CELLS` cells, ``serial`` otherwise.

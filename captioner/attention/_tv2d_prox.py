@@ -40,6 +40,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
+from ._grouped import capped_lam
 from ._tv2d_maxflow import _min_cut, _neighbours, _push_relabel, _sign, _tree_feasible
 
 # Relative rounding tolerance of the flow (per cell of the set, times the scores' magnitude).
@@ -507,10 +508,15 @@ def _prox_rows_slice(z, lam, x, group, sign, dlam, H, W, merge_rounds, start, st
     active = np.empty(n, np.bool_)
     label = np.empty(n, np.int32)
     for b in range(start, stop):
+        m, low, high = 0, np.inf, -np.inf
         for i in range(n):
             active[i] = z[b, i] > -np.inf
+            if active[i]:
+                m += 1
+                low, high = min(low, z[b, i]), max(high, z[b, i])
         _neighbours(active, H, W, ws.nbr)
-        _prox_grid(ws, z[b], active, lam, n, x[b], label, dlam[b], merge_rounds)
+        _prox_grid(ws, z[b], active, capped_lam(lam, low, high, m), n, x[b], label, dlam[b],
+                   merge_rounds)
         for i in range(n):
             group[b, i] = label[i] if active[i] else -1
             sign[b, i] = 1.0

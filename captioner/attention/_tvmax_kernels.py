@@ -21,6 +21,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
+from ._grouped import capped_lam
 from ._tv2d_maxflow import _min_cut, _neighbours, _push_relabel
 from ._tv2d_prox import _REL_TOL, _gather_active, _prox_grid, _workspace
 
@@ -248,7 +249,7 @@ def _screen_levels(ws, z, active, lam, n, level, margin):
 
 
 @njit(cache=True)
-def _tvmax_rows_slice(z, lam, p, group, dlam, H, W, merge_rounds, start, stop):
+def _tvmax_rows_slice(z, lam_given, p, group, dlam, H, W, merge_rounds, start, stop):
     """Rows start..stop-1 of tvmax_rows; returns the first row-error code or -1."""
     n = H * W
     ws = _workspace(n)
@@ -257,7 +258,7 @@ def _tvmax_rows_slice(z, lam, p, group, dlam, H, W, merge_rounds, start, stop):
     xrow = np.empty(n, np.float64)
     sc = _scratch(n)
     for b in range(start, stop):
-        m = 0
+        m, low, high = 0, np.inf, -np.inf
         for i in range(n):
             v = np.float64(z[b, i])
             if np.isnan(v):
@@ -268,8 +269,10 @@ def _tvmax_rows_slice(z, lam, p, group, dlam, H, W, merge_rounds, start, stop):
             active[i] = v > -np.inf
             if active[i]:
                 m += 1
+                low, high = min(low, v), max(high, v)
         if m == 0:
             return 3 * b + EMPTY
+        lam = capped_lam(lam_given, low, high, m)
         level, margin, kept = _screen(ws, sc, zrow, active, lam, H, W)
         pinned = -np.inf
         if kept >= LEVEL_SCREEN_MIN_CELLS and lam > 0.0:

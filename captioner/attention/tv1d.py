@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, prange
 from torch import Tensor
 
-from ._grouped import by_size, grouped_prox
+from ._grouped import by_size, capped_lam, grouped_prox
 
 
 @njit(cache=True)
@@ -134,7 +134,7 @@ def _tv1d_row(z, lam, x, group, sign, dlam, r):
     xs = np.empty(m)
     segment = np.empty(m, dtype=np.int64)
     step = np.empty(m, dtype=np.int64)
-    count = condat_tv1d(y, lam, xs, segment, step)
+    count = condat_tv1d(y, capped_lam(lam, y.min(), y.max(), m), xs, segment, step)
     size = np.zeros(count)
     for j in range(m):
         size[segment[j]] += 1.0
