@@ -49,8 +49,10 @@ from data_prep.features import (
 )
 from data_prep.files import (
     OutputPathError,
+    agreeing,
     atomic_write,
     check_output_file,
+    counted,
     file_sha256,
     held_alone,
     made_folder,
@@ -200,15 +202,21 @@ def extract_features(
             out, grid=grid, channels=encoder.channels, encoder=config,
             names=names, resume_key=key,
         )
-        with writer:
-            _report_start(writer, len(entries), say)
-            encoded = _encode(
-                writer, encoder, entries, reasons, image_size=image_size, batch_size=batch_size,
-                num_workers=num_workers, device=device, on_error=on_error, progress=progress,
-                max_pixels=max_pixels,
-            )
-            if weights is None:
-                _install_copy(_partial_weights_path(out), encoder_weights_path(out))
+        try:
+            with writer:
+                _report_start(writer, len(entries), say)
+                encoded = _encode(
+                    writer, encoder, entries, reasons, image_size=image_size,
+                    batch_size=batch_size, num_workers=num_workers, device=device,
+                    on_error=on_error, progress=progress, max_pixels=max_pixels,
+                )
+                if weights is None:
+                    _install_copy(_partial_weights_path(out), encoder_weights_path(out))
+        except BaseException:
+            # The writer keeps no partial cache without rows: nor are its weights kept.
+            if weights is None and not partial_cache_path(out).exists():
+                _partial_weights_path(out).unlink(missing_ok=True)
+            raise
         if weights is None:
             _partial_weights_path(out).unlink(missing_ok=True)
     skipped = writer.skipped
@@ -494,10 +502,12 @@ def _encode(
                     writer.skip(entry.image_id, entry.path, reason)
                 else:
                     writer.commit()
+                    rows = writer.rows
+                    kept_so_far = (f"the {counted(rows, 'image')} encoded so far "
+                                   f"{agreeing(rows, 'is', 'are')} kept: " if rows else "")
                     raise FeatureExtractionError(
-                        f"{entry.path}: {reason} (image id {entry.image_id}); the "
-                        f"{writer.rows} images encoded so far are kept: fix the file, or rerun "
-                        "with --on-error skip, to continue"
+                        f"{entry.path}: {reason} (image id {entry.image_id}); {kept_so_far}fix "
+                        "the file, or rerun with --on-error skip, to continue"
                     )
             if inputs:
                 features = encoder(torch.stack(inputs).to(device))

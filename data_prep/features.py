@@ -181,6 +181,7 @@ class FeatureCacheWriter:
         self._ids: set[int] = set()
         self._skipped: list[dict[str, Any]] = []
         self._crc = {"features": 0, "image_ids": 0}
+        self._committed = 0  # source images dealt with at the last commit
         self.restarted: str | None = None
 
     @property
@@ -296,6 +297,7 @@ class FeatureCacheWriter:
         self._ids = set(stored)
         self._skipped = [dict(record) for record in progress["skipped"]]
         self._crc = crc
+        self._committed = self.done
         return None
 
     def add(self, image_ids: Sequence[int], feats: np.ndarray) -> None:
@@ -354,6 +356,7 @@ class FeatureCacheWriter:
             sort_keys=True,
         )
         self._file.flush()
+        self._committed = self.done
 
     def _check_open(self, method: str) -> None:
         if self._file is None:
@@ -382,8 +385,10 @@ class FeatureCacheWriter:
                 _write_skipped_sidecar(skipped_images_path(self.path), self._skipped)
         finally:
             self._file = None
-            # A resumable writer keeps its partial file for the next run.
-            if not self.resumable:
+            # A resumable writer keeps its partial file for the next run, if it holds work: an
+            # empty one would only stand in the way of a rerun with other settings (after
+            # weights that give non-finite features, say).
+            if not self.resumable or (exc_type is not None and self._committed == 0):
                 self._temporary.unlink(missing_ok=True)
 
 

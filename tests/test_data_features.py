@@ -104,6 +104,30 @@ def test_image_names_are_recorded_and_kept_by_a_resumed_write(tmp_path):
     assert FeatureCache(tmp_path / "old.h5").image_names() is None
 
 
+def test_a_resumable_write_stopped_before_any_commit_leaves_no_partial_file(tmp_path):
+    """An empty partial file would refuse a rerun with other settings (after weights that give
+    non-finite features, say), a trap with nothing in it to keep; one with committed rows is
+    kept, also when a later run adds nothing before it stops."""
+    path = tmp_path / "features.h5"
+
+    def stopped(key, rows):
+        with pytest.raises(RuntimeError, match="stopped"):
+            with FeatureCacheWriter(path, grid=GRID, channels=CHANNELS, encoder=ENCODER,
+                                    resume_key=key) as writer:
+                if rows:
+                    writer.add(list(range(rows)), _features(rows, 0))
+                    writer.commit()
+                writer.add([99], _features(1, 1))  # not committed
+                raise RuntimeError("stopped")
+
+    stopped({"images": 1}, rows=0)
+    assert list(tmp_path.iterdir()) == []
+    stopped({"images": 2}, rows=2)  # other settings: not refused
+    assert partial_resume_key(path) == {"images": 2}
+    stopped({"images": 2}, rows=0)
+    assert partial_resume_key(path) == {"images": 2}
+
+
 def test_missing_id_names_id_and_file(tmp_path):
     path = tmp_path / "features.h5"
     with _writer(path) as writer:

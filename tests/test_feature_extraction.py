@@ -181,6 +181,24 @@ def test_skip_mode_records_the_skipped_images_and_training_names_them(tmp_path, 
     assert str(skipped_images_path(out)) in message
 
 
+def test_a_failure_before_any_image_is_encoded_leaves_nothing_in_the_way(tmp_path, capsys):
+    """An empty partial file would refuse the rerun with other settings ("an unfinished cache
+    made with other settings"), which for weights that always give non-finite features could
+    never finish it."""
+    data, images, _ = _make_dataset(tmp_path, 8)
+    Image.new("F", (SIZE, SIZE)).save(images / "0.png", "TIFF")
+    out = tmp_path / "features.h5"
+    args = ["--data", data, "--images", images, "--out", out]
+    code, _, err = _run(capsys, *args, *ENCODER_ARGS)
+    err = _user_error(code, err)
+    assert "image id 1000); fix the file, or rerun with --on-error skip" in err
+    assert list(tmp_path.glob(".*")) == [] and not out.exists()
+    code, stdout, err = _run(capsys, *args, *ENCODER_ARGS, "--image-size", "32",
+                             "--on-error", "skip")
+    assert code == 0, err
+    assert "resuming" not in stdout and FeatureCache(out).skipped_ids == [1000]
+
+
 def test_decode_failure_stops_with_one_line_and_a_skip_rerun_resumes(tmp_path, capsys):
     data, images, ids = _make_dataset(tmp_path, 32)
     bad = images / "20.png"
