@@ -7,7 +7,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from data_prep.files import first_names, require_file
+from data_prep.files import agreeing, counted, first_names, require_file
 
 
 class CaptionFileError(ValueError):
@@ -68,9 +68,10 @@ def load_results(path: str | Path) -> dict[int, str]:
     counts = Counter(entry["image_id"] for entry in data)
     duplicates = sorted(image_id for image_id, n in counts.items() if n > 1)
     if duplicates:
+        count = len(duplicates)
         raise CaptionFileError(
-            f"{path}: {len(duplicates)} image ids have more than one caption "
-            f"({first_names(duplicates)}); keep one caption per image"
+            f"{path}: {counted(count, 'image id')} {agreeing(count, 'has', 'have')} more than "
+            f"one caption ({first_names(duplicates)}); keep one caption per image"
         )
     return results
 

@@ -96,7 +96,7 @@ def test_allow_empty_names_the_empty_captions_it_scores(tmp_path, karpathy, caps
         (
             [{"image_id": 5, "caption": "a"}, {"image_id": 5, "caption": "b"},
              {"image_id": 6, "caption": "c"}],
-            r"1 image ids have more than one caption \(5\); keep one caption per image",
+            r"1 image id has more than one caption \(5\); keep one caption per image",
         ),
         (
             [{"image_id": 5, "caption": " "}, {"image_id": 6, "caption": "c"}],

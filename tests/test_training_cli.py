@@ -899,6 +899,15 @@ def test_the_best_checkpoint_monitors_a_metric_the_model_logs(synthetic_data, ti
     [best] = metrics.parent.glob("checkpoints/best-*.ckpt")
     bleu = [row["val/Bleu_4"] for row in csv.DictReader(metrics.open()) if row["val/Bleu_4"]]
     assert best.name == f"best-epoch00-bleu_4={float(bleu[-1]):.4f}.ckpt"
+    # captioner runs gives the metric the best score is of (it gave the number alone, in the
+    # column of other runs' CIDEr).
+    from captioner.commands import runs
+
+    capsys.readouterr()
+    assert runs.main(["--root", str(tmp_path / "runs")]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert f" Bleu_4 {float(bleu[-1]):.4f}  best {best}" in row
+    assert header.index("best") == row.index("Bleu_4")
 
 
 def test_runs_lists_a_run_whose_checkpoints_are_kept_elsewhere(synthetic_data, tiny_cache,
@@ -915,7 +924,7 @@ def test_runs_lists_a_run_whose_checkpoints_are_kept_elsewhere(synthetic_data, t
     capsys.readouterr()
     assert runs.main(["--root", str(tmp_path / "runs")]) == 0
     [row] = capsys.readouterr().out.splitlines()[1:]
-    assert row.split()[:4] == ["demo_softmax", "version_0", "1", "2"]
+    assert row.split()[:5] == ["demo_softmax", "version_0", "1", "2", "CIDEr"]
     assert row.endswith(f"best {best.resolve()}  last {(elsewhere / 'last.ckpt').resolve()}")
 
 

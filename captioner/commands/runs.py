@@ -1,8 +1,9 @@
 """``captioner runs``: the training runs under a runs folder, with their progress.
 
 One line per ``ROOT/NAME/version_N`` (and per version a fit named, ``ROOT/NAME/V``): epochs
-done, global step, the best validation score (``val/CIDEr`` unless the run chose another) and
-the best and last checkpoints, as recorded in ``checkpoints/progress.json`` at the run's last
+done, global step, the best score with the metric it is of (``CIDEr``, the validation CIDEr,
+unless the run monitored another: ``Bleu_4``, ``train/loss``) and the best and last
+checkpoints, as recorded in ``checkpoints/progress.json`` at the run's last
 save. A version that holds only the scores of
 ``test`` or ``validate`` of a checkpoint from outside the runs names that checkpoint instead.
 """
@@ -14,7 +15,8 @@ from pathlib import Path
 
 from captioner.commands.options import command_parser
 
-HELP = "list training runs (runs/NAME/version_N) with their best validation CIDEr and checkpoints"
+HELP = ("list training runs (runs/NAME/version_N) with their best validation CIDEr (or the "
+        "metric they monitor) and checkpoints")
 
 
 def main(argv: list[str]) -> int:
@@ -47,9 +49,11 @@ def main(argv: list[str]) -> int:
     if not runs:
         print(f"no runs under {args.root}")
         return 0
-    header = f"{'run':<24} {'version':<10} {'epochs':>6} {'step':>8} {'best':>8}  checkpoints"
-    print(header)
-    for run in runs:
+    # A run that monitored another metric than val/CIDEr has its best score of that metric.
+    bests = [_best(run.progress) for run in runs]
+    width = max(len("best"), *map(len, bests))
+    print(f"{'run':<24} {'version':<10} {'epochs':>6} {'step':>8} {'best':<{width}}  checkpoints")
+    for run, best in zip(runs, bests, strict=True):
         progress = run.progress
         if progress is None:
             # progress.json comes with the first checkpoint: without it, say what is there.
@@ -62,10 +66,20 @@ def main(argv: list[str]) -> int:
                         f"{run.folder / 'metrics.csv'})")
             else:
                 note = "(no checkpoint yet)"
-            print(f"{run.name:<24} {run.folder.name:<10} {'-':>6} {'-':>8} {'-':>8}  {note}")
+            print(f"{run.name:<24} {run.folder.name:<10} {'-':>6} {'-':>8} {best:<{width}}  "
+                  f"{note}")
             continue
-        score = progress.get("best_score")
         print(f"{run.name:<24} {run.folder.name:<10} {progress['epochs_done']:>6} "
-              f"{progress['global_step']:>8} {'-' if score is None else f'{score:.4f}':>8}  "
+              f"{progress['global_step']:>8} {best:<{width}}  "
               f"best {progress.get('best_checkpoint') or '-'}  last {progress['last_checkpoint']}")
     return 0
+
+
+def _best(progress: dict | None) -> str:
+    """The best score of a run's progress.json and its metric (``val/`` left out): ``CIDEr
+    0.8123``; ``-`` before any."""
+    score = (progress or {}).get("best_score")
+    if score is None:
+        return "-"
+    metric = str(progress.get("monitor") or "val/CIDEr").removeprefix("val/")
+    return f"{metric} {score:.4f}"
