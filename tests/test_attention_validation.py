@@ -69,6 +69,15 @@ def test_a_fully_masked_grid_is_named_as_a_grid_of_the_callers_scores(name):
         FUNCS.get(name, att.softmax)(torch.full((2,), -INF))
 
 
+def test_the_2d_prox_names_a_fully_masked_grid_as_a_grid():
+    """It spoke of 'every entry along dim 1', the flattened dim the caller never passed."""
+    scores = torch.randn(2, 3, 3, 4)
+    scores[1, 2] = -INF
+    with pytest.raises(ValueError, match=r"^tv2d_prox: every cell of the grid at index \[1, 2\] "
+                       "of the leading dimensions is masked or -inf"):
+        att.tv2d_prox(scores, 0.1)
+
+
 def test_bad_rank_dim_dtype_and_mask(func):
     with pytest.raises(ValueError, match="at least 1 dimension"):
         func(torch.tensor(1.0))

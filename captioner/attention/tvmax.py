@@ -151,7 +151,8 @@ def _prox_flat(z: Tensor, lam: float | Tensor, mask: Tensor | None, func: str) -
     height, width = z.shape[-2:]
     flat_mask = None if mask is None else check_mask(mask, z.shape, func).flatten(-2)
     solver = partial(_solve_rows, height=height, width=width)
-    return grouped_prox(z.flatten(-2), lam, -1, flat_mask, func, solver)
+    with rows_are_grids():  # its checks name a grid of z, not a row of the flattened scores
+        return grouped_prox(z.flatten(-2), lam, -1, flat_mask, func, solver)
 
 
 class TVmaxFunction(torch.autograd.Function):
