@@ -259,4 +259,5 @@ def test_not_utf8_names_the_line_and_byte_offset_and_how_to_convert(
     converted = captions.with_name(f"{captions.stem}.utf8{captions.suffix}")
     assert (f"{captions} line {line} (byte offset {offset}): not UTF-8 text: byte "
             f"0x{data[offset]:02x} after {before!r} (invalid continuation byte); if the file is "
-            f"Latin-1, convert it: iconv -f latin1 -t utf-8 {captions} > {converted}") in err
+            f"Windows-1252 or Latin-1 text, convert it: iconv -f cp1252 -t utf-8 {captions} > "
+            f"{converted}") in err

@@ -40,7 +40,8 @@ def karpathy(tmp_path):
                 ],
             }
         )
-    images.append({**images[0], "cocoid": 7, "imgid": 2, "split": "train"})
+    images.append({**images[0], "filepath": "train", "filename": "7.jpg", "cocoid": 7, "imgid": 2,
+                   "split": "train"})
     return _write(tmp_path / "karpathy.json", {"dataset": "coco", "images": images})
 
 
