@@ -398,13 +398,13 @@ def test_runs_says_a_version_holds_the_test_of_a_checkpoint_from_elsewhere(
     assert code == 0, err
     run = tmp_path / "scored" / "runs" / "demo_softmax" / "version_0"
     assert out.splitlines()[1] == (
-        f"demo_softmax             version_0       -        -        -  (no training: test of "
+        f"demo_softmax             version_0       -        - -     (no training: test of "
         f"{model}, scores in {run / 'metrics.csv'})")
     # A training run that has not saved a checkpoint yet is not taken for one.
     (run.parent / "version_1").mkdir()
     (run.parent / "version_1" / "config.yaml").write_text("ckpt_path: null\n")
     code, out, err = _run("runs", "--root", str(tmp_path / "scored" / "runs"))
-    assert out.splitlines()[2].endswith("version_1       -        -        -  (no checkpoint yet)")
+    assert out.splitlines()[2].endswith("version_1       -        - -     (no checkpoint yet)")
 
 
 def test_ckpt_path_help_says_what_captioner_does(capsys):
