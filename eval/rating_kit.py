@@ -244,3 +244,13 @@ def write_key(key: dict, path: Path) -> None:
     """Store the blinding key (keep it away from the raters)."""
     with atomic_write(path) as handle:
         json.dump(key, handle, indent=1, ensure_ascii=False)
+
+
+def is_key_file(path: Path) -> bool:
+    """Whether the file ``path`` is a key :func:`write_key` wrote (by its ``format``)."""
+    try:
+        with path.open("rb") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):  # ValueError: not JSON, not text
+        return False
+    return isinstance(data, dict) and data.get("format") == KEY_FORMAT

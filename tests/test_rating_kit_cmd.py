@@ -204,6 +204,18 @@ def test_a_key_over_the_dataset_file_or_an_image_is_refused_with_overwrite_too(
                 "replace it") in capsys.readouterr().err
     assert (data.read_bytes(), image.read_bytes()) == before
     assert not (tmp_path / "kit").exists()
+    # Nor a file of the user's, or an image of another split, which --overwrite replaced.
+    notes = tmp_path / "notes.txt"
+    notes.write_text("which model is which: ask Ana")
+    train_image = next((synthetic_data.image_root / "train").glob("*.png"))
+    kept = train_image.read_bytes()
+    for key in (notes, train_image):
+        assert command.main([*args, "--key", str(key)]) == 2
+        assert capsys.readouterr().err == (
+            f"captioner rating-kit: {key}: exists and is not the blinding key of a rating kit, "
+            "which --overwrite alone may replace; choose another --key\n")
+    assert notes.read_text() == "which model is which: ask Ana"
+    assert train_image.read_bytes() == kept and not (tmp_path / "kit").exists()
 
 
 def test_a_kit_of_empty_captions_only_is_refused_naming_why(tiny_checkpoint, synthetic_data,

@@ -75,14 +75,19 @@ def _check_key(path: Path, overwrite: bool, reads: list[tuple[str, Path]]) -> bo
 
     Raises:
         OutputPathError: ``path`` cannot be written, is one of the files the command
-            ``reads`` ((what, path) pairs), or holds a key and ``overwrite`` is False (the
-            ratings of its kit could never be unblinded again).
+            ``reads`` ((what, path) pairs), is a file but not a key (also with ``overwrite``),
+            or holds a key and ``overwrite`` is False (the ratings of its kit could never be
+            unblinded again).
     """
     from data_prep.files import OutputPathError, check_output_file
+    from eval.rating_kit import is_key_file
 
     check_output_file(path, reads)
     if not path.exists():
         return False
+    if not is_key_file(path):
+        raise OutputPathError(f"{path}: exists and is not the blinding key of a rating kit, "
+                              "which --overwrite alone may replace; choose another --key")
     if not overwrite:
         raise OutputPathError(
             f"{path}: the blinding key of an earlier kit exists; ratings of that kit cannot be "
