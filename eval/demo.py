@@ -191,6 +191,9 @@ LOCK_NAME = ".demo.lock"
 # versions add up, and each holds the config it trained with).
 RESULT_PATTERNS = ("results.json", "metrics.png", "gallery", "figures", "*.ckpt",
                    "captions_*.json", TRAININGS_FILE)
+# The last result a run writes (run_demo): a folder without it holds a run stopped before its
+# end, which the same command goes on from.
+FINISHED_MARK = "metrics.png"
 
 
 def earlier_results(out: Path) -> list[str]:
@@ -204,6 +207,10 @@ def earlier_results(out: Path) -> list[str]:
         return []
     names = sorted(entry.name for entry in out.iterdir() if entry.name != LOCK_NAME)
     ours = {name for name in names if any(Path(name).match(p) for p in RESULT_PATTERNS)}
+    if TRAININGS_FILE not in ours:
+        # The record comes with the first captioner trained, before any other result: without
+        # it, a model.ckpt or a figures/ folder is the user's, whatever its name.
+        ours = set()
     foreign = [name for name in names
                if name not in ours and name != "runs" and not name.startswith("synthetic-")]
     if foreign:

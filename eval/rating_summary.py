@@ -340,12 +340,10 @@ def format_table(summary: dict, written_to: Path | None = None) -> str:
     for name in ("incomplete", "missing", "duplicates"):
         if not summary[name]:
             continue
-        if written_to is not None:
-            lines.append(f"{name}: {len(summary[name])} (listed in {written_to})")
-            continue
         listed = [_problem(entry) for entry in summary[name]]
+        rest = f"all in {written_to}" if written_to is not None else "--out FILE lists all"
         lines.append(f"{name}: {len(listed)} ({first_names(listed, separator='; ')}"
-                     f"{'; --out FILE lists all' if len(listed) > 10 else ''})")
+                     f"{'; ' + rest if len(listed) > 10 else ''})")
     return "\n".join(lines)
 
 

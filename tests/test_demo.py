@@ -112,21 +112,58 @@ def test_an_earlier_runs_results_are_neither_mixed_with_nor_replaced_unasked(tmp
     for name in ("results.json", "metrics.png", "softmax.ckpt", "captions_softmax.json",
                  "figures/img_1/softmax/strip.png", "runs/demo_tvmax/version_0/config.yaml"):
         (out / name).write_text("earlier")
+    (out / "trainings.json").write_text('{"trainings": []}')
     assert main(["--quick", "--out", str(out)]) == 2
     assert capsys.readouterr().err == (
         f"captioner demo: {out}: holds the results of an earlier demo run (captions_softmax.json, "
-        "figures, gallery and 3 more); choose another --out, or pass --overwrite to replace "
-        "them (its data, encoder and feature cache are reused)\n")
+        "figures, gallery and 4 more); choose another --out, or pass --overwrite to replace "
+        "them (data, encoder and feature cache made with the same settings are reused)\n")
     assert (out / "results.json").read_text() == "earlier"
     earlier = earlier_results(out)
     assert earlier == ["captions_softmax.json", "figures", "gallery", "metrics.png",
-                       "results.json", "softmax.ckpt"]
+                       "results.json", "softmax.ckpt", "trainings.json"]
     clear_folder(out, earlier)  # what --overwrite does first
     assert sorted(p.name for p in out.iterdir()) == ["runs", "synthetic-64-6-6-128px-seed0"]
     assert (out / "runs/demo_tvmax/version_0/config.yaml").is_file()
     (out / "notes.txt").write_text("mine")
     assert main(["--quick", "--out", str(out), "--overwrite"]) == 2
     assert "holds files that are not the demo's (notes.txt)" in capsys.readouterr().err
+
+
+def test_files_named_like_the_demos_without_its_record_are_the_users(tmp_path, capsys):
+    """A model.ckpt, a captions_*.json or a figures/ folder of the user's was taken for an
+    unfinished demo run's, and deleted: without trainings.json, which the demo writes before
+    any of them, they are foreign."""
+    out = tmp_path / "mine"
+    (out / "figures").mkdir(parents=True)
+    for name in ("my_best_model.ckpt", "captions_final.json", "figures/fig1.txt"):
+        (out / name).write_text("precious")
+    assert main(["--quick", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"captioner demo: {out}: holds files that are not the demo's (captions_final.json, "
+        "figures, my_best_model.ckpt); choose a new or empty folder\n")
+    assert all((out / name).read_text() == "precious"
+               for name in ("my_best_model.ckpt", "captions_final.json", "figures/fig1.txt"))
+
+
+def test_a_run_stopped_after_its_results_json_goes_on(tmp_path, capsys, monkeypatch):
+    """results.json comes before SPICE, the figures and the gallery: a run stopped there was
+    refused as finished, and --overwrite trained every captioner again."""
+    from eval.commands import demo as command
+
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    (out / "softmax.ckpt").write_text("a copy of a finished training's best checkpoint")
+    (out / "trainings.json").write_text('{"trainings": []}')
+
+    def stopped(folder, *args):
+        assert sorted(p.name for p in folder.iterdir()) == [".demo.lock", "trainings.json"]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "run_demo", stopped)
+    assert main(["--quick", "--out", str(out)]) == 130
+    assert capsys.readouterr().out.startswith(f"going on with the unfinished demo run in {out}")
 
 
 def test_a_second_demo_into_a_folder_in_use_is_one_line_and_touches_nothing(tmp_path, capsys):

@@ -50,7 +50,15 @@ from data_prep.files import (
     first_names,
     held_alone,
 )
-from eval.demo import FULL, LOCK_NAME, QUICK, DemoSettings, earlier_results, run_demo
+from eval.demo import (
+    FINISHED_MARK,
+    FULL,
+    LOCK_NAME,
+    QUICK,
+    DemoSettings,
+    earlier_results,
+    run_demo,
+)
 from eval.demo_trainings import FILE_NAME as TRAININGS_FILE
 from eval.demo_trainings import TrainingRecord
 
@@ -62,7 +70,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, default=Path("demo_out"),
                         help="output folder (default: %(default)s)")
     parser.add_argument("--quick", action="store_true",
-                        help="tiny smoke run (under 2 minutes; the numbers mean nothing)")
+                        help="tiny smoke run (about 2 minutes the first time, while numba "
+                        "compiles its kernels, under 1 after; the numbers mean nothing)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the synthetic data and the encoder (default 0)")
     parser.add_argument("--seeds", type=int, nargs="+", metavar="SEED",
@@ -74,7 +83,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the results of an earlier demo run in --out, and "
                         "train every captioner again (its data, encoder and feature cache are "
-                        "kept and reused; default: refused, and an unfinished run goes on)")
+                        "kept, and reused with the same settings; default: refused, and an "
+                        "unfinished run goes on)")
     args = parser.parse_args(argv)
     seeds = args.seeds or [args.seed]
     negative = sorted({seed for seed in (args.seed, *seeds) if seed < 0})
@@ -112,11 +122,12 @@ def _demo_in(out: Path, args: argparse.Namespace, settings: DemoSettings,
     cleared or gone on from, the steps run and the table printed; the exit status."""
     try:
         earlier = earlier_results(out)
-        if "results.json" in earlier and not args.overwrite:
+        if FINISHED_MARK in earlier and not args.overwrite:
             raise ValueError(
                 f"{out}: holds the results of an earlier demo run "
                 f"({first_names(earlier, 3)}); choose another --out, or pass "
-                "--overwrite to replace them (its data, encoder and feature cache are reused)")
+                "--overwrite to replace them (data, encoder and feature cache made with the "
+                "same settings are reused)")
         unfinished = earlier and not args.overwrite
         if unfinished:
             TrainingRecord(out)  # read before any work: a damaged record is one line
