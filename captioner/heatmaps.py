@@ -366,6 +366,13 @@ def word_figure_name(index: int, word: str) -> str:
     return f"{index:02d}_{sanitize(word, 40)}.png"
 
 
+def is_heatmaps_file(name: str) -> bool:
+    """Whether a file named ``name`` is one :func:`write_heatmaps` writes (a word's figure,
+    the strip, the raw weights)."""
+    return (name in ("strip.png", "attention.npz", "attention.json")
+            or re.fullmatch(r"\d{2,}_.+\.png", name) is not None)
+
+
 def write_heatmaps(
     out_dir: Path,
     image: Image.Image,

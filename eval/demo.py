@@ -216,7 +216,33 @@ def earlier_results(out: Path) -> list[str]:
     if foreign:
         raise ValueError(f"{out}: holds files that are not the demo's "
                          f"({first_names(foreign, 3)}); choose a new or empty folder")
+    inside = _foreign_in_folders(out, ours)
+    if inside:  # which clearing the demo's folders would delete
+        raise ValueError(f"{out}: holds files that are not the demo's inside its results "
+                         f"({first_names(inside, 3)}); move them out, or choose a new or "
+                         "empty folder")
     return sorted(ours)
+
+
+def _foreign_in_folders(out: Path, ours: set[str]) -> list[str]:
+    """The entries inside the result folders of ``ours`` (``gallery``, ``figures``) that the
+    demo did not write: the gallery's as its page lists them, the figures' by their names
+    (``figures/STEM/MAPPING/`` holds what ``write_heatmaps`` writes)."""
+    from captioner.heatmaps import is_heatmaps_file
+    from data_prep.files import foreign_entries
+    from eval.gallery import gallery_files
+
+    found = []
+    if "gallery" in ours and (out / "gallery").is_dir():
+        gallery = out / "gallery"
+        found += [f"gallery/{name}" for name in foreign_entries(gallery, gallery_files(gallery))]
+    if "figures" in ours and (out / "figures").is_dir():
+        figures = out / "figures"
+        drawn = {path.relative_to(figures).as_posix() for path in figures.glob("*/*/*")
+                 if path.parent.name in MAPPINGS and path.is_file()
+                 and is_heatmaps_file(path.name)}
+        found += [f"figures/{name}" for name in foreign_entries(figures, drawn)]
+    return found
 
 
 def seed_suffix(seed: int, seeds: list[int]) -> str:

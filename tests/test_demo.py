@@ -146,6 +146,24 @@ def test_files_named_like_the_demos_without_its_record_are_the_users(tmp_path, c
                for name in ("my_best_model.ckpt", "captions_final.json", "figures/fig1.txt"))
 
 
+@pytest.mark.parametrize("note", ["gallery/notes.txt", "figures/img_1/softmax/notes.txt",
+                                  "figures/img_1/mine.png"])
+def test_overwrite_never_deletes_a_file_left_inside_the_demos_folders(note, tmp_path, capsys):
+    """--overwrite removed gallery/ and figures/ whole, with a file of the user's inside."""
+    out = tmp_path / "demo"
+    (out / "figures/img_1/softmax").mkdir(parents=True)
+    (out / "gallery").mkdir()
+    for name in ("results.json", "metrics.png", "trainings.json",
+                 "figures/img_1/softmax/00_a.png", "figures/img_1/softmax/strip.png"):
+        (out / name).write_text("earlier")
+    (out / note).write_text("mine")
+    assert main(["--quick", "--out", str(out), "--overwrite"]) == 2
+    assert capsys.readouterr().err == (
+        f"captioner demo: {out}: holds files that are not the demo's inside its results "
+        f"({note}); move them out, or choose a new or empty folder\n")
+    assert (out / note).read_text() == "mine" and (out / "results.json").is_file()
+
+
 def test_a_run_stopped_after_its_results_json_goes_on(tmp_path, capsys, monkeypatch):
     """results.json comes before SPICE, the figures and the gallery: a run stopped there was
     refused as finished, and --overwrite trained every captioner again."""
