@@ -4,11 +4,11 @@ captions file, ready for ``captioner prepare-features`` and ``captioner fit``.
     captioner prepare-dataset --captions captions.txt --images photos/ \\
         --out data/mine/dataset_mine.json --split 0.8,0.1,0.1 --seed 0
 
-Captions files: JSONL (``{"image": "dir/a.jpg", "captions": ["...", ...]}`` per line), CSV or
-TSV with the header ``image,caption`` (one caption per line, as Flickr8k's ``captions.txt``),
-or a COCO captions file (ids kept as ``cocoid``). Captions are tokenized as in Karpathy's
-files: NFKC, lower case, everything but letters, numbers and whitespace deleted, split on
-whitespace.
+Captions files: JSONL (``{"image": "dir/a.jpg", "captions": ["...", ...]}`` per line) or a
+JSON array of such records, CSV or TSV with the header ``image,caption`` (one caption per line,
+as Flickr8k's ``captions.txt``), or a COCO captions file (ids kept as ``cocoid``). Captions are
+tokenized as in Karpathy's files: NFKC, lower case, everything but letters, numbers, combining
+marks and whitespace deleted, split on whitespace.
 
 --split: fractions (0.8,0.1,0.1), counts (800,100,100; images beyond them are left out) or a
 JSON file {"train": [paths], "val": [...], "test": [...]}; random splits depend only on the
@@ -80,7 +80,8 @@ def main(argv: list[str]) -> int:
 
     print(f"wrote {report.out} (dataset {report.name!r}, captions read as {report.fmt})")
     for split, count in report.images.items():
-        print(f"  {split + ':':<6} {count} images, {report.captions[split]} captions")
+        print(f"  {split + ':':<6} {counted(count, 'image')}, "
+              f"{counted(report.captions[split], 'caption')}")
     for reason, problems in report.problems.items():
         names = first_names([problem.item for problem in problems])
         print(f"{PROG}: skipped {len(problems)} ({REASONS[reason]}): {names}\n"
