@@ -188,20 +188,19 @@ def detect_format(path: Path) -> str:
     by_suffix = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv"}
     if suffix in by_suffix:
         return by_suffix[suffix]
-    first = _first_line(path).lstrip()
+    text = _read_text(path)  # once: a COCO file is one line of megabytes
+    first = _first_line(path, text).lstrip()
     if first.startswith("["):
         return "json"
     if not first.startswith("{"):
         return "tsv" if "\t" in first else "csv"
-    if _is_record_line(first):
-        return "jsonl"
     try:
-        json.loads(_read_text(path))
+        document = json.loads(text)
     except json.JSONDecodeError:
-        # Not one document: JSONL whose first line is malformed if another line is a record.
-        if any(_is_record_line(line) for line in _text_lines(path)):
-            return "jsonl"
-    return "coco"
+        # Not one document: JSONL (its first line maybe malformed) if a line is a record.
+        lines = io.StringIO(text, newline="")
+        return "jsonl" if any(_is_record_line(line) for line in lines) else "coco"
+    return "jsonl" if isinstance(document, dict) and "image" in document else "coco"
 
 
 def _is_record_line(line: str) -> bool:
@@ -281,8 +280,9 @@ def _text_lines(path: Path) -> Iterator[str]:
     return iter(io.StringIO(_read_text(path), newline=""))
 
 
-def _first_line(path: Path) -> str:
-    for line in _text_lines(path):
+def _first_line(path: Path, text: str) -> str:
+    """The first line of ``text`` (the captions file ``path``'s) that is not blank."""
+    for line in io.StringIO(text, newline=""):
         if line.strip():
             return line
     raise DatasetImportError(f"{path}: captions file is empty")
