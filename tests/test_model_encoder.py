@@ -6,6 +6,7 @@ import email.message
 import enum
 import hashlib
 import os
+import re
 import urllib.error
 import urllib.response
 
@@ -111,15 +112,33 @@ def test_bad_local_files_are_named(tmp_path):
         build_encoder("resnet18", weights=str(tmp_path / "list.pt"))
 
 
-def test_named_weights_come_from_the_hub_cache(hub_dir):
-    url = torchvision.models.ResNet18_Weights.IMAGENET1K_V1.url
-    cached = hub_dir / "checkpoints" / os.path.basename(url)
-    cached.parent.mkdir(parents=True)
+def test_named_weights_come_from_the_hub_cache(hub_dir, monkeypatch, tmp_path):
     state = resnet18_state(seed=5)
-    torch.save(state, cached)
-    for name in ("IMAGENET1K_V1", "ResNet18_Weights.IMAGENET1K_V1", "DEFAULT"):
+    requested = _serve(monkeypatch, tmp_path, state)
+    cached = hub_dir / "checkpoints" / os.path.basename(_ServedWeights.served_url)
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes((tmp_path / "served.pth").read_bytes())  # placed by hand, offline
+    for name in ("IMAGENET1K_V1", "_ServedWeights.IMAGENET1K_V1", "DEFAULT"):
         encoder = build_encoder("resnet18", weights=name)
         torch.testing.assert_close(encoder.trunk[0].weight, state["conv1.weight"])
+    assert requested == []
+
+
+def test_a_hub_cache_file_that_does_not_match_the_hash_in_its_name_is_refused(
+        hub_dir, monkeypatch, tmp_path):
+    # Other weights under torchvision's name, as a hand copy offline may put them: they would
+    # load, and every feature would be another encoder's.
+    _serve(monkeypatch, tmp_path, resnet18_state(seed=5))
+    cached = hub_dir / "checkpoints" / os.path.basename(_ServedWeights.served_url)
+    cached.parent.mkdir(parents=True)
+    torch.save(resnet18_state(seed=6), cached)
+    actual = hashlib.sha256(cached.read_bytes()).hexdigest()[:8]
+    expected = cached.stem.rsplit("-", 1)[1]
+    with pytest.raises(EncoderWeightsError, match=(
+            f"encoder weights file {re.escape(str(cached))}: its SHA-256 begins {actual}, not "
+            f"{expected} as its name says: .*replace it with "
+            f"{re.escape(_ServedWeights.served_url)}$")):
+        build_encoder("resnet18", weights="IMAGENET1K_V1")
 
 
 def test_offline_without_cache_says_where_to_put_the_file(hub_dir, capfd):
@@ -140,6 +159,7 @@ class _ServedWeights(enum.Enum):
     """A weights enum whose file is served by :func:`_serve` (``url`` set by the test)."""
 
     IMAGENET1K_V1 = "served"
+    DEFAULT = "served"  # an alias, as in torchvision's enums
 
     @property
     def url(self) -> str:

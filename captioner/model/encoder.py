@@ -6,8 +6,9 @@ the image).
 
 Weights come from torchvision's weights enums (``torchvision.models.get_model_weights``), from
 a local ``state_dict`` file, or nowhere (random initialization). Named weights are read from the
-torch hub cache when present; otherwise they are downloaded, and when that fails (offline
-machine) the error says where to put the file.
+torch hub cache when present (checked against the SHA-256 prefix in the file's name);
+otherwise they are downloaded, and when that fails (offline machine) the error says where to
+put the file.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 import torchvision
 from torch import Tensor, nn
 
-from data_prep.files import first_names, require_file
+from data_prep.files import file_sha256, first_names, require_file
 
 ARCHITECTURES = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 LAYERS = ("layer3", "layer4")
@@ -164,6 +165,7 @@ def _named_state_dict(arch: str, name: str) -> tuple[dict[str, Tensor], str]:
     url = enum[member].url
     cached = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(url)
     if cached.is_file():
+        _check_name_hash(cached, url)
         return _read_state_dict(cached), str(cached)
     try:
         # Into the hub cache, as torch.hub.load_state_dict_from_url would, but without its
@@ -184,6 +186,24 @@ def _named_state_dict(arch: str, name: str) -> tuple[dict[str, Tensor], str]:
             "NAME.encoder.pt, the file to train with as model.encoder_weights)"
         ) from exc
     return _read_state_dict(cached), str(cached)
+
+
+def _check_name_hash(path: Path, url: str) -> None:
+    """Refuse a hub-cache file whose bytes do not have the SHA-256 prefix its name gives
+    (``resnet101-cd907fc2.pth``): torchvision checks it only while downloading, so a file
+    placed there by hand (a partial copy, other weights under this name) would load unchecked
+    and make every feature another encoder's."""
+    match = torch.hub.HASH_REGEX.search(path.name)
+    if match is None:
+        return
+    expected = match.group(1)
+    digest = file_sha256(path)
+    if not digest.startswith(expected):
+        raise EncoderWeightsError(
+            f"encoder weights file {path}: its SHA-256 begins {digest[:len(expected)]}, not "
+            f"{expected} as its name says: not the file torchvision publishes (a partial copy, "
+            f"or other weights under this name); replace it with {url}"
+        )
 
 
 def _trunk_keys(resnet: nn.Module) -> set[str]:
