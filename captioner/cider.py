@@ -22,8 +22,8 @@ def cider_d(
     Fewer than 2 images give NaN, with a UserWarning."""
     if len(hypotheses) < 2:
         warnings.warn(
-            "CIDEr is undefined (NaN) for a single image: its IDF weights log(N/df) are 0 "
-            "when the references hold N = 1 image",
+            "CIDEr is undefined (NaN) for a single image: its IDF weights log(N/df), taken "
+            "from the references of the N images scored, are 0 when N = 1",
             stacklevel=2,
         )
         return math.nan, [math.nan] * len(hypotheses)

@@ -116,6 +116,17 @@ def load_references(path: str | Path, split: str | None = None) -> dict[int, lis
     )
 
 
+def splits_of(path: str | Path, image_ids: set[int]) -> dict[int, str]:
+    """The split of each of ``image_ids`` that the Karpathy JSON ``path`` lists (ids it does not
+    list are left out)."""
+    from data_prep.karpathy import load_karpathy
+
+    path = Path(path)
+    return {entry.image_id: entry.split
+            for name, entries in load_karpathy(path, path.parent).entries.items()
+            for entry in entries if entry.image_id in image_ids}
+
+
 def empty_caption_ids(captions: dict[int, str]) -> list[int]:
     """Ids whose caption has no visible characters."""
     return sorted(image_id for image_id, caption in captions.items() if not caption.strip())

@@ -29,7 +29,7 @@ REFUSED = [
     (bench_model, ["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
     # The 4 special tokens and no word to sample captions from.
     (bench_model, ["--vocab-size", "4"], "argument --vocab-size: must be >= 5, got 4"),
-    (bench_model, ["--lam", "-1"], "argument --lam: must be >= 0, got -1"),
+    (bench_model, ["--lam", "-1"], "argument --lam: must be a finite number >= 0, got -1"),
     (bench_model, ["--mappings", ""], "argument --mappings: '' names no mapping"),
     (bench_model, ["--mappings", "softmax,,tvmax"],
      "argument --mappings: 'softmax,,tvmax' holds an empty mapping name (a stray comma)"),

@@ -96,10 +96,10 @@ def test_validation_and_test_decode_with_the_models_options(tiny_checkpoint):
     ("argv", "message"),
     [
         (["--size", "3"], "argument --size: must be >= 32, got 3"),
-        (["--vmax", "0"], "argument --vmax: must be > 0, got 0"),
+        (["--vmax", "0"], "argument --vmax: must be a finite number > 0, got 0"),
         (["--vmax", "x"], "argument --vmax: not a number: 'x'"),
-        (["--vmax", "nan"], "argument --vmax: must be > 0, got nan"),
-        (["--vmax", "inf"], "argument --vmax: must be > 0, got inf"),
+        (["--vmax", "nan"], "argument --vmax: must be a finite number > 0, got nan"),
+        (["--vmax", "inf"], "argument --vmax: must be a finite number > 0, got inf"),
         (["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
     ],
 )
@@ -126,4 +126,4 @@ def test_score_and_evaluate_refuse_a_spice_timeout_that_is_not_a_positive_number
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args([*required[command], "--spice-timeout", value])
     assert exit_info.value.code == 2
-    assert f"argument --spice-timeout: must be > 0, got {value}" in capsys.readouterr().err
+    assert f"argument --spice-timeout: must be a finite number > 0, got {value}" in capsys.readouterr().err

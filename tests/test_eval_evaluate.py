@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.commands import evaluate
+from eval.commands import evaluate, score
 
 pytestmark = pytest.mark.java
 
@@ -139,16 +139,18 @@ def _evaluate_with_metrics_raising(error: BaseException, data, checkpoint, out: 
 
 def test_captions_are_kept_when_a_metric_fails_after_them(synthetic_data, tiny_checkpoint,
                                                           tmp_path, capsys, monkeypatch):
+    # The metrics' failure is the work's (status 1, as in `score`), not a user error (2).
     out = tmp_path / "eval"
     assert _evaluate_with_metrics_raising(ValueError("SPICE stopped"), synthetic_data,
-                                          tiny_checkpoint, out, monkeypatch) == 2
-    results = out / "results_test.json"
+                                          tiny_checkpoint, out, monkeypatch) == 1
+    results, metrics = out / "results_test.json", out / "metrics_test.json"
     assert capsys.readouterr().err.strip() == (
         f"captioner evaluate: SPICE stopped (the captions are kept in {results}; captioner score "
-        f"--results {results} --references {synthetic_data.karpathy_json} --split test "
-        "--metrics Bleu scores them; --overwrite evaluates again)")
+        f"--results {results} --references {synthetic_data.karpathy_json} --split test --out "
+        f"{metrics} --metrics Bleu scores them; the attention statistics need a new evaluation: "
+        "--overwrite)")
     assert len(json.loads(results.read_text())) == 4
-    assert not (out / "metrics_test.json").exists()
+    assert not metrics.exists()
 
 
 def test_ctrl_c_in_the_metrics_says_where_the_captions_are_kept(
@@ -158,12 +160,19 @@ def test_ctrl_c_in_the_metrics_says_where_the_captions_are_kept(
     out = tmp_path / "eval"
     assert _evaluate_with_metrics_raising(KeyboardInterrupt(), synthetic_data, tiny_checkpoint,
                                           out, monkeypatch) == 130
-    results = out / "results_test.json"
-    assert capsys.readouterr().err.strip() == (
+    results, metrics = out / "results_test.json", out / "metrics_test.json"
+    line = capsys.readouterr().err.strip()
+    assert line == (
         f"captioner evaluate: interrupted; the captions are kept in {results} (captioner score "
-        f"--results {results} --references {synthetic_data.karpathy_json} --split test "
-        "--metrics Bleu scores them; --overwrite evaluates again)")
+        f"--results {results} --references {synthetic_data.karpathy_json} --split test --out "
+        f"{metrics} --metrics Bleu scores them; the attention statistics need a new evaluation: "
+        "--overwrite)")
     assert len(json.loads(results.read_text())) == 4
+    # The command it gives writes the evaluation's metrics file beside the captions.
+    monkeypatch.undo()
+    command = line.partition("(captioner score ")[2].partition(" scores them")[0]
+    assert score.main(command.split()) == 0
+    assert json.loads(metrics.read_text())["Bleu_4"] >= 0
 
 
 def test_spice_timeout_reaches_the_metrics_and_the_line_after_ctrl_c(
@@ -221,7 +230,7 @@ def test_an_earlier_evaluation_in_out_is_kept_unless_overwrite(synthetic_data, t
         raise ValueError("SPICE stopped")
 
     monkeypatch.setattr(eval.scoring, "compute_metrics", fail)
-    assert evaluate.main([*argv, "--beam-size", "2", "--overwrite"]) == 2
+    assert evaluate.main([*argv, "--beam-size", "2", "--overwrite"]) == 1
     assert results.is_file() and not metrics.exists()
 
 
@@ -232,7 +241,6 @@ def test_empty_captions_are_scored_with_a_warning_and_the_resume_line_scores_the
     import dataclasses
 
     from captioner.inference import Captioner
-    from eval.commands import score
 
     original = Captioner.caption
 

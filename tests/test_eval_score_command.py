@@ -77,7 +77,36 @@ def test_allow_empty_names_the_empty_captions_it_scores(tmp_path, karpathy, caps
     rc, stdout, err = _score(capsys, "--results", results, "--references", karpathy, "--split",
                              "test", "--metrics", "REP", "--allow-empty")
     assert rc == 0, err
-    assert stdout.splitlines()[0] == "warning: scoring 1 empty caption (image ids 5)"
+    # On stderr, with the other notes: the table on stdout goes to files and pipes alone.
+    assert err == "warning: scoring 1 empty caption (image ids 5)\n"
+    assert "warning" not in stdout
+
+
+def test_a_karpathy_split_scores_its_images_and_leaves_out_other_splits_captions(
+        tmp_path, karpathy, capsys):
+    """Captions of a whole folder (test and train images here) scored on --split test: the
+    split's images are scored, the others' captions left out and named; an id the file does
+    not list stays an error."""
+    split = [{"image_id": 5, "caption": "a dog dog runs"}, {"image_id": 6, "caption": "a cat"}]
+    scores = {}
+    for name, results in (("split", split),
+                          ("folder", [*split, {"image_id": 7, "caption": "a dog"}])):
+        path, out = _write(tmp_path / f"{name}.json", results), tmp_path / f"m_{name}.json"
+        rc, _, err = _score(capsys, "--results", path, "--references", karpathy, "--split",
+                            "test", "--metrics", "Bleu,REP", "--out", str(out))
+        assert rc == 0, err
+        scores[name] = json.loads(out.read_text())
+        if name == "folder":
+            assert err == (f"scoring the 2 images of split 'test'; the captions of 1 image of "
+                           f"other splits in {path} are left out (image ids 7)\n")
+    assert scores["folder"]["per_image"] == scores["split"]["per_image"]
+    assert scores["folder"]["Bleu_4"] == scores["split"]["Bleu_4"]
+    unknown = _write(tmp_path / "unknown.json",
+                     [*split, {"image_id": 7, "caption": "a"}, {"image_id": 99, "caption": "b"}])
+    rc, _, err = _score(capsys, "--results", unknown, "--references", karpathy, "--split",
+                        "test", "--metrics", "Bleu")
+    assert rc == 2
+    assert err.endswith("1 image id of the results has no reference caption (99)\n")
 
 
 @pytest.mark.parametrize(
@@ -218,8 +247,8 @@ def test_cider_of_a_single_image_is_nan_with_one_warning_line(tmp_path, capsys):
     )  # fmt: skip
     assert rc == 0, err
     assert err == (
-        "warning: CIDEr is undefined (NaN) for a single image: its IDF weights log(N/df) are 0 "
-        "when the references hold N = 1 image\n"
+        "warning: CIDEr is undefined (NaN) for a single image: its IDF weights log(N/df), "
+        "taken from the references of the N images scored, are 0 when N = 1\n"
     )
     row = next(line for line in stdout.splitlines() if line.startswith("r "))
     assert row.split()[1:3] == ["-", "nan"]  # SPICE not requested, CIDEr undefined

@@ -183,8 +183,9 @@ def at_least(low: float, kind: type, *, strictly: bool = False):
             raise argparse.ArgumentTypeError(
                 f"not {'an integer' if kind is int else 'a number'}: {text!r}") from None
         if not math.isfinite(value) or value < low or (strictly and value == low):
+            finite = "" if kind is int else "a finite number "
             raise argparse.ArgumentTypeError(
-                f"must be {'>' if strictly else '>='} {low}, got {text}"
+                f"must be {finite}{'>' if strictly else '>='} {low}, got {text}"
             )
         return value
 

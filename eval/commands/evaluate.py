@@ -100,8 +100,11 @@ def main(argv: list[str]) -> int:
                 on_results=keep,
             )  # fmt: skip
     except (SpiceJarsError, JavaToolError, FileNotFoundError, KeyError, ValueError) as exc:
+        if not written:  # the inputs: a user error
+            return report_error("captioner evaluate", exc)
+        # The metrics failed (SPICE stopped, say): the work's failure, as in `score`.
         kept = f"(the captions are kept in {results}; {_rescore(args, results, empty)})"
-        return report_error("captioner evaluate", exc, after=kept if written else "")
+        return report_error("captioner evaluate", exc, after=kept, status=1)
     except KeyboardInterrupt:
         if not written:
             raise  # nothing kept: captioner.cli's one line
@@ -117,10 +120,11 @@ def main(argv: list[str]) -> int:
 
 def _rescore(args: argparse.Namespace, results: Path, empty: list) -> str:
     """How to go on once the captions are in ``results`` and their metrics failed or were
-    stopped: the score command that scores them (the same evaluate command is refused now
-    that they are in --out; ``empty``: the ids of empty captions, which it must allow)."""
+    stopped: the score command that scores them into the evaluation's metrics file (the same
+    evaluate command is refused now that they are in --out; ``empty``: the ids of empty
+    captions, which it must allow)."""
     command = ["captioner", "score", "--results", str(results), "--references", str(args.data),
-               "--split", args.split]
+               "--split", args.split, "--out", str(results.with_name(f"metrics_{args.split}.json"))]
     if args.metrics != ",".join(ALL_METRICS):
         command += ["--metrics", args.metrics]
     if args.spice_timeout is not None:
@@ -128,4 +132,7 @@ def _rescore(args: argparse.Namespace, results: Path, empty: list) -> str:
     if empty:
         command.append("--allow-empty")
     # Quoted for a shell, so that it can be pasted as it is (an --out with a space).
-    return f"{shlex.join(command)} scores them; --overwrite evaluates again"
+    statistics = "attention statistics and object metrics" if args.instances else (
+        "attention statistics")
+    return (f"{shlex.join(command)} scores them; the {statistics} need a new evaluation: "
+            "--overwrite")

@@ -50,6 +50,7 @@ def main(argv: list[str]) -> int:
         empty_caption_ids,
         load_references,
         load_results,
+        splits_of,
     )
     from eval.coco_metrics import coverage_problems
     from eval.java_tools import JavaToolError
@@ -74,6 +75,15 @@ def main(argv: list[str]) -> int:
         subset = (f"scoring the {counted(len(hypotheses), 'image')} of {args.results}; "
                   f"{args.references} holds references of {len(references)}")
         references = {i: texts for i, texts in references.items() if i in hypotheses}
+    elif args.split is not None and set(hypotheses) - set(references):
+        # Captions of a whole folder (val and test images, say) scored on one split: its
+        # images are scored, as asked; ids the file does not list at all stay an error.
+        elsewhere = splits_of(args.references, set(hypotheses) - set(references))
+        if elsewhere:
+            subset = (f"scoring the {counted(len(references), 'image')} of split {args.split!r}; "
+                      f"the captions of {counted(len(elsewhere), 'image')} of other splits in "
+                      f"{args.results} are left out (image ids {first_names(sorted(elsewhere))})")
+            hypotheses = {i: text for i, text in hypotheses.items() if i not in elsewhere}
     problems = coverage_problems(hypotheses, references)
     empty = empty_caption_ids(hypotheses)
     if empty and not args.allow_empty:
@@ -89,7 +99,7 @@ def main(argv: list[str]) -> int:
         print(subset, file=sys.stderr)
     if empty:
         print(f"warning: scoring {counted(len(empty), 'empty caption')} (image ids "
-              f"{first_names(empty)})")
+              f"{first_names(empty)})", file=sys.stderr)
     # An empty reference is a defect of the references file; it counts as one (lowering
     # CIDEr's consensus, say), so the user must hear of it.
     empty_references = sorted(i for i, texts in references.items()
