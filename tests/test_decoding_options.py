@@ -126,4 +126,5 @@ def test_score_and_evaluate_refuse_a_spice_timeout_that_is_not_a_positive_number
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args([*required[command], "--spice-timeout", value])
     assert exit_info.value.code == 2
-    assert f"argument --spice-timeout: must be a finite number > 0, got {value}" in capsys.readouterr().err
+    expected = f"argument --spice-timeout: must be a finite number > 0, got {value}"
+    assert expected in capsys.readouterr().err
