@@ -424,6 +424,9 @@ class CaptionerCLI(LightningCLI):
         if self._resumed_run is not None:
             resumed = (self._resumed_run, self._checkpoint_step)
         if self.trainer.is_global_zero:
+            if self._starts_afresh() and self._checkpoints_outside_the_run():
+                # Before a version folder is made for a fit that will not start.
+                _refuse_earlier_checkpoints(self._checkpoint_folder())
             named = None
             folder = self._resumed_run or self._make_new_version()
             if folder is None:
@@ -435,8 +438,6 @@ class CaptionerCLI(LightningCLI):
                     raise UserError(str(exc)) from None  # names the run, however it was given
             if named is not None:  # after the lock, which names a fit training there now
                 _refuse_an_earlier_run(named)
-            elif self._starts_afresh():
-                _refuse_earlier_checkpoints(self._checkpoint_folder())
             if self._resumed_run is not None:
                 hold_metrics_for_resume(self._resumed_run)
         self.trainer.callbacks.append(FitStartGuard(resumed, self._new_root))
@@ -445,6 +446,13 @@ class CaptionerCLI(LightningCLI):
         """Whether this fit starts from no checkpoint (no --ckpt_path)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         return not config.get("ckpt_path")
+
+    def _checkpoints_outside_the_run(self) -> bool:
+        """Whether the checkpoints go to a folder of their own, which an earlier run may have
+        filled: --checkpoint.dirpath, or ./checkpoints without a logger's run folder (a new
+        version's is new; a named version's is checked as a run)."""
+        return (bool(self.best_callback.dirpath)
+                or getattr(self.trainer.logger, "save_dir", None) is None)
 
     def _checkpoint_folder(self) -> Path:
         """The folder a fit writes its checkpoints to, as Lightning's ModelCheckpoint picks it:

@@ -864,6 +864,8 @@ def test_fit_runs_without_a_logger(synthetic_data, tiny_cache, tmp_path, monkeyp
             f"last.ckpt), which a new fit would overwrite; resume it with --ckpt_path "
             f"{folder / 'last.ckpt'}, or give the new run another checkpoint folder\n")
     assert {path: path.read_bytes() for path in folder.iterdir()} == before
+    # Refused before its version folder was made: neither it nor the runs folder is left.
+    assert not (tmp_path / "runs").exists()
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "2", "--trainer.logger",
                            "false", "--ckpt_path", str(folder / "last.ckpt")]) == 0
     assert read_epochs_done(folder.parent) == 2
