@@ -14,6 +14,7 @@ rate x0.99 per epoch after the 10th epoch, d = 512, word embeddings of 256, g = 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
@@ -51,6 +52,29 @@ def lr_decay_factor(epoch: int, *, decay: float, decay_after: int) -> float:
     """Learning-rate factor of 0-based ``epoch``: 1 for the first ``decay_after`` epochs, then
     ``decay`` per further epoch (paper: after the 10th epoch, x0.99 per epoch)."""
     return decay ** max(0, epoch - decay_after + 1)
+
+
+def _check_optimizer_settings(lr: float, betas: Any, lr_decay: float, lr_decay_after: int,
+                              clip_norm: float | None) -> None:
+    """ValueError naming a setting of the optimizer or its schedule that cannot train (torch
+    would say so only once the fit has begun, in its own words)."""
+
+    def finite(value: Any) -> bool:
+        return (isinstance(value, int | float) and not isinstance(value, bool)
+                and math.isfinite(value))
+
+    for name, value, ok, rule in (
+        ("lr", lr, finite(lr) and lr > 0, "a number > 0"),
+        ("betas", betas, isinstance(betas, list | tuple) and len(betas) == 2
+         and all(finite(b) and 0 <= b < 1 for b in betas), "two numbers in [0, 1)"),
+        ("lr_decay", lr_decay, finite(lr_decay) and lr_decay > 0, "a number > 0"),
+        ("lr_decay_after", lr_decay_after, isinstance(lr_decay_after, int)
+         and not isinstance(lr_decay_after, bool) and lr_decay_after >= 0, "an integer >= 0"),
+        ("gradient_clip_norm", clip_norm, clip_norm is None
+         or (finite(clip_norm) and clip_norm > 0), "a number > 0, or null"),
+    ):
+        if not ok:
+            raise ValueError(f"model.{name} must be {rule}, got {value!r}")
 
 
 class CaptioningModule(L.LightningModule):
@@ -110,6 +134,7 @@ class CaptioningModule(L.LightningModule):
     ) -> None:
         super().__init__()
         check_output_mapping(output_mapping)  # before anything is built or read
+        _check_optimizer_settings(lr, betas, lr_decay, lr_decay_after, gradient_clip_norm)
         self.save_hyperparameters()
         # The step's checks of attention scores and targets, read back once it has ended.
         self._step_checks = DeferredChecks()

@@ -182,6 +182,24 @@ def test_an_unknown_preload_setting_is_refused_in_one_line(synthetic_data, tiny_
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--data.batch_size", "0", "data.batch_size must be an integer >= 1, got 0"),
+    ("--data.num_workers", "-1", "data.num_workers must be an integer >= 0, got -1"),
+    ("--model.lr", "-1", "model.lr must be a number > 0, got -1.0"),
+    ("--model.betas", "[0.9, 1.5]", "model.betas must be two numbers in [0, 1), got (0.9, 1.5)"),
+    ("--model.gradient_clip_norm", "0", "model.gradient_clip_norm must be a number > 0, or "
+     "null, got 0.0"),
+])
+def test_a_setting_that_cannot_train_is_named_before_training(option, value, message,
+                                                              synthetic_data, tiny_cache,
+                                                              tmp_path, capsys):
+    # Torch refuses these too, but once the fit has begun, in words that name no option.
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, option, value)
+    assert lightning_main(["fit", *args]) == 2
+    assert capsys.readouterr().err == f"captioner fit: {message}\n"
+    assert not (tmp_path / "runs").exists()
+
+
 # With loader workers too: were they kept from epoch to epoch, an uninterrupted run would
 # start them once and a resumed run again, drawing its shuffle and dropout masks elsewhere.
 @pytest.mark.parametrize("workers", ["0", "2"])
