@@ -231,6 +231,43 @@ def weights_mismatch(model: Mapping[str, Any], stored: Mapping[str, Any], shown:
     return "; ".join(parts) or None
 
 
+def nonfinite_weights(stored: Mapping[str, Any]) -> list[str]:
+    """Names of the floating-point tensors of ``stored`` (a ``state_dict``) that hold NaN or
+    inf: such weights make every attention score NaN, refused only once a caption is made."""
+    return [name for name, value in stored.items() if isinstance(value, torch.Tensor)
+            and value.is_floating_point() and not bool(torch.isfinite(value).all())]
+
+
+# What Lightning reads from a checkpoint it restores: always, and to resume a fit.
+_LIGHTNING_KEYS = ("pytorch-lightning_version", "state_dict", "epoch", "global_step")
+_RESUME_KEYS = ("loops", "optimizer_states", "lr_schedulers")
+
+
+def restore_problem(checkpoint: Mapping[str, Any], *, resume: bool) -> str | None:
+    """Why Lightning cannot restore ``checkpoint`` (for ``fit`` to resume when ``resume``),
+    in one line, or None: an entry it reads is missing or malformed (it would fail with a
+    KeyError, or resume with a fresh optimizer or from epoch 0), or weights are not finite."""
+    missing = [key for key in _LIGHTNING_KEYS + (_RESUME_KEYS if resume else ())
+               if key not in checkpoint]
+    if missing:
+        names = first_names([repr(key) for key in missing])
+        return (f"no {names} {'entry' if len(missing) == 1 else 'entries'}; not "
+                f"a checkpoint written by captioner fit")
+    if resume:
+        for key, what in (("optimizer_states", "optimizer"),
+                          ("lr_schedulers", "learning-rate schedule")):
+            value = checkpoint[key]
+            if not (isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict)
+                    and value[0]):
+                return f"entry {key!r} does not hold the state of one {what}"
+        if not isinstance(checkpoint["loops"], dict):
+            return "entry 'loops' does not hold the training loops' progress"
+    nonfinite = nonfinite_weights(checkpoint["state_dict"])
+    if nonfinite:
+        return f"its weights hold NaN or inf ({first_names(nonfinite, 3)})"
+    return None
+
+
 def _shape(value: Any) -> tuple[int, ...] | str:
     return tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
 

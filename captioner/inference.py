@@ -25,10 +25,16 @@ from PIL import Image
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from captioner.checkpointing import CheckpointError, load_safely, weights_mismatch
+from captioner.checkpointing import (
+    CheckpointError,
+    load_safely,
+    nonfinite_weights,
+    weights_mismatch,
+)
 from captioner.decoding_options import DecodingOptions
 from captioner.image_files import ImageResult, load_images
 from captioner.lightning_module import VOCABULARY_KEY, CaptioningModule
+from data_prep.files import first_names
 from data_prep.images import imagenet_transform, load_image
 from data_prep.vocab import Vocabulary
 
@@ -153,6 +159,10 @@ class Captioner:
             raise IncompatibleCheckpointError(
                 f"{path}: weights do not fit the model built from its hyperparameters: {problem}"
             )
+        nonfinite = nonfinite_weights(checkpoint["state_dict"])
+        if nonfinite:
+            raise IncompatibleCheckpointError(
+                f"{path}: its weights hold NaN or inf ({first_names(nonfinite, 3)})")
         module.load_state_dict(checkpoint["state_dict"], strict=True)
         module.vocabulary = vocabulary
         return cls(module.to(map_location), vocabulary, path)

@@ -33,7 +33,7 @@ from jsonargparse._link_arguments import skip_apply_links
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
-from captioner.checkpointing import load_safely
+from captioner.checkpointing import load_safely, restore_problem
 from captioner.data import CaptionDataModule
 from captioner.lightning_module import (
     CACHE_SETTINGS,
@@ -232,11 +232,9 @@ class CaptionerCLI(LightningCLI):
         if not path.exists():
             raise UserError(f"--ckpt_path {path}: no such checkpoint file")
         checkpoint = load_safely(path)
-        if "state_dict" not in checkpoint:
-            raise UserError(
-                f"--ckpt_path {path}: no 'state_dict' entry; not a checkpoint written by "
-                "captioner training"
-            )
+        problem = restore_problem(checkpoint, resume=subcommand == "fit")
+        if problem is not None:
+            raise UserError(f"--ckpt_path {path}: {problem}")
         hparams = CaptioningModule.hparams_from_checkpoint(
             checkpoint.get(CaptioningModule.CHECKPOINT_HYPER_PARAMS_KEY, {}), path
         )

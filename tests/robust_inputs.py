@@ -394,6 +394,21 @@ def write_class_path_checkpoint(source: Path, path: Path) -> Path:
     return path
 
 
+def write_altered_checkpoint(source: Path, path: Path, alter: Callable[[dict], None]) -> Path:
+    """``source`` (a captioner checkpoint) changed in place by ``alter``."""
+    from captioner.checkpointing import load_safely, save_atomically
+
+    checkpoint = load_safely(source)
+    alter(checkpoint)
+    save_atomically(checkpoint, path)
+    return path
+
+
+def _nan_decoder_weight(checkpoint: dict) -> None:
+    name = next(name for name in checkpoint["state_dict"] if name.startswith("model.decoder."))
+    checkpoint["state_dict"][name].fill_(float("nan"))
+
+
 def checkpoint_rows(folder: Path, good: Path) -> dict[str, tuple[Path, str]]:
     """Every bad-checkpoint class written into ``folder``: name -> (path, expected phrase).
     The malicious file's marker is ``folder / "EXECUTED"``."""
@@ -409,6 +424,17 @@ def checkpoint_rows(folder: Path, good: Path) -> dict[str, tuple[Path, str]]:
         "folder": (folder / "as a folder.ckpt", "is a folder"),
         "class_path hyperparameters": (
             write_class_path_checkpoint(good, folder / "class_path.ckpt"), "class specification"),
+        "NaN weights": (write_altered_checkpoint(good, folder / "nan.ckpt", _nan_decoder_weight),
+                        "its weights hold NaN or inf (model.decoder."),
+        # Lightning restores these with a KeyError, or resumes without them (a fresh optimizer).
+        "no Lightning version": (
+            write_altered_checkpoint(good, folder / "unversioned.ckpt",
+                                     lambda c: c.pop("pytorch-lightning_version")),
+            "no 'pytorch-lightning_version' entry; not a checkpoint written by captioner fit"),
+        "no optimizer state": (
+            write_altered_checkpoint(good, folder / "no_optimizer.ckpt",
+                                     lambda c: c.update(optimizer_states=[])),
+            "entry 'optimizer_states' does not hold the state of one optimizer"),
     }
 
 

@@ -110,7 +110,7 @@ def bad_checkpoints(tiny_checkpoint, tmp_path_factory):
 
 
 CHECKPOINT_ROWS = ["malicious pickle", "foreign state_dict", "empty file", "folder",
-                   "class_path hyperparameters"]
+                   "class_path hyperparameters", "NaN weights"]
 
 
 @pytest.mark.parametrize("name", CHECKPOINT_ROWS)

@@ -92,7 +92,7 @@ def _evaluate(capsys, ckpt, data, images, out, fifos=()):
 
 
 @pytest.mark.parametrize("name", ["malicious pickle", "foreign state_dict", "empty file",
-                                  "folder", "class_path hyperparameters"])
+                                  "folder", "class_path hyperparameters", "NaN weights"])
 def test_evaluate_refuses_unusable_checkpoints(name, bad_checkpoints, synthetic_data, tmp_path,
                                                capsys):
     ckpt, phrase = bad_checkpoints[name]

@@ -64,6 +64,9 @@ def _checked(outcome, command: str, ckpt: Path, phrase: str, out: Path) -> None:
         pytest.param("test", "folder"),
         pytest.param("test", "FIFO"),
         pytest.param("test", "foreign state_dict"),
+        ("test", "NaN weights"),
+        ("test", "no Lightning version"),
+        ("fit", "no optimizer state"),
     ],
 )
 def test_unusable_checkpoint_is_one_line_in_process(
