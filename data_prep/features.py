@@ -35,6 +35,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import time
 import zlib
 from collections import Counter
@@ -409,16 +410,19 @@ class FeatureCache:
         try:
             with h5py.File(self.path, "r") as file:
                 self._check_format(file)
-                self.encoder: dict[str, Any] = json.loads(file.attrs["encoder"])
-                self.grid: tuple[int, int] = tuple(int(v) for v in file.attrs["grid"])
-                self.channels = int(file.attrs["channels"])
-                self.skipped_ids: list[int] = json.loads(file.attrs.get("skipped_ids", "[]"))
+                attrs = file.attrs
+                self.grid: tuple[int, int] = self._positive_attr(attrs["grid"], "grid", (2,))
+                (self.channels,) = self._positive_attr(attrs["channels"], "channels", ())
+                self.encoder: dict[str, Any] = self._json(attrs["encoder"], "encoder", dict)
+                self.skipped_ids: list[int] = self._skipped_ids(attrs.get("skipped_ids", "[]"))
                 # What made the rows, for a resumable cache (None otherwise).
-                key = file.attrs.get("resume_key")
-                self.resume_key: dict[str, Any] | None = None if key is None else json.loads(key)
+                key = attrs.get("resume_key")
+                self.resume_key: dict[str, Any] | None = (
+                    None if key is None else self._json(key, "resume_key", dict)
+                )
                 # SHA-256 of the encoder weights file it was written with, when recorded.
                 self.weights_sha256: str | None = (self.resume_key or {}).get("weights_sha256")
-                ids = file["image_ids"][:]
+                ids = self._image_ids(file)
         except OSError as exc:
             raise ValueError(f"{self.path}: not a readable HDF5 feature cache ({exc})") from exc
         self._row = {int(image_id): row for row, image_id in enumerate(ids)}
@@ -433,9 +437,23 @@ class FeatureCache:
         with h5py.File(self.path, "r") as file:
             if "image_names" not in file:
                 return None
-            text = file["image_names"][()]
-        names = json.loads(text.decode() if isinstance(text, bytes) else text)
-        return {int(image_id): name for image_id, name in names.items()}
+            dataset = self._dataset(file, "image_names")
+            names = self._json(dataset[()], "image_names", dict, where="dataset")
+        result = {}
+        for key, name in names.items():
+            # The writer writes str(id); int() would also take "04" or " 4", and two keys could
+            # then name one id.
+            if not re.fullmatch(r"-?[1-9][0-9]*|0", key):
+                raise ValueError(
+                    f"{self.path}: dataset 'image_names' has key {key!r}, not an image id"
+                )
+            if not isinstance(name, str):
+                raise ValueError(
+                    f"{self.path}: dataset 'image_names' gives image id {key} the name "
+                    f"{name!r}, not a string"
+                )
+            result[int(key)] = name
+        return result
 
     def _check_format(self, file) -> None:
         if file.attrs.get("format") != _FORMAT:
@@ -451,6 +469,93 @@ class FeatureCache:
         for name in ("features", "image_ids"):
             if name not in file:
                 raise ValueError(f"{self.path}: dataset {name!r} is missing")
+
+    def _positive_attr(self, value: Any, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The attribute ``name``, which the writer writes as integers of ``shape``."""
+        array = np.asarray(value)
+        if array.shape != shape or array.dtype.kind not in "iu" or (array < 1).any():
+            wanted = "a positive integer" if shape == () else f"{shape[0]} positive integers"
+            raise ValueError(
+                f"{self.path}: attribute {name!r} must be {wanted}, got {_shown(value)}"
+            )
+        return tuple(int(v) for v in array.reshape(-1))
+
+    def _json(self, value: Any, name: str, kind: type, *, where: str = "attribute") -> Any:
+        """The JSON text ``value`` of the attribute (or dataset) ``name``, which must hold a
+        ``kind`` (dict or list)."""
+        field = f"{where} {name!r}"
+        if isinstance(value, bytes):  # a fixed-length or scalar-dataset string
+            try:
+                value = value.decode()
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{self.path}: {field} is not UTF-8 text ({exc})") from None
+        if not isinstance(value, str):
+            raise ValueError(f"{self.path}: {field} must be JSON text, got {_shown(value)}")
+        try:
+            parsed = json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"{self.path}: {field} is not valid JSON ({one_line(exc)})") from None
+        if not isinstance(parsed, kind):
+            raise ValueError(
+                f"{self.path}: {field} must be a JSON {_JSON_KINDS[kind]}, "
+                f"got {_json_kind(parsed)}"
+            )
+        return parsed
+
+    def _skipped_ids(self, value: Any) -> list[int]:
+        ids = self._json(value, "skipped_ids", list)
+        for image_id in ids:
+            if isinstance(image_id, bool) or not isinstance(image_id, int):
+                raise ValueError(
+                    f"{self.path}: attribute 'skipped_ids' holds {image_id!r}, "
+                    "not an image id (an integer)"
+                )
+        return ids
+
+    def _dataset(self, file, name: str):
+        import h5py
+
+        dataset = file[name]
+        if not isinstance(dataset, h5py.Dataset):
+            raise ValueError(
+                f"{self.path}: {name!r} must be a dataset, got {type(dataset).__name__}"
+            )
+        return dataset
+
+    def _image_ids(self, file) -> np.ndarray:
+        """The ids of the rows, after checking both datasets against the attributes and each
+        other from their metadata (the features themselves are not read)."""
+        features, ids = self._dataset(file, "features"), self._dataset(file, "image_ids")
+        # float16 is all the writer writes, and what the readers allocate and copy into.
+        if features.dtype != np.float16:
+            raise ValueError(
+                f"{self.path}: dataset 'features' has dtype {features.dtype}, expected float16"
+            )
+        if features.ndim != 4 or features.shape[1:] != (*self.grid, self.channels):
+            row = ", ".join(str(n) for n in (*self.grid, self.channels))
+            raise ValueError(
+                f"{self.path}: dataset 'features' has shape {features.shape}, but attributes "
+                f"grid and channels say (N, {row})"
+            )
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise ValueError(
+                f"{self.path}: dataset 'image_ids' must hold integers of shape (N,), got "
+                f"{ids.dtype} of shape {ids.shape}"
+            )
+        if len(ids) != len(features):
+            raise ValueError(
+                f"{self.path}: dataset 'image_ids' has {len(ids)} ids, but dataset 'features' "
+                f"has {len(features)} rows"
+            )
+        values = ids[:]
+        unique, counts = np.unique(values, return_counts=True)
+        if (counts > 1).any():
+            first = int(np.argmax(counts > 1))
+            times = "twice" if counts[first] == 2 else f"{counts[first]} times"
+            raise ValueError(
+                f"{self.path}: dataset 'image_ids' holds image id {unique[first]} {times}"
+            )
+        return values
 
     def _features(self):
         import h5py
@@ -532,6 +637,26 @@ def _json_object(value: Mapping[str, Any], name: str) -> str:
         return json.dumps(dict(value), sort_keys=True)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{name} is not JSON-serialisable: {exc}") from exc
+
+
+_JSON_KINDS = {dict: "object", list: "list"}
+
+
+def _json_kind(value: Any) -> str:
+    """What a parsed JSON value is, for a message: "an object", "a list", "a number", ..."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {dict: "an object", list: "a list", str: "a string"}[type(value)]
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """``value`` as read from the file (a numpy scalar or array, a string), for a message."""
+    text = repr(value.tolist() if isinstance(value, (np.ndarray, np.generic)) else value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def _fsync(path: Path) -> None:

@@ -198,6 +198,77 @@ def test_reading_bad_files(tmp_path):
         FeatureCache(tmp_path / "other.h5")
 
 
+def _ids(*ids, dtype=np.int64):
+    return np.array(ids, dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        pytest.param("features", np.zeros((3, *GRID, 2), np.float16),
+                     "dataset 'features' has shape (3, 2, 3, 2), but attributes grid and "
+                     "channels say (N, 2, 3, 4)", id="features-channels"),
+        pytest.param("features", np.zeros((3, 1, 3, CHANNELS), np.float16),
+                     "dataset 'features' has shape (3, 1, 3, 4)", id="features-grid"),
+        pytest.param("features", np.array([b"x"] * 3), "dataset 'features' has dtype",
+                     id="features-strings"),
+        pytest.param("features", np.zeros((3, *GRID, CHANNELS), np.int8),
+                     "dataset 'features' has dtype int8", id="features-int8"),
+        pytest.param("features", np.zeros((3, *GRID, CHANNELS), np.float32),
+                     "dataset 'features' has dtype float32", id="features-float32"),
+        pytest.param("image_ids", _ids(1, 2, 3, 4), "dataset 'image_ids' has 4 ids, but dataset "
+                     "'features' has 3 rows", id="ids-longer"),
+        pytest.param("image_ids", _ids(1, 2, 3, 4, 5, 6).reshape(3, 2),
+                     "dataset 'image_ids' must hold integers of shape (N,)", id="ids-2d"),
+        pytest.param("image_ids", _ids(5, 2, 5), "dataset 'image_ids' holds image id 5 twice",
+                     id="ids-duplicate"),
+        pytest.param("image_ids", _ids(1, 2, 71.5, dtype=np.float64),
+                     "dataset 'image_ids' must hold integers", id="ids-float"),
+        pytest.param("grid", 8, "attribute 'grid' must be 2 positive integers, got 8",
+                     id="grid-scalar"),
+        pytest.param("grid", [-2, 3], "attribute 'grid' must be 2 positive integers",
+                     id="grid-negative"),
+        pytest.param("channels", "abc", "attribute 'channels' must be a positive integer, "
+                     "got 'abc'", id="channels-text"),
+        pytest.param("encoder", "[1, 2]", "attribute 'encoder' must be a JSON object, got a list",
+                     id="encoder-list"),
+        pytest.param("encoder", "arch=resnet", "attribute 'encoder' is not valid JSON",
+                     id="encoder-not-json"),
+        pytest.param("resume_key", "[1]", "attribute 'resume_key' must be a JSON object",
+                     id="resume-key-list"),
+        pytest.param("skipped_ids", "", "attribute 'skipped_ids' is not valid JSON",
+                     id="skipped-not-json"),
+        pytest.param("skipped_ids", '[3, "4"]', "attribute 'skipped_ids' holds '4', not an "
+                     "image id", id="skipped-text"),
+        pytest.param("image_names", "{", "dataset 'image_names' is not valid JSON",
+                     id="names-not-json"),
+        pytest.param("image_names", '["a.jpg"]', "dataset 'image_names' must be a JSON object",
+                     id="names-list"),
+        pytest.param("image_names", '{"x": "a.jpg"}', "dataset 'image_names' has key 'x'",
+                     id="names-key"),
+        pytest.param("image_names", '{"1": 5}', "dataset 'image_names' gives image id 1 the "
+                     "name 5", id="names-value"),
+    ],
+)
+def test_a_damaged_cache_is_refused_naming_the_file_and_field(tmp_path, name, value, message):
+    path = tmp_path / "features.h5"
+    with FeatureCacheWriter(path, grid=GRID, channels=CHANNELS, encoder=ENCODER,
+                            names={1: "a.jpg", 2: "b.jpg", 3: "c.jpg"}) as writer:
+        writer.add([1, 2, 3], _features(3, 0))
+    with h5py.File(path, "a") as file:
+        if name in file:  # a dataset: replaced
+            del file[name]
+            file[name] = value
+        else:
+            file.attrs[name] = value
+    with pytest.raises(ValueError) as caught:
+        cache = FeatureCache(path)
+        if name == "image_names":  # read when asked for
+            cache.image_names()
+    assert str(caught.value).startswith(f"{path}: ")
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
 KEY = {"settings": {"arch": "resnet18"}, "images": [1, 2, 3, 4, 5]}
 
 
