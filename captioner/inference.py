@@ -144,6 +144,9 @@ class Captioner:
         hparams["encoder_weights"] = None
         try:
             vocabulary = Vocabulary.from_dict(checkpoint[VOCABULARY_KEY])
+        except ValueError as exc:
+            raise IncompatibleCheckpointError(f"{path}: its {exc}") from None
+        try:
             module = CaptioningModule(**hparams)
         except (TypeError, ValueError) as exc:
             raise IncompatibleCheckpointError(

@@ -213,7 +213,10 @@ class CaptioningModule(L.LightningModule):
         if VOCABULARY_KEY not in checkpoint:
             raise ValueError(f"{path or 'checkpoint'} has no vocabulary: it was not written by "
                              "captioner")
-        stored = Vocabulary.from_dict(checkpoint[VOCABULARY_KEY])
+        try:
+            stored = Vocabulary.from_dict(checkpoint[VOCABULARY_KEY])
+        except ValueError as exc:
+            raise ValueError(f"{source} {exc}") from None
         if self.vocabulary is not None and stored != self.vocabulary:
             raise ValueError(
                 f"{source} vocabulary differs from the one built from the data "

@@ -289,13 +289,27 @@ def latest_resumable(root: Path, name: str) -> tuple[int, Path] | None:
     return None
 
 
+# The fields of progress.json (write_progress) and the types each may have.
+_PROGRESS_FIELDS = {
+    "epochs_done": (int,), "global_step": (int,), "monitor": (str, type(None)),
+    "best_score": (int, float, type(None)), "best_checkpoint": (str, type(None)),
+    "last_checkpoint": (str,),
+}
+
+
 def read_progress(checkpoints: Path) -> dict:
-    """The ``progress.json`` of a run's checkpoints folder ({} when absent or unreadable)."""
+    """The ``progress.json`` of a run's checkpoints folder ({} when absent or unreadable, or
+    when a field is missing or of another type: a damaged file is no run's progress)."""
     try:
         progress = json.loads((checkpoints / PROGRESS_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
-    return progress if isinstance(progress, dict) else {}
+    if not isinstance(progress, dict) or any(
+        not isinstance(progress.get(field, ...), kinds) or isinstance(progress[field], bool)
+        for field, kinds in _PROGRESS_FIELDS.items()
+    ):
+        return {}
+    return progress
 
 
 def evaluation_only(folder: Path) -> tuple[str, str] | None:

@@ -40,8 +40,10 @@ class Vocabulary:
                 f"got {itos[: len(SPECIALS)]}"
             )
         for index, word in enumerate(itos):
-            if not isinstance(word, str) or not word or word != word.strip():
-                raise ValueError(f"vocabulary word {index} must be a non-empty word, got {word!r}")
+            # Whitespace inside would split the word in every caption written with it.
+            if not isinstance(word, str) or not word or any(c.isspace() for c in word):
+                raise ValueError(f"vocabulary word {index} must be a non-empty word without "
+                                 f"whitespace, got {word!r}")
         stoi = {word: index for index, word in enumerate(itos)}
         if len(stoi) != len(itos):
             duplicates = sorted(word for word, count in Counter(itos).items() if count > 1)

@@ -167,14 +167,20 @@ def test_ctrl_c_is_one_line_with_status_130(command, monkeypatch, capsys):
     assert capsys.readouterr().err == f"captioner {command}: interrupted\n"
 
 
-def test_runs_says_what_a_run_without_readable_progress_holds(tmp_path, capsys):
+@pytest.mark.parametrize("progress", [
+    "{not json", "[" * 100_000 + "]" * 100_000,
+    '{"epochs_done": 1, "global_step": 4, "monitor": "val/CIDEr", "best_score": "0.44", '
+    '"best_checkpoint": null, "last_checkpoint": "last.ckpt"}',
+    '{"epochs_done": 1, "global_step": 4}',
+], ids=["not JSON", "nested too deep", "a score that is a string", "fields missing"])
+def test_runs_says_what_a_run_without_readable_progress_holds(progress, tmp_path, capsys):
     from captioner.commands import runs
 
     (tmp_path / "runs" / "a" / "version_0").mkdir(parents=True)
     damaged = tmp_path / "runs" / "b" / "version_0" / "checkpoints"
     damaged.mkdir(parents=True)
     (damaged / "last.ckpt").write_bytes(b"")
-    (damaged / "progress.json").write_text("{not json")
+    (damaged / "progress.json").write_text(progress)
     assert runs.main(["--root", str(tmp_path / "runs")]) == 0
     rows = capsys.readouterr().out.splitlines()[1:]
     assert rows[0].startswith("a ") and rows[0].endswith("(no checkpoint yet)")

@@ -89,6 +89,14 @@ def test_dict_round_trip_is_json_safe():
             },
             "word 4",
         ),
+        (  # a caption written with it would break over two lines
+            {
+                "format": "captioner.vocabulary",
+                "version": 1,
+                "itos": ["<pad>", "<start>", "<end>", "<unk>", "a\nb"],
+            },
+            r"vocabulary word 4 must be a non-empty word without whitespace, got 'a\\nb'",
+        ),
     ],
 )
 def test_from_dict_rejects_malformed(data, message):
