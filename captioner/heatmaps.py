@@ -46,7 +46,7 @@ import numpy as np
 from matplotlib.colors import ListedColormap
 from PIL import Image
 
-from data_prep.files import refuse_repeated
+from data_prep.files import parse_json, refuse_repeated
 
 ZERO_STYLES = ("transparent", "white")
 UPSAMPLE_MODES = ("nearest", "bilinear")
@@ -280,7 +280,7 @@ class AttentionRecord:
                     return cls(str(data["source"]), str(data["caption"]),
                                [str(t) for t in data["tokens"]], data["attention"],
                                str(data["mapping"]), float(data["vmax"]))
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = parse_json(path.read_text(encoding="utf-8"))
             attention = np.asarray(data["attention"], dtype=np.float32).reshape(
                 len(data["tokens"]), *data["grid"]
             )
@@ -354,7 +354,7 @@ def index_entries(folder: Path) -> set[str]:
     the index and every figure and weights file; the index alone when it cannot be read, so
     that nothing it does not list is taken for the run's."""
     try:
-        index = json.loads((folder / "index.json").read_text(encoding="utf-8"))
+        index = parse_json((folder / "index.json").read_text(encoding="utf-8"))
         files = [Path(name).as_posix() for image in index["images"] for name in image["files"]]
         return {"index.json", *files}
     except (OSError, ValueError, KeyError, TypeError):

@@ -62,6 +62,7 @@ from data_prep.files import (
     atomic_write,
     check_output_file,
     first_names,
+    parse_json,
     require_file,
 )
 from data_prep.images import IMAGE_SUFFIXES, ImageLoadError, load_image
@@ -195,7 +196,7 @@ def detect_format(path: Path) -> str:
     if not first.startswith("{"):
         return "tsv" if "\t" in first else "csv"
     try:
-        document = json.loads(text)
+        document = parse_json(text)
     except json.JSONDecodeError:
         # Not one document: JSONL (its first line maybe malformed) if a line is a record.
         lines = io.StringIO(text, newline="")
@@ -206,7 +207,7 @@ def detect_format(path: Path) -> str:
 def _is_record_line(line: str) -> bool:
     """Whether ``line`` is a JSON object with an ``image`` key (a JSONL record)."""
     try:
-        record = json.loads(line)
+        record = parse_json(line)
     except json.JSONDecodeError:
         return False
     return isinstance(record, dict) and "image" in record
@@ -296,7 +297,7 @@ def _read_jsonl(path: Path, log: ProblemLog) -> list[CaptionRecord]:
         where = f"{path.name} line {number}"
         try:
             # Without its line end, which would otherwise be the column of a cut-off record.
-            record = json.loads(line.rstrip("\r\n"))
+            record = parse_json(line.rstrip("\r\n"))
         except json.JSONDecodeError as exc:
             log.add("malformed_record", where, f"{path} line {number}: not valid JSON "
                     f"({exc.msg}: column {exc.colno})", where=where, order=number)
@@ -308,7 +309,7 @@ def _read_jsonl(path: Path, log: ProblemLog) -> list[CaptionRecord]:
 def _read_json_array(path: Path, log: ProblemLog) -> list[CaptionRecord]:
     """The records of a JSON array of JSONL's objects, each placed by its index."""
     try:
-        data = json.loads(_read_text(path))
+        data = parse_json(_read_text(path))
     except json.JSONDecodeError as exc:
         raise DatasetImportError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, list):
@@ -486,7 +487,7 @@ def _read_delimited(path: Path, delimiter: str, log: ProblemLog) -> list[Caption
 
 def _read_coco(path: Path, log: ProblemLog) -> list[CaptionRecord]:
     try:
-        data = json.loads(_read_text(path))
+        data = parse_json(_read_text(path))
     except json.JSONDecodeError as exc:
         raise DatasetImportError(f"{path}: not valid JSON ({exc}), read as a COCO captions "
                                  "file (give --format if it is another)") from None
@@ -732,7 +733,7 @@ def parse_split(text: str) -> SplitSpec:
 def _read_split_file(path: Path) -> dict[str, str]:
     try:
         with path.open(encoding="utf-8-sig") as handle:
-            data = json.load(handle)
+            data = parse_json(handle.read())
     except FileNotFoundError:
         raise DatasetImportError(f"--split {path}: split file not found") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

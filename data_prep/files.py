@@ -146,6 +146,22 @@ def write_json(path: str | Path, document: Any, *, indent: int = 1) -> None:
         handle.write(text + "\n")
 
 
+def parse_json(text: str | bytes) -> Any:
+    """``json.loads(text)``, where a text that cannot be parsed always raises
+    ``json.JSONDecodeError``: json raises RecursionError for arrays or objects nested past
+    Python's recursion limit, and a plain ValueError for an integer of more than 4,300 digits,
+    which the readers of users' files, naming the file for a JSONDecodeError, would miss."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise json.JSONDecodeError("arrays or objects nested too deeply", "", 0) from None
+    except ValueError as exc:  # the limit of int() on digit strings
+        reason = str(exc).partition(":")[0] or "a value out of range"
+        raise json.JSONDecodeError(f"an integer too long ({reason})", "", 0) from None
+
+
 def _finite_or_none(value: Any) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else None

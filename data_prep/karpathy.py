@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data_prep.files import require_file
+from data_prep.files import parse_json, require_file
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 # Karpathy's split names -> the split an image is used in.
@@ -101,7 +101,7 @@ def load_karpathy(json_path: str | Path, image_root: str | Path) -> KarpathyData
     require_file(json_path, "Karpathy split file")
     try:
         with json_path.open(encoding="utf-8") as handle:
-            data = json.load(handle)
+            data = parse_json(handle.read())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise KarpathyFormatError(f"{json_path}: not valid JSON ({exc})") from exc
 

@@ -7,7 +7,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from data_prep.files import agreeing, counted, first_names, require_file
+from data_prep.files import agreeing, counted, first_names, parse_json, require_file
 
 
 class CaptionFileError(ValueError):
@@ -24,7 +24,7 @@ def _read_json(path: Path, what: str) -> Any:
     require_file(path, f"{what} file")
     try:
         with path.open(encoding="utf-8") as handle:
-            return json.load(handle)
+            return parse_json(handle.read())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         if isinstance(exc, json.JSONDecodeError) and exc.msg == "Extra data" and exc.colno == 1:
             expected = f"; a {what} file is {_RESULTS_FORMAT}" if what == "results" else ""

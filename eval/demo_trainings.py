@@ -12,12 +12,11 @@ the best checkpoint, "val_CIDEr": float}, ...]}``, rewritten atomically after ea
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from data_prep.files import write_json
+from data_prep.files import parse_json, write_json
 
 FILE_NAME = "trainings.json"
 
@@ -69,7 +68,7 @@ def _read(path: Path) -> list[Training]:
                           "pass --overwrite to start the run over")
 
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        document = parse_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise damaged(str(exc)) from None
     entries = document.get("trainings") if isinstance(document, dict) else None

@@ -38,7 +38,7 @@ from captioner.heatmaps import (
     shared_vmax,
     upsample_attention,
 )
-from data_prep.files import atomic_write
+from data_prep.files import atomic_write, parse_json
 from data_prep.images import ImageLoadError, load_image
 from eval.static_page import page_files, render_page, script_json
 from eval.stopwords import content_word_indices
@@ -250,7 +250,7 @@ def is_key_file(path: Path) -> bool:
     """Whether the file ``path`` is a key :func:`write_key` wrote (by its ``format``)."""
     try:
         with path.open("rb") as handle:
-            data = json.load(handle)
+            data = parse_json(handle.read())
     except (OSError, ValueError):  # ValueError: not JSON, not text
         return False
     return isinstance(data, dict) and data.get("format") == KEY_FORMAT

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data_prep.files import first_names
+from data_prep.files import first_names, parse_json
 from eval.rating_kit import KEY_FORMAT, RATINGS_FORMAT, SCORES
 
 KINDS = ("caption", "attention")
@@ -65,7 +65,7 @@ class Rating:
 
 def _read_json(path: Path, what: str) -> dict:
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = parse_json(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RatingsError(f"{path}: cannot read the {what} file: {exc}") from exc
     if not isinstance(data, dict):

@@ -136,6 +136,12 @@ def test_a_karpathy_split_scores_its_images_and_leaves_out_other_splits_captions
         ({"image_id": 5}, "COCO results must be a list"),
         ([], r"r\.json: holds no captions \(an empty list\)$"),
         ("[{", "not valid JSON"),
+        # json raises RecursionError and a plain ValueError for these: the file is named too.
+        ("[" * 100_000 + "]" * 100_000, r"r\.json: not valid JSON \(arrays or objects nested "
+         r"too deeply: line 1 column 1 \(char 0\)\)$"),
+        ('[{"image_id": ' + "9" * 5000 + ', "caption": "a"}]',
+         r"r\.json: not valid JSON \(an integer too long \(Exceeds the limit \(4300 digits\) "
+         r"for integer string conversion\)"),
     ],
 )  # fmt: skip
 def test_bad_results_are_reported(tmp_path, karpathy, capsys, results, message):

@@ -643,6 +643,24 @@ def test_jsonl_named_json_with_a_malformed_first_line_is_read_as_jsonl(tmp_path,
     assert len(json.loads(out.read_text())["images"]) == len(GOOD)
 
 
+@pytest.mark.parametrize(("fmt", "text", "reason"), [
+    ("json", "[" * 100_000 + "]" * 100_000, "arrays or objects nested too deeply"),
+    ("coco", '{"images": [{"id": ' + "1" * 5000 + "}]}", "an integer too long"),
+    ("jsonl", '{"image": "a.jpg", "captions": ' + "[" * 100_000 + "]" * 100_000 + "}\n",
+     "arrays or objects nested too deeply"),
+])
+def test_json_past_the_parsers_limits_is_named_as_not_valid(fmt, text, reason, tmp_path,
+                                                           capsys):
+    # json raises RecursionError and a plain ValueError here, not its JSONDecodeError.
+    photos = photo_folder(tmp_path / "photos", GOOD)
+    captions = tmp_path / "captions.txt"
+    captions.write_text(text)
+    code, _, err = run(capsys, "--captions", captions, "--images", photos, "--out",
+                       tmp_path / "o.json", "--format", fmt, "--on-error", "fail")
+    assert code == 2 and "Traceback" not in err
+    assert f"{captions}" in err and f"not valid JSON ({reason}" in err, err
+
+
 def test_a_name_in_another_unicode_normalization_is_pointed_out(tmp_path, capsys):
     photos = photo_folder(tmp_path / "photos", GOOD)
     decomposed = unicodedata.normalize("NFD", "café.jpg")  # as a copy from macOS names it
