@@ -38,6 +38,7 @@ from captioner.model.encoder import build_encoder
 from captioner.optimizer import PAPER_BETAS, PAPER_LR, adam
 from data_prep.features import FeatureCache
 from data_prep.files import file_sha256
+from data_prep.images import MAX_IMAGE_SIZE
 from data_prep.vocab import Vocabulary
 
 VOCABULARY_KEY = "vocabulary"
@@ -54,16 +55,19 @@ def lr_decay_factor(epoch: int, *, decay: float, decay_after: int) -> float:
     return decay ** max(0, epoch - decay_after + 1)
 
 
-def _check_optimizer_settings(lr: float, betas: Any, lr_decay: float, lr_decay_after: int,
-                              clip_norm: float | None) -> None:
-    """ValueError naming a setting of the optimizer or its schedule that cannot train (torch
-    would say so only once the fit has begun, in its own words)."""
+def _check_settings(image_size: int, lr: float, betas: Any, lr_decay: float,
+                    lr_decay_after: int, clip_norm: float | None) -> None:
+    """ValueError naming a setting that cannot train: torch would say so only once the fit has
+    begun, in its own words, or (an image_size from a checkpoint) take all memory."""
 
     def finite(value: Any) -> bool:
         return (isinstance(value, int | float) and not isinstance(value, bool)
                 and math.isfinite(value))
 
     for name, value, ok, rule in (
+        ("image_size", image_size, isinstance(image_size, int) and not isinstance(
+            image_size, bool) and 1 <= image_size <= MAX_IMAGE_SIZE,
+         f"an integer in [1, {MAX_IMAGE_SIZE}]"),
         ("lr", lr, finite(lr) and lr > 0, "a number > 0"),
         ("betas", betas, isinstance(betas, list | tuple) and len(betas) == 2
          and all(finite(b) and 0 <= b < 1 for b in betas), "two numbers in [0, 1)"),
@@ -134,11 +138,15 @@ class CaptioningModule(L.LightningModule):
     ) -> None:
         super().__init__()
         check_output_mapping(output_mapping)  # before anything is built or read
-        _check_optimizer_settings(lr, betas, lr_decay, lr_decay_after, gradient_clip_norm)
+        _check_settings(image_size, lr, betas, lr_decay, lr_decay_after, gradient_clip_norm)
         self.save_hyperparameters()
         # The step's checks of attention scores and targets, read back once it has ended.
         self._step_checks = DeferredChecks()
         self.decoding = DecodingOptions.coerce(decoding)
+        if isinstance(vocab_size, int) and self.decoding.beam_size > vocab_size:
+            # More beams than words cannot be filled (a checkpoint's 10**9 would take all memory).
+            raise ValueError(f"decoding beam_size {self.decoding.beam_size} exceeds the "
+                             f"{vocab_size} words of the vocabulary")
         # A dict in the hyperparameters keeps checkpoints loadable with weights_only=True.
         self.hparams["decoding"] = asdict(self.decoding)
         encoder = build_encoder(

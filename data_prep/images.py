@@ -40,6 +40,8 @@ from data_prep.files import check_input_file
 # 64 megapixels: four times a 24-megapixel camera photo, far above any COCO/Flickr image
 # (at most 640 / 500 px per side), and below Pillow's own warning threshold (~89.5 Mpx).
 MAX_IMAGE_PIXELS = 64_000_000
+# The largest image_size (the side of the square images are resized to): MAX_IMAGE_PIXELS.
+MAX_IMAGE_SIZE = 8000
 
 # Files taken as images when a folder is searched; files named explicitly are always tried.
 IMAGE_SUFFIXES = frozenset(

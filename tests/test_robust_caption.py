@@ -110,7 +110,8 @@ def bad_checkpoints(tiny_checkpoint, tmp_path_factory):
 
 
 CHECKPOINT_ROWS = ["malicious pickle", "foreign state_dict", "empty file", "folder",
-                   "class_path hyperparameters", "NaN weights"]
+                   "class_path hyperparameters", "NaN weights", "huge image_size",
+                   "huge beam"]
 
 
 @pytest.mark.parametrize("name", CHECKPOINT_ROWS)
