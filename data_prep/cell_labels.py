@@ -14,13 +14,14 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .files import first_names, require_file
+from .files import first_names, parse_json, require_file
 from .images import orient, stored_layout
 
 ATTRIBUTE_FIELDS = ("colour", "size")
@@ -55,14 +56,15 @@ def load_coco(path: str | Path):
 
     Raises:
         FileNotFoundError: no such file. ValueError: a FIFO or device, or not a COCO instances
-            file (:func:`check_instances`); the message names the file and the field.
+            file (:func:`check_instances`); the message names the file and the field. (The
+            RLE masks of the images used are checked further by :func:`mask_orientations`.)
     """
     from pycocotools.coco import COCO
 
     path = require_file(path, "instances file")
     try:
         with path.open(encoding="utf-8") as handle:
-            document = json.load(handle)
+            document = parse_json(handle.read())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: not a JSON file ({exc})") from None
     check_instances(document, path)
@@ -77,14 +79,18 @@ def load_coco(path: str | Path):
 _INSTANCE_FIELDS = {
     "images": (("id", True), ("height", True), ("width", True)),
     "categories": (("id", True), ("name", False)),
-    "annotations": (("image_id", True), ("category_id", True), ("segmentation", False)),
+    "annotations": (("id", True), ("image_id", True), ("category_id", True),
+                    ("segmentation", False)),
 }
+_NUMBERS = {int, float}  # exactly these types: bool is not a coordinate
 
 
 def check_instances(document, path: Path) -> None:
     """Raise ValueError naming ``path`` and the field unless ``document`` is a COCO instances
     file as the masks need it (:data:`_INSTANCE_FIELDS`), each annotation's ``image_id`` and
-    ``category_id`` among its images and categories."""
+    ``category_id`` among its images and categories, its ``id`` its own, its ``iscrowd`` (if
+    any) 0 or 1, and its ``segmentation`` one that pycocotools can draw (:func:`_segmentation`),
+    checked here before pycocotools' C code sees it: some bad masks crash or hang it."""
     if not isinstance(document, dict):
         raise ValueError(f"{path}: not a COCO instances file (a JSON object with images, "
                          f"annotations and categories), got a {type(document).__name__}")
@@ -103,12 +109,132 @@ def check_instances(document, path: Path) -> None:
                 if integer and (isinstance(value, bool) or not isinstance(value, int)):
                     raise ValueError(f"{path}: {key}[{index}].{field} must be an integer, "
                                      f"got {value!r}")
-    known = {key: {entry["id"] for entry in document[key]} for key in ("images", "categories")}
+    known = {key: {entry["id"]: entry for entry in document[key]}
+             for key in ("images", "categories")}
+    first_of_id: dict[int, int] = {}
     for index, entry in enumerate(document["annotations"]):
         for field, key in (("image_id", "images"), ("category_id", "categories")):
             if entry[field] not in known[key]:
                 raise ValueError(f"{path}: annotations[{index}].{field} {entry[field]} is not "
                                  f"the id of any of its {key}")
+        first = first_of_id.setdefault(entry["id"], index)
+        if first != index:  # pycocotools would keep only the last of them
+            raise ValueError(f"{path}: annotations[{index}].id {entry['id']} is also the id of "
+                             f"annotations[{first}]")
+        crowd = entry.get("iscrowd", 0)
+        if type(crowd) is not int or crowd not in (0, 1):
+            raise ValueError(f"{path}: annotations[{index}].iscrowd must be 0 or 1, got "
+                             f"{_short(crowd)}")
+        problem = _segmentation(entry["segmentation"], known["images"][entry["image_id"]])
+        if problem:
+            raise ValueError(f"{path}: annotations[{index}].segmentation{problem}")
+
+
+def _short(value, limit: int = 60) -> str:
+    """``repr(value)``, cut to about ``limit`` characters for a one-line message."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} characters)"
+
+
+def _segmentation(segmentation, image: dict) -> str | None:
+    """What is wrong with an annotation's ``segmentation`` (the rest of the message, after
+    ``.segmentation``), or None when pycocotools can draw it over ``image`` (its images entry):
+
+    * polygons: a non-empty list of flat lists of at least 6 (an even number of) finite x, y
+      coordinates within [-W, 2W] x [-H, 2H] of the W x H image (COCO's own polygons overshoot
+      an edge by a pixel at times; pycocotools crashes on huge or NaN ones);
+    * RLE: ``{"size": [h, w], "counts": ...}``, the counts a list of run lengths (uncompressed)
+      or pycocotools' compressed string (:func:`_compressed_counts`), summing to h * w
+      (pycocotools would read past the mask, or leave it undefined). That [h, w] is the image's
+      size is checked with the photo's (:func:`mask_orientations`).
+    """
+    if isinstance(segmentation, list):
+        if not segmentation:
+            return " is an empty list of polygons"
+        width, height = image["width"], image["height"]
+        for number, polygon in enumerate(segmentation):
+            if not isinstance(polygon, list) or len(polygon) < 6 or len(polygon) % 2:
+                return (f"[{number}] must be a flat list of an even number (at least 6) of x, y "
+                        f"coordinates, got {_short(polygon)}")
+            if _usual_polygon(polygon, width, height):
+                continue
+            for place, value in enumerate(polygon):
+                if type(value) not in _NUMBERS or (type(value) is float
+                                                   and not math.isfinite(value)):
+                    return f"[{number}][{place}] must be a finite number, got {_short(value)}"
+            for place in range(0, len(polygon), 2):
+                x, y = polygon[place], polygon[place + 1]
+                if not (-width <= x <= 2 * width and -height <= y <= 2 * height):
+                    return (f"[{number}] has the point ({_short(x, 24)}, {_short(y, 24)}) far "
+                            f"outside its image ({width} x {height})")
+        return None
+    if not isinstance(segmentation, dict):
+        return (f" must be a list of polygons or an RLE object (size, counts), got "
+                f"{type(segmentation).__name__} {_short(segmentation)}")
+    for field in ("size", "counts"):
+        if field not in segmentation:
+            return f" (RLE) lacks field {field!r}"
+    size, counts = segmentation["size"], segmentation["counts"]
+    if (not isinstance(size, list) or len(size) != 2
+            or any(type(v) is not int or v < 0 for v in size)):
+        return f".size must be [height, width], got {_short(size)}"
+    pixels = size[0] * size[1]
+    if isinstance(counts, list):
+        for place, value in enumerate(counts):
+            if type(value) is not int or value < 0:
+                return f".counts[{place}] must be a non-negative integer, got {_short(value)}"
+        runs = counts
+    elif isinstance(counts, str):
+        runs = _compressed_counts(counts)
+        if runs is None:
+            return f".counts {_short(counts)} is not a compressed RLE string (pycocotools')"
+    else:
+        return (f".counts must be a list of run lengths or a compressed RLE string, got "
+                f"{type(counts).__name__} {_short(counts)}")
+    if sum(runs) != pixels:
+        return (f".counts {_short(counts)} covers {sum(runs)} pixels, not the {pixels} of its "
+                f"size {size[0]} x {size[1]}")
+    return None
+
+
+def _usual_polygon(polygon: list, width: int, height: int) -> bool:
+    """Whether ``polygon`` is all finite numbers within [-W, 2W] x [-H, 2H], checked at C
+    speed (a COCO file holds millions of coordinates); False for :func:`_segmentation` to say
+    what is wrong. A finite sum means no NaN or infinity among the numbers."""
+    xs, ys = polygon[0::2], polygon[1::2]
+    try:
+        return (set(map(type, polygon)) <= _NUMBERS and math.isfinite(sum(polygon))
+                and -width <= min(xs) and max(xs) <= 2 * width
+                and -height <= min(ys) and max(ys) <= 2 * height)
+    except OverflowError:  # an integer too large for a float
+        return False
+
+
+def _compressed_counts(counts: str) -> list[int] | None:
+    """The run lengths that pycocotools reads from the compressed RLE string ``counts`` (its
+    ``rleFrString``: 5 bits a character from "0", a sixth that says more follow, each run
+    after the third given as the difference from the one two before), or None where the
+    string is not one its encoder writes: a character out of "0".."o", a number of over 6
+    characters or cut off at the end, a run below 0 or of 2**32 or more (which the C code
+    would read past the string, overflow or wrap)."""
+    runs: list[int] = []
+    value = shift = 0
+    for char in counts:
+        code = ord(char) - 48
+        if not 0 <= code < 64 or shift == 30:
+            return None
+        value |= (code & 0x1F) << shift
+        shift += 5
+        if not code & 0x20:
+            if code & 0x10:
+                value |= -1 << shift
+            if len(runs) > 2:
+                value += runs[-2]
+            if not 0 <= value < 2**32:
+                return None
+            runs.append(value)
+            value = shift = 0
+    return runs if shift == 0 else None
 
 
 def mask_orientations(coco, instances: Path, images: Mapping[int, Path]) -> dict[int, int]:
@@ -122,9 +248,10 @@ def mask_orientations(coco, instances: Path, images: Mapping[int, Path]) -> dict
     Flips and half turns keep the size, so for them the masks are taken as COCO's.
 
     Raises:
-        ValueError: ids missing from the instances file (the first named, and how many), or
-            an id given a size that is neither the stored nor the shown size of its image (the
-            message names both files and sizes).
+        ValueError: ids missing from the instances file (the first named, and how many), an
+            id given a size that is neither the stored nor the shown size of its image (the
+            message names both files and sizes), or an RLE mask of these images that is not of
+            the size its image is given or cannot be decoded (:func:`check_rle_masks`).
         ImageLoadError: an image that cannot be read.
     """
     missing = [image_id for image_id in images if image_id not in coco.imgs]
@@ -145,7 +272,40 @@ def mask_orientations(coco, instances: Path, images: Mapping[int, Path]) -> dict
                    f"{orientation})" if shown != stored else ")")
             )
         orientations[image_id] = orientation if given == stored else 1
+    check_rle_masks(coco, instances, orientations)
     return orientations
+
+
+def check_rle_masks(coco, instances: Path, image_ids: Collection[int]) -> None:
+    """Raise ValueError naming the instances file ``instances`` (``coco``) and the annotation
+    unless each RLE mask of the images ``image_ids`` has the size [height, width] its image is
+    given, and each compressed one decodes (pycocotools' ``mask.decode``) to a mask of that
+    size and of the area its run lengths give. Run after :func:`mask_orientations` has checked
+    that size with the photo's, so that a wrong size is told as the image's, and after
+    :func:`check_instances` has checked the run lengths, which makes decoding safe."""
+    from pycocotools import mask as mask_utils
+
+    for index, annotation in enumerate(coco.dataset["annotations"]):
+        segmentation, image_id = annotation["segmentation"], annotation["image_id"]
+        if image_id not in image_ids or not isinstance(segmentation, dict):
+            continue
+        info = coco.imgs[image_id]
+        size, counts = [info["height"], info["width"]], segmentation["counts"]
+        where = f"{instances}: annotations[{index}].segmentation"
+        if segmentation["size"] != size:
+            raise ValueError(f"{where}.size {segmentation['size']} is not {size}, the height "
+                             f"and width of its image {image_id}")
+        if not isinstance(counts, str):
+            continue
+        try:
+            decoded = mask_utils.decode({"size": size, "counts": counts})
+        except Exception as exc:  # whatever pycocotools raises: told as the annotation's
+            raise ValueError(f"{where}.counts {_short(counts)} cannot be decoded "
+                             f"(pycocotools: {exc})") from None
+        area = sum(_compressed_counts(counts)[1::2])
+        if decoded.shape != tuple(size) or int(decoded.sum()) != area:
+            raise ValueError(f"{where}.counts {_short(counts)} decodes to a {decoded.shape} "
+                             f"mask of {int(decoded.sum())} pixels, not {tuple(size)} and {area}")
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,89 @@ def test_other_split_uses_the_training_classes_and_refuses_new_ones(tmp_path):
             (1, mask, {"colour": "green", "size": "small"})]), train.classes)
 
 
+def _annotation(index, **change):
+    """A change to ``annotations[index]`` of the document of the mask-checking cases."""
+    return lambda document: document["annotations"][index].update(change)
+
+
+# (case, damage to a valid instances file, how its one-line error goes on after "PATH: ").
+_BAD_MASKS = [
+    ("text", _annotation(0, segmentation="hello"), "annotations[0].segmentation must be a list "
+     "of polygons or an RLE object (size, counts), got str 'hello'"),
+    ("no_polygon", _annotation(0, segmentation=[]),
+     "annotations[0].segmentation is an empty list of polygons"),
+    ("four_numbers", _annotation(0, segmentation=[[0, 0, 5, 5]]),
+     "annotations[0].segmentation[0] must be a flat list of an even number (at least 6) of x, y "
+     "coordinates, got [0, 0, 5, 5]"),
+    ("odd_length", _annotation(0, segmentation=[[0, 0, 5, 0, 5, 5, 0]]),
+     "annotations[0].segmentation[0] must be a flat list of an even number (at least 6)"),
+    ("pairs", _annotation(0, segmentation=[[[0, 0], [5, 0], [5, 5], [0, 5], [0, 0], [1, 1]]]),
+     "annotations[0].segmentation[0][0] must be a finite number, got [0, 0]"),
+    ("bool", _annotation(0, segmentation=[[0, 0, True, 0, 5, 5]]),
+     "annotations[0].segmentation[0][2] must be a finite number, got True"),
+    ("nan", _annotation(0, segmentation=[[0, 0, float("nan"), 0, 10, 10]]),  # hung pycocotools
+     "annotations[0].segmentation[0][2] must be a finite number, got nan"),
+    ("huge", _annotation(0, segmentation=[[0, 0, 1e12, 0, 1e12, 1e12]]),  # crashed pycocotools
+     "annotations[0].segmentation[0] has the point (1000000000000.0, 0) far outside its image "
+     "(10 x 8)"),
+    ("below", _annotation(0, segmentation=[[0, 0, 5, 0, 5, -8.5]]),
+     "annotations[0].segmentation[0] has the point (5, -8.5) far outside its image (10 x 8)"),
+    ("no_counts", _annotation(1, segmentation={"size": [8, 10]}),
+     "annotations[1].segmentation (RLE) lacks field 'counts'"),
+    ("size_text", lambda d: d["annotations"][1]["segmentation"].update(size="8x10"),
+     "annotations[1].segmentation.size must be [height, width], got '8x10'"),
+    ("garbage_counts", lambda d: d["annotations"][1]["segmentation"].update(counts="!!!"),
+     "annotations[1].segmentation.counts '!!!' is not a compressed RLE string (pycocotools')"),
+    ("short_counts", lambda d: d["annotations"][1]["segmentation"].update(counts="0"),
+     "annotations[1].segmentation.counts '0' covers 0 pixels, not the 80 of its size 8 x 10"),
+    ("short_list", lambda d: d["annotations"][1]["segmentation"].update(counts=[5, 7]),
+     "annotations[1].segmentation.counts [5, 7] covers 12 pixels, not the 80 of its size 8 x 10"),
+    ("negative_run", lambda d: d["annotations"][1]["segmentation"].update(counts=[85, -5]),
+     "annotations[1].segmentation.counts[1] must be a non-negative integer, got -5"),
+    ("number_counts", lambda d: d["annotations"][1]["segmentation"].update(counts=80),
+     "annotations[1].segmentation.counts must be a list of run lengths or a compressed RLE "
+     "string, got int 80"),
+    ("other_size", lambda d: d["annotations"][1]["segmentation"].update(size=[10, 8]),
+     "annotations[1].segmentation.size [10, 8] is not [8, 10], the height and width of its "
+     "image 1"),
+    ("same_id", _annotation(1, id=1), "annotations[1].id 1 is also the id of annotations[0]"),
+    ("no_id", lambda d: d["annotations"][0].pop("id"), "annotations[0] lacks field 'id'"),
+    ("crowd_2", _annotation(1, iscrowd=2), "annotations[1].iscrowd must be 0 or 1, got 2"),
+    ("crowd_bool", _annotation(0, iscrowd=True), "annotations[0].iscrowd must be 0 or 1, got True"),
+]
+
+
+@pytest.mark.parametrize(("damage", "message"), [case[1:] for case in _BAD_MASKS],
+                         ids=[case[0] for case in _BAD_MASKS])
+def test_a_mask_pycocotools_cannot_draw_is_named_before_it_sees_it(tmp_path, damage, message):
+    """Bad polygons and RLE masks crashed, hung or failed pycocotools without naming the
+    annotation: they are refused on loading, in one line naming the file and annotation."""
+    mask = np.zeros((8, 10), dtype=np.uint8)
+    mask[2:6, 3:9] = 1
+    encoded = mask_utils.encode(np.asfortranarray(mask))
+    document = {
+        "images": [{"id": 1, "width": 10, "height": 8, "file_name": "a.png"}],
+        "categories": [{"id": 1, "name": "square"}],
+        "annotations": [  # a polygon overshooting the image's edges a little, and an RLE mask
+            {"id": 1, "image_id": 1, "category_id": 1, "iscrowd": 0,
+             "segmentation": [[-0.5, -1, 10.5, -1, 10.5, 3, -0.5, 3]]},
+            {"id": 2, "image_id": 1, "category_id": 1,
+             "segmentation": {"size": [8, 10], "counts": encoded["counts"].decode("ascii")}},
+        ],
+    }
+    images = {1: tmp_path / "a.png"}
+    Image.new("RGB", (10, 8)).save(images[1])
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps(document))
+    assert CellLabeller.load(path, images).labels(1, (2, 2))[0].tolist() == [[1, 1], [0, 0]]
+    damage(document)
+    path.write_text(json.dumps(document))  # NaN as JSON writes and reads it
+    with pytest.raises(ValueError) as error:
+        CellLabeller.load(path, images)
+    assert str(error.value).startswith(f"{path}: {message}"), str(error.value)
+    assert "\n" not in str(error.value)
+
+
 def test_crops_keep_pixels_and_labels_aligned():
     torch.manual_seed(0)
     stride, cells = 16, 8
