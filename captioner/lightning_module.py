@@ -68,7 +68,7 @@ def _check_settings(image_size: int, lr: float, betas: Any, lr_decay: float,
         ("image_size", image_size, isinstance(image_size, int) and not isinstance(
             image_size, bool) and 1 <= image_size <= MAX_IMAGE_SIZE,
          f"an integer in [1, {MAX_IMAGE_SIZE}]"),
-        ("lr", lr, finite(lr) and lr > 0, "a number > 0"),
+        ("lr", lr, finite(lr) and lr >= 0, "a number >= 0"),  # 0: weights kept, as torch
         ("betas", betas, isinstance(betas, list | tuple) and len(betas) == 2
          and all(finite(b) and 0 <= b < 1 for b in betas), "two numbers in [0, 1)"),
         ("lr_decay", lr_decay, finite(lr_decay) and lr_decay > 0, "a number > 0"),

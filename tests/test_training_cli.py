@@ -185,7 +185,7 @@ def test_an_unknown_preload_setting_is_refused_in_one_line(synthetic_data, tiny_
 @pytest.mark.parametrize(("option", "value", "message"), [
     ("--data.batch_size", "0", "data.batch_size must be an integer >= 1, got 0"),
     ("--data.num_workers", "-1", "data.num_workers must be an integer >= 0, got -1"),
-    ("--model.lr", "-1", "model.lr must be a number > 0, got -1.0"),
+    ("--model.lr", "-1", "model.lr must be a number >= 0, got -1.0"),
     ("--model.betas", "[0.9, 1.5]", "model.betas must be two numbers in [0, 1), got (0.9, 1.5)"),
     ("--model.gradient_clip_norm", "0", "model.gradient_clip_norm must be a number > 0, or "
      "null, got 0.0"),
