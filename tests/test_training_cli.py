@@ -582,33 +582,50 @@ def test_ctrl_c_in_a_test_leaves_no_unscored_run_folder(synthetic_data, tiny_cac
 
 
 # Both fail after the run's config.yaml and hparams.yaml are written (on_fit_start) and before
-# training starts: in the sanity check, and in making the training loader after it.
+# training starts: in the sanity check, and in making the training loader after it (each a
+# loader that cannot be made: the data module's settings are all checked before the fit).
 STOPPED_BEFORE_TRAINING = {
-    "sanity check": ("--trainer.num_sanity_val_steps", "1", "--data.eval_batch_size", "-3"),
-    "training loader": ("--data.batch_size", "-3"),
+    "sanity check": ("val_dataloader", ("--trainer.num_sanity_val_steps", "1")),
+    "training loader": ("train_dataloader", ()),
 }
 
 
-@pytest.mark.parametrize("bad", STOPPED_BEFORE_TRAINING.values(), ids=STOPPED_BEFORE_TRAINING)
+def _stop_before_training(monkeypatch, where: str) -> tuple[str, ...]:
+    """Make the loader of ``where`` (a key of STOPPED_BEFORE_TRAINING) fail; the options that
+    reach it."""
+    from captioner.data import CaptionDataModule
+
+    hook, options = STOPPED_BEFORE_TRAINING[where]
+
+    def fail(self):
+        raise ValueError("the loader could not be made")
+
+    monkeypatch.setattr(CaptionDataModule, hook, fail)
+    return options
+
+
+@pytest.mark.parametrize("where", STOPPED_BEFORE_TRAINING)
 def test_a_new_run_stopped_before_training_leaves_no_run_folder(synthetic_data, tiny_cache,
-                                                                tmp_path, bad):
+                                                                tmp_path, where, monkeypatch,
+                                                                capsys):
+    options = _stop_before_training(monkeypatch, where)
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--run_name", "err3")
-    code, _, err = _run("fit", *args, "--trainer.max_epochs", "1", *bad)
-    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1", *options]) == 2
+    err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
-    assert len(errors) == 1 and "batch_size=-3" in errors[0], err
+    assert errors == ["captioner fit: the loader could not be made"], err
     assert not (tmp_path / "runs").exists()  # nothing for `captioner runs` to list
 
 
 def test_a_new_run_stopped_before_training_keeps_the_earlier_versions(synthetic_data,
-                                                                     tiny_cache, tmp_path):
+                                                                     tiny_cache, tmp_path,
+                                                                     monkeypatch):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
     runs = tmp_path / "runs" / "demo_softmax"
     before = {path: path.read_bytes() for path in runs.rglob("*") if path.is_file()}
-    code, _, err = _run("fit", *args, "--trainer.max_epochs", "1",
-                        *STOPPED_BEFORE_TRAINING["sanity check"])
-    assert code == 2, err[-2000:]
+    options = _stop_before_training(monkeypatch, "sanity check")
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1", *options]) == 2
     assert {path: path.read_bytes() for path in runs.rglob("*") if path.is_file()} == before
     assert sorted(p.name for p in runs.iterdir()) == ["version_0"]
 
@@ -975,6 +992,21 @@ def test_a_bad_value_names_the_config_files_only_when_it_comes_from_them(synthet
     # The file's bad value fails the parse although the command line gives the key a good one.
     code, _, err = _run("fit", *args, "--config", str(bad), "--model.lr", "0.1")
     assert code == 2 and f"{bad}: Parser key \"model.lr\"" in err, err
+
+
+@pytest.mark.parametrize("text", [
+    "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9)),
+    "a: &a [1, *a]\n",
+], ids=["nested aliases", "an alias inside itself"])
+def test_a_config_whose_aliases_expand_past_any_settings_is_refused(text, tmp_path, capsys):
+    # 400 bytes expanding to 10**9 values: the parser would take all memory expanding them.
+    config = tmp_path / "bomb.yaml"
+    config.write_text(text)
+    assert lightning_main(["fit", "--config", str(config)]) == 2
+    assert capsys.readouterr().err == (
+        f"captioner fit: --config {config}: its YAML aliases expand to more than 100,000 "
+        "values; a config holds settings\n")
 
 
 def test_an_option_before_a_config_that_sets_it_is_refused_not_replaced(tmp_path, capsys):
