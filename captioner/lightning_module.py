@@ -143,10 +143,6 @@ class CaptioningModule(L.LightningModule):
         # The step's checks of attention scores and targets, read back once it has ended.
         self._step_checks = DeferredChecks()
         self.decoding = DecodingOptions.coerce(decoding)
-        if isinstance(vocab_size, int) and self.decoding.beam_size > vocab_size:
-            # More beams than words cannot be filled (a checkpoint's 10**9 would take all memory).
-            raise ValueError(f"decoding beam_size {self.decoding.beam_size} exceeds the "
-                             f"{vocab_size} words of the vocabulary")
         # A dict in the hyperparameters keeps checkpoints loadable with weights_only=True.
         self.hparams["decoding"] = asdict(self.decoding)
         encoder = build_encoder(

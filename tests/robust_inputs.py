@@ -431,11 +431,6 @@ def checkpoint_rows(folder: Path, good: Path) -> dict[str, tuple[Path, str]]:
             write_altered_checkpoint(good, folder / "huge.ckpt",
                                      lambda c: c["hyper_parameters"].update(image_size=100_000)),
             "model.image_size must be an integer in [1, 8000], got 100000"),
-        "huge beam": (
-            write_altered_checkpoint(good, folder / "beam.ckpt",
-                                     lambda c: c["hyper_parameters"]["decoding"].update(
-                                         beam_size=10**9)),
-            "decoding beam_size 1000000000 exceeds the"),
         # Lightning restores these with a KeyError, or resumes without them (a fresh optimizer).
         "no Lightning version": (
             write_altered_checkpoint(good, folder / "unversioned.ckpt",

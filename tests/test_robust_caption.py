@@ -110,8 +110,7 @@ def bad_checkpoints(tiny_checkpoint, tmp_path_factory):
 
 
 CHECKPOINT_ROWS = ["malicious pickle", "foreign state_dict", "empty file", "folder",
-                   "class_path hyperparameters", "NaN weights", "huge image_size",
-                   "huge beam"]
+                   "class_path hyperparameters", "NaN weights", "huge image_size"]
 
 
 @pytest.mark.parametrize("name", CHECKPOINT_ROWS)
