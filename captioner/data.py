@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from data_prep.features import FeatureCache
-from data_prep.files import counted, first_names
+from data_prep.files import check_integers, counted, first_names
 from data_prep.images import imagenet_transform, load_image
 from data_prep.karpathy import ImageEntry, KarpathyDataset, load_karpathy
 from data_prep.machine import usable_cpus
@@ -315,14 +315,13 @@ class CaptionDataModule(L.LightningDataModule):
         pin_memory: bool | None = None,
     ) -> None:
         super().__init__()
-        for name, value, low in (
-            ("min_count", min_count, 1), ("max_caption_length", max_caption_length, 1),
-            ("image_size", image_size, 1), ("batch_size", batch_size, 1),
-            ("eval_batch_size", eval_batch_size, 1),
-            ("num_workers", 0 if num_workers is None else num_workers, 0),
-        ):  # here, named, rather than by torch's loader in the middle of the fit's start
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"data.{name} must be an integer >= {low}, got {value!r}")
+        # Here, named, rather than by torch's loader in the middle of the fit's start.
+        check_integers([
+            ("data.min_count", min_count, 1), ("data.max_caption_length", max_caption_length, 1),
+            ("data.image_size", image_size, 1), ("data.batch_size", batch_size, 1),
+            ("data.eval_batch_size", eval_batch_size, 1),
+            ("data.num_workers", 0 if num_workers is None else num_workers, 0),
+        ])
         if preload_features not in (False, True, "device"):
             raise ValueError(f"data.preload_features must be false, true or device, "
                              f"got {preload_features!r}")

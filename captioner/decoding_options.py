@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+from data_prep.files import check_integers
+
 # Exponent a of the beam ranking score log_prob / n ** a: a mild preference for longer
 # captions, in the range commonly used for neural generation (Wu et al. 2016 use 0.6-0.7).
 DEFAULT_LENGTH_NORMALIZATION = 0.7
@@ -31,10 +33,8 @@ class DecodingOptions:
     allow_unk: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("beam_size", "max_length"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"decoding {name} must be an integer >= 1, got {value!r}")
+        check_integers([("decoding beam_size", self.beam_size, 1),
+                        ("decoding max_length", self.max_length, 1)])
         value = self.length_normalization
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
             raise ValueError(f"decoding length_normalization must be >= 0, got {value!r}")

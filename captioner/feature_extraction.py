@@ -51,6 +51,7 @@ from data_prep.files import (
     OutputPathError,
     agreeing,
     atomic_write,
+    check_integers,
     check_output_file,
     counted,
     file_sha256,
@@ -230,12 +231,8 @@ def _check_options(on_error: str, image_size: int, batch_size: int, num_workers:
         raise FeatureExtractionError(
             f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}"
         )
-    for name, value, low in (
-        ("image size", image_size, 1), ("batch size", batch_size, 1),
-        ("number of workers", num_workers, 0),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise FeatureExtractionError(f"{name} must be an integer >= {low}, got {value!r}")
+    check_integers([("image size", image_size, 1), ("batch size", batch_size, 1),
+                    ("number of workers", num_workers, 0)], FeatureExtractionError)
 
 
 def _source_entries(dataset, splits: Sequence[str], karpathy_json) -> list[ImageEntry]:

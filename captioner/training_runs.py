@@ -36,7 +36,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 
-from data_prep.files import atomic_write, hold_exclusively, let_go
+from data_prep.files import atomic_write, hold_exclusively, let_go, parse_json
 
 LAST_NAME = "last.ckpt"
 PROGRESS_NAME = "progress.json"
@@ -301,8 +301,8 @@ def read_progress(checkpoints: Path) -> dict:
     """The ``progress.json`` of a run's checkpoints folder ({} when absent or unreadable, or
     when a field is missing or of another type: a damaged file is no run's progress)."""
     try:
-        progress = json.loads((checkpoints / PROGRESS_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        progress = parse_json((checkpoints / PROGRESS_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return {}
     if not isinstance(progress, dict) or any(
         not isinstance(progress.get(field, ...), kinds) or isinstance(progress[field], bool)

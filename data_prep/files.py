@@ -344,6 +344,15 @@ def counted(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
+def check_integers(settings: Iterable[tuple[str, Any, int]],
+                   error: type[Exception] = ValueError) -> None:
+    """Raise ``error`` naming the first of ``settings`` (name, value, least) whose value is not
+    an integer (a bool is none) of at least its least."""
+    for name, value, low in settings:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise error(f"{name} must be an integer >= {low}, got {value!r}")
+
+
 def agreeing(count: int, one: str, many: str) -> str:
     """The word that agrees with ``count`` things: ``one`` ("is", "has") for one, else
     ``many`` ("are", "have"), for the verb after :func:`counted`."""

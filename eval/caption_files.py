@@ -123,7 +123,7 @@ def splits_of(path: str | Path, image_ids: set[int]) -> dict[int, str]:
 
     path = Path(path)
     return {entry.image_id: entry.split
-            for name, entries in load_karpathy(path, path.parent).entries.items()
+            for entries in load_karpathy(path, path.parent).entries.values()
             for entry in entries if entry.image_id in image_ids}
 
 
