@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import first_names, parse_json, require_file
+from .files import first_names, parse_json, require_file, shown
 from .images import orient, stored_layout
 
 ATTRIBUTE_FIELDS = ("colour", "size")
@@ -124,16 +124,10 @@ def check_instances(document, path: Path) -> None:
         crowd = entry.get("iscrowd", 0)
         if type(crowd) is not int or crowd not in (0, 1):
             raise ValueError(f"{path}: annotations[{index}].iscrowd must be 0 or 1, got "
-                             f"{_short(crowd)}")
+                             f"{shown(crowd)}")
         problem = _segmentation(entry["segmentation"], known["images"][entry["image_id"]])
         if problem:
             raise ValueError(f"{path}: annotations[{index}].segmentation{problem}")
-
-
-def _short(value, limit: int = 60) -> str:
-    """``repr(value)``, cut to about ``limit`` characters for a one-line message."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} characters)"
 
 
 def _segmentation(segmentation, image: dict) -> str | None:
@@ -155,44 +149,44 @@ def _segmentation(segmentation, image: dict) -> str | None:
         for number, polygon in enumerate(segmentation):
             if not isinstance(polygon, list) or len(polygon) < 6 or len(polygon) % 2:
                 return (f"[{number}] must be a flat list of an even number (at least 6) of x, y "
-                        f"coordinates, got {_short(polygon)}")
+                        f"coordinates, got {shown(polygon)}")
             if _usual_polygon(polygon, width, height):
                 continue
             for place, value in enumerate(polygon):
                 if type(value) not in _NUMBERS or (type(value) is float
                                                    and not math.isfinite(value)):
-                    return f"[{number}][{place}] must be a finite number, got {_short(value)}"
+                    return f"[{number}][{place}] must be a finite number, got {shown(value)}"
             for place in range(0, len(polygon), 2):
                 x, y = polygon[place], polygon[place + 1]
                 if not (-width <= x <= 2 * width and -height <= y <= 2 * height):
-                    return (f"[{number}] has the point ({_short(x, 24)}, {_short(y, 24)}) far "
+                    return (f"[{number}] has the point ({shown(x, 24)}, {shown(y, 24)}) far "
                             f"outside its image ({width} x {height})")
         return None
     if not isinstance(segmentation, dict):
         return (f" must be a list of polygons or an RLE object (size, counts), got "
-                f"{type(segmentation).__name__} {_short(segmentation)}")
+                f"{type(segmentation).__name__} {shown(segmentation)}")
     for field in ("size", "counts"):
         if field not in segmentation:
             return f" (RLE) lacks field {field!r}"
     size, counts = segmentation["size"], segmentation["counts"]
     if (not isinstance(size, list) or len(size) != 2
             or any(type(v) is not int or v < 0 for v in size)):
-        return f".size must be [height, width], got {_short(size)}"
+        return f".size must be [height, width], got {shown(size)}"
     pixels = size[0] * size[1]
     if isinstance(counts, list):
         for place, value in enumerate(counts):
             if type(value) is not int or value < 0:
-                return f".counts[{place}] must be a non-negative integer, got {_short(value)}"
+                return f".counts[{place}] must be a non-negative integer, got {shown(value)}"
         runs = counts
     elif isinstance(counts, str):
         runs = _compressed_counts(counts)
         if runs is None:
-            return f".counts {_short(counts)} is not a compressed RLE string (pycocotools')"
+            return f".counts {shown(counts)} is not a compressed RLE string (pycocotools')"
     else:
         return (f".counts must be a list of run lengths or a compressed RLE string, got "
-                f"{type(counts).__name__} {_short(counts)}")
+                f"{type(counts).__name__} {shown(counts)}")
     if sum(runs) != pixels:
-        return (f".counts {_short(counts)} covers {sum(runs)} pixels, not the {pixels} of its "
+        return (f".counts {shown(counts)} covers {sum(runs)} pixels, not the {pixels} of its "
                 f"size {size[0]} x {size[1]}")
     return None
 
@@ -300,11 +294,11 @@ def check_rle_masks(coco, instances: Path, image_ids: Collection[int]) -> None:
         try:
             decoded = mask_utils.decode({"size": size, "counts": counts})
         except Exception as exc:  # whatever pycocotools raises: told as the annotation's
-            raise ValueError(f"{where}.counts {_short(counts)} cannot be decoded "
+            raise ValueError(f"{where}.counts {shown(counts)} cannot be decoded "
                              f"(pycocotools: {exc})") from None
         area = sum(_compressed_counts(counts)[1::2])
         if decoded.shape != tuple(size) or int(decoded.sum()) != area:
-            raise ValueError(f"{where}.counts {_short(counts)} decodes to a {decoded.shape} "
+            raise ValueError(f"{where}.counts {shown(counts)} decodes to a {decoded.shape} "
                              f"mask of {int(decoded.sum())} pixels, not {tuple(size)} and {area}")
 
 

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.files import atomic_write, first_names
+from data_prep.files import atomic_write, first_names, parse_json, shown
 from data_prep.images import one_line
 
 _FORMAT = "captioner.feature-cache"
@@ -476,7 +476,7 @@ class FeatureCache:
         if array.shape != shape or array.dtype.kind not in "iu" or (array < 1).any():
             wanted = "a positive integer" if shape == () else f"{shape[0]} positive integers"
             raise ValueError(
-                f"{self.path}: attribute {name!r} must be {wanted}, got {_shown(value)}"
+                f"{self.path}: attribute {name!r} must be {wanted}, got {shown(value)}"
             )
         return tuple(int(v) for v in array.reshape(-1))
 
@@ -490,9 +490,9 @@ class FeatureCache:
             except UnicodeDecodeError as exc:
                 raise ValueError(f"{self.path}: {field} is not UTF-8 text ({exc})") from None
         if not isinstance(value, str):
-            raise ValueError(f"{self.path}: {field} must be JSON text, got {_shown(value)}")
+            raise ValueError(f"{self.path}: {field} must be JSON text, got {shown(value)}")
         try:
-            parsed = json.loads(value)
+            parsed = parse_json(value)
         except ValueError as exc:
             raise ValueError(f"{self.path}: {field} is not valid JSON ({one_line(exc)})") from None
         if not isinstance(parsed, kind):
@@ -651,12 +651,6 @@ def _json_kind(value: Any) -> str:
     if isinstance(value, (int, float)):
         return "a number"
     return {dict: "an object", list: "a list", str: "a string"}[type(value)]
-
-
-def _shown(value: Any, limit: int = 60) -> str:
-    """``value`` as read from the file (a numpy scalar or array, a string), for a message."""
-    text = repr(value.tolist() if isinstance(value, (np.ndarray, np.generic)) else value)
-    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def _fsync(path: Path) -> None:

@@ -344,6 +344,14 @@ def counted(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
+def shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` for a one-line message (a numpy value as its Python list or number),
+    cut to ``limit`` characters, with its whole length, when longer."""
+    tolist = getattr(value, "tolist", None)  # numpy arrays and scalars
+    text = repr(tolist() if callable(tolist) else value)
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} characters)"
+
+
 def check_integers(settings: Iterable[tuple[str, Any, int]],
                    error: type[Exception] = ValueError) -> None:
     """Raise ``error`` naming the first of ``settings`` (name, value, least) whose value is not
