@@ -481,8 +481,11 @@ class CaptionerCLI(LightningCLI):
             return
         name, self._evaluation_hold = claim_evaluation_folder(self._evaluated_run,
                                                               self.subcommand)
-        # The loggers read their private _version on first use (as in _make_new_version).
-        self.trainer.logger._version = f"{self._evaluated_run.name}/{name}"
+        version = f"{self._evaluated_run.name}/{name}"
+        # The loggers read their private _version on first use (as in _make_new_version); the
+        # config.yaml written into the folder records the folder it is in.
+        self.trainer.logger._version = version
+        self.config[self.subcommand].trainer.logger.init_args["version"] = version
 
     def _named_version(self) -> Path | None:
         """The folder of a version the command named (``--trainer.logger.init_args.version``),

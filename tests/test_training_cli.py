@@ -344,8 +344,10 @@ def test_validate_and_test_take_a_cli_checkpoint_and_best(synthetic_data, tiny_c
                            "--model.decoding.beam_size", "1"]) == 0
     assert list(csv.DictReader((run / "test" / "metrics.csv").open())) == tested
     assert list(csv.DictReader((run / "test_2" / "metrics.csv").open()))[0]["test/CIDEr"]
-    assert yaml.safe_load((run / "test_2" / "config.yaml").read_text())["ckpt_path"].endswith(
-        "last.ckpt")
+    saved = yaml.safe_load((run / "test_2" / "config.yaml").read_text())
+    assert saved["ckpt_path"].endswith("last.ckpt")
+    # It records the folder it is in, which a logger given this config writes into.
+    assert saved["trainer"]["logger"]["init_args"]["version"] == "version_0/test_2"
 
 
 def test_an_evaluation_logging_in_a_run_sends_another_one_beside_it(synthetic_data, tiny_cache,
