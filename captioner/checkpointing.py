@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from data_prep.files import atomic_write, check_input_file, counted, first_names
+from data_prep.files import atomic_write, check_input_file, counted, first_names, shown
 
 # Keys that LightningCLI stores beside a module's own hyperparameters (Lightning >= 2.3).
 LIGHTNING_HPARAM_KEYS = frozenset({"_instantiator", "_class_path"})
@@ -239,6 +239,39 @@ def nonfinite_weights(stored: Mapping[str, Any]) -> list[str]:
 
 
 # What Lightning reads from a checkpoint it restores: always, and to resume a fit.
+def optimizer_state_problem(state: Any, parameters: list[tuple[str, torch.Tensor]]
+                            ) -> str | None:
+    """Why ``state`` (a checkpoint's ``optimizer_states[0]``, torch's ``Optimizer.state_dict()``)
+    cannot resume the optimizer of ``parameters`` (the trainable ones, named, in the order the
+    optimizer holds them), in one line, or None. torch checks only the count of parameters per
+    group when it loads: a moment of another shape fails at the first step, in a traceback,
+    and a non-finite one turns every weight it updates into NaN."""
+    groups = state.get("param_groups") if isinstance(state, Mapping) else None
+    moments = state.get("state") if isinstance(state, Mapping) else None
+    if not (isinstance(groups, list) and isinstance(moments, Mapping) and all(
+            isinstance(group, Mapping) and isinstance(group.get("params"), list)
+            for group in groups)):
+        return "it is not an optimizer's state (param_groups and state)"
+    held = sum(len(group["params"]) for group in groups)
+    if held != len(parameters):
+        return (f"it holds the state of {counted(held, 'parameter')}, and the model trains "
+                f"{len(parameters)}")
+    for index, entry in moments.items():
+        if not (isinstance(index, int) and 0 <= index < len(parameters)
+                and isinstance(entry, Mapping)):
+            return f"its state entry {shown(index)} names no parameter the model trains"
+        name, parameter = parameters[index]
+        for key, value in entry.items():
+            if not isinstance(value, torch.Tensor):
+                continue  # torch's own loader converts or refuses a plain value (a step)
+            if value.dim() and value.shape != parameter.shape:
+                return (f"{key!r} of {name} has shape {_shape(value)}, the parameter "
+                        f"{_shape(parameter)}")
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                return f"{key!r} of {name} holds NaN or inf"
+    return None
+
+
 _LIGHTNING_KEYS = ("pytorch-lightning_version", "state_dict", "epoch", "global_step")
 _RESUME_KEYS = ("loops", "optimizer_states", "lr_schedulers")
 

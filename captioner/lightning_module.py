@@ -27,7 +27,11 @@ from pycocoevalcap.bleu.bleu import Bleu
 from torch import Tensor
 
 from captioner.attention import DeferredChecks
-from captioner.checkpointing import constructor_arguments, weights_mismatch
+from captioner.checkpointing import (
+    constructor_arguments,
+    optimizer_state_problem,
+    weights_mismatch,
+)
 from captioner.cider import cider_d
 from captioner.decoding import Hypothesis, beam_search
 from captioner.decoding_options import DecodingOptions
@@ -233,6 +237,15 @@ class CaptioningModule(L.LightningModule):
             raise ValueError(
                 f"{source} weights do not fit the model built from its hyperparameters: {problem}"
             )
+        if self._trainer is not None and self.trainer.state.fn == "fit":
+            # Lightning restores the optimizer after this hook, from the same checkpoint; the
+            # optimizer trains the parameters that require grad, in order (optimizer.adam).
+            trainable = [(name, parameter) for name, parameter in self.named_parameters()
+                         if parameter.requires_grad]
+            problem = optimizer_state_problem(
+                (checkpoint.get("optimizer_states") or [{}])[0], trainable)
+            if problem is not None:
+                raise ValueError(f"{source} optimizer state cannot resume this model: {problem}")
         self.vocabulary = stored
 
     # ---------------------------------------------------------------- model

@@ -92,3 +92,45 @@ def test_unusable_checkpoint_is_one_line_from_the_console_script(
     argv = [command, *_args(synthetic_data, tmp_path), "--ckpt_path", ckpt]
     outcome = bad.run_subprocess(argv, cwd=tmp_path, seconds=240)
     _checked(outcome, command, ckpt, phrase, tmp_path)
+
+
+
+@pytest.fixture(scope="module")
+def resumable(synthetic_data, tmp_path_factory) -> tuple[list, Path]:
+    """The arguments of a one-epoch fit (:func:`_args`) and the last.ckpt it wrote."""
+    out = tmp_path_factory.mktemp("resumable")
+    args = _args(synthetic_data, out)
+    outcome = bad.run_subprocess(["fit", *args], cwd=out, seconds=240)
+    assert outcome.code == 0, outcome.err[-3000:]
+    return args, next((out / "runs").rglob("last.ckpt"))
+
+
+def _first_adam_moment(checkpoint: dict, value) -> None:
+    entry = next(iter(checkpoint["optimizer_states"][0]["state"].values()))
+    entry["exp_avg"] = value(entry["exp_avg"])
+
+
+@pytest.mark.parametrize(
+    ("alter", "phrase"),
+    [
+        # torch loads moments of any shape, then fails at the first step in a traceback.
+        (lambda c: _first_adam_moment(c, lambda m: m.new_zeros(m.numel() + 1)),
+         "optimizer state cannot resume this model: 'exp_avg' of model."),
+        # A NaN moment would make every weight it updates NaN.
+        (lambda c: _first_adam_moment(c, lambda m: m.new_full(m.shape, float("nan"))),
+         "holds NaN or inf"),
+        (lambda c: c["optimizer_states"][0]["param_groups"][0]["params"].pop(),
+         "optimizer state cannot resume this model: it holds the state of"),
+    ],
+    ids=["reshaped moment", "NaN moment", "one parameter fewer"],
+)
+def test_an_optimizer_state_that_cannot_resume_the_model_is_one_line(
+    alter, phrase, resumable, tmp_path
+):
+    args, last = resumable
+    ckpt = bad.write_altered_checkpoint(last, tmp_path / "altered.ckpt", alter)
+    runs = sorted(last.parents[3].rglob("*"))
+    outcome = bad.run_subprocess(["fit", *args, "--trainer.max_epochs", "2", "--ckpt_path", ckpt],
+                                 cwd=tmp_path, seconds=240)
+    bad.assert_user_error(outcome, "fit", str(ckpt), phrase)
+    assert sorted(last.parents[3].rglob("*")) == runs  # the run is as the first fit left it
