@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -66,6 +67,23 @@ def _stopped_as_by_ctrl_c() -> Iterator[None]:
             signal.signal(number, handler)
 
 
+def _allocation_refused(exc: BaseException) -> str | None:
+    """What an allocation that failed asked for, when ``exc`` says one did: Python's
+    MemoryError, torch's CPU allocator ("can't allocate memory: you tried to allocate N bytes")
+    or torch.OutOfMemoryError on a GPU ("Tried to allocate 20.00 GiB"). None for any other
+    error."""
+    text = str(exc)
+    if isinstance(exc, MemoryError):
+        return "a Python allocation failed"
+    if type(exc).__name__ == "OutOfMemoryError" or "can't allocate memory" in text:
+        asked = re.search(r"allocate (\d+) bytes", text)
+        if asked:
+            return f"{int(asked.group(1)) / 2**30:.2f} GiB asked at once"
+        asked = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", text)
+        return f"{asked.group(1)} asked at once" if asked else text.split(".")[0]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = _commands()
@@ -105,6 +123,15 @@ def main(argv: list[str] | None = None) -> int:
         # status a shell gives a process that SIGINT ended.
         print(f"captioner {name}: interrupted", file=sys.stderr)
         return SIGINT_STATUS
+    except (MemoryError, RuntimeError) as exc:
+        asked = _allocation_refused(exc)
+        if asked is None:
+            raise
+        # One line, as for any failure the user can act on: the settings of the command or
+        # of its checkpoint (a beam of 10^9) asked for more memory than the device has.
+        print(f"captioner {name}: out of memory ({asked}); a smaller batch size, beam size or "
+              "image size needs less", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         # The reader of the output has gone (`captioner caption ... | head`): stop quietly, as
         # command-line tools do, with the status of a process ended by SIGPIPE. Python would

@@ -13,6 +13,11 @@ tests/test_caption_cmd.py; every decoder branch of load_image in tests/test_data
 from __future__ import annotations
 
 import json
+import re
+import resource
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import robust_inputs as bad
@@ -145,3 +150,21 @@ def test_console_script_refuses_a_malicious_checkpoint_without_running_it(tmp_pa
     bad.assert_user_error(outcome, "caption", str(evil))
     assert "weights_only" not in outcome.err
     assert not marker.exists()
+
+
+def test_a_beam_that_asks_for_more_memory_than_there_is_is_one_line(tiny_checkpoint, tmp_path):
+    # 10^10 beams ask for about 75 GiB at once; the address-space limit makes the refusal
+    # certain on any machine, as a smaller machine's allocator would refuse it.
+    image = bad.write_png(tmp_path / "good.png")
+    script = Path(sys.executable).with_name("captioner")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "captioner.cli"]
+    done = subprocess.run(
+        [*command, "caption", str(image), "--ckpt", str(tiny_checkpoint), "--device", "cpu",
+         "--no-progress", "--beam-size", str(10**10)],
+        capture_output=True, text=True, timeout=240, check=False,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (16 * 2**30, 16 * 2**30)))
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and re.fullmatch(
+        r"captioner caption: out of memory \(\d+\.\d\d GiB asked at once\); a smaller batch "
+        r"size, beam size or image size needs less", lines[0]), done.stderr[-3000:]
