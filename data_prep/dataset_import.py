@@ -64,6 +64,7 @@ from data_prep.files import (
     first_names,
     parse_json,
     require_file,
+    shown,
 )
 from data_prep.images import IMAGE_SUFFIXES, ImageLoadError, load_image
 from data_prep.karpathy import tokenize
@@ -255,14 +256,6 @@ def _read_text(path: Path) -> str:
 SHOWN_CHARS = 80  # of a line quoted in an error
 
 
-def _shown(line: str) -> str:
-    """``line`` without its line end, cut to :data:`SHOWN_CHARS` characters, quoted."""
-    line = line.rstrip("\r\n")
-    if len(line) > SHOWN_CHARS:  # a JSON file is one line of megabytes
-        return repr(f"{line[:SHOWN_CHARS]}... ({len(line):,} characters)")
-    return repr(line)
-
-
 def _not_utf8(path: Path, data: bytes, exc: UnicodeDecodeError) -> str:
     """Where the first byte of ``data`` that is not UTF-8 lies, with the bytes before it on
     its line (valid UTF-8 by definition) and how to convert the file."""
@@ -402,7 +395,7 @@ class _Table:
     @classmethod
     def from_header(cls, path: Path, delimiter: str, rows) -> _Table:
         """The layout named by the first non-empty row of ``rows`` (see :func:`_rows`)."""
-        shown = "image,caption" if delimiter == "," else "image<TAB>caption"
+        expected = "image,caption" if delimiter == "," else "image<TAB>caption"
         for first, _, row in rows:
             if isinstance(row, csv.Error):
                 raise DatasetImportError(f"{path} line {first}: {row}")
@@ -413,8 +406,8 @@ class _Table:
         columns = [name.strip().lower() for name in row]
         if "image" not in columns or "caption" not in columns:
             raise DatasetImportError(
-                f"{path}: the first line must be the header {shown!r} (columns 'image' and "
-                f"'caption'), got {_shown(delimiter.join(row))}"
+                f"{path}: the first line must be the header {expected!r} (columns 'image' and "
+                f"'caption'), got {shown(delimiter.join(row), SHOWN_CHARS)}"
             )
         return cls(delimiter, row, columns.index("image"), columns.index("caption"))
 
@@ -423,10 +416,11 @@ class _Table:
         None."""
         if self._unclosed_quote(lines, row):
             last = first + len(lines) - 1
+            quoted = shown(lines[0].rstrip("\r\n"), SHOWN_CHARS)
             if last == first:
-                return (f"unclosed quote in {_shown(lines[0])}: it is still open at the end of "
-                        f"the file; the line is skipped")
-            return (f"unclosed quote in {_shown(lines[0])}: it ran on over lines {first}-{last} "
+                return (f"unclosed quote in {quoted}: it is still open at the end of the file; "
+                        "the line is skipped")
+            return (f"unclosed quote in {quoted}: it ran on over lines {first}-{last} "
                     f"({len(lines)} lines read as one record); line {first} is skipped and "
                     f"lines {first + 1}-{last} are read again on their own")
         if isinstance(row, csv.Error):
