@@ -48,3 +48,19 @@ def test_unexpected_keyword_is_named():
         att.build("sparsemax", lam=0.1)
     with pytest.raises(TypeError, match="unexpected keyword.*alpha.*takes: lam"):
         att.build("fusedmax", alpha=1.5)
+
+
+@pytest.mark.parametrize("name", ["entmax15", "entmax", "fusedmax", "oscarmax", "tvmax"])
+def test_second_derivatives_are_refused_not_made_up(name):
+    # Their backward passes are closed forms of the solution (numba on the host for the
+    # proxes): a Hessian-vector product through them was NaN (entmax15, as the entmax package
+    # gives) or an error from inside the backward; marked once_differentiable, their gradient
+    # has no graph to differentiate again.
+    cls, kwargs, _ = EXPECTED[name]
+    scores = torch.randn(1, 2, 3, dtype=torch.float64, requires_grad=True)
+    weights = att.build(name, **kwargs)(scores, None)
+    upstream = torch.randn(1, 2, 3, dtype=torch.float64)
+    (grad,) = torch.autograd.grad((weights * upstream).sum(), scores, create_graph=True)
+    assert torch.isfinite(grad).all()
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        torch.autograd.grad(grad.sum(), scores)

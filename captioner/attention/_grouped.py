@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ._checks import apply_mask, check_lam, check_scores, checked_max
 from .sparsemax import sparsemax
@@ -124,6 +125,7 @@ class GroupedProxFunction(torch.autograd.Function):
         return torch.from_numpy(x).to(device=z.device, dtype=z.dtype)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         group, sign, dlam = ctx.saved_tensors
         grad_host = grad.detach().to(device="cpu", dtype=torch.float64).contiguous()

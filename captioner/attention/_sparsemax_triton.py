@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 
 @triton.jit
@@ -82,6 +83,7 @@ class SparsemaxRowsFunction(torch.autograd.Function):
         return p
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad: Tensor) -> Tensor:
         (p,) = ctx.saved_tensors
         return _launch(_backward_kernel, p, grad.contiguous())

@@ -25,6 +25,7 @@ import numba
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from ._checks import (
     apply_mask,
@@ -181,6 +182,7 @@ class TVmaxFunction(torch.autograd.Function):
         return weights.to(device=z.device, dtype=z.dtype)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
         (weights,) = ctx.saved_tensors
         grad_host = grad.detach().to(device="cpu", dtype=weights.dtype).contiguous().numpy()
@@ -223,6 +225,7 @@ class TVmaxDeviceFunction(torch.autograd.Function):
         return solved[0].to(dtype)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
         weights, group, dlam = ctx.saved_tensors
         want_lam = ctx.needs_input_grad[1]
