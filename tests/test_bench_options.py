@@ -26,6 +26,7 @@ REFUSED = [
     (bench_model, ["--device", "tpu"], "argument --device: unknown device 'tpu'"),
     (bench_model, ["--warmup", "-1"], "argument --warmup: must be >= 0, got -1"),
     (bench_model, ["--threads", "0"], "argument --threads: must be >= 1, got 0"),
+    (bench_model, ["--threads", "100000"], "argument --threads: must be <= "),
     (bench_model, ["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
     # The 4 special tokens and no word to sample captions from.
     (bench_model, ["--vocab-size", "4"], "argument --vocab-size: must be >= 5, got 4"),

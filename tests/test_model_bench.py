@@ -24,6 +24,8 @@ def test_bench_model_prints_ratios_to_softmax(capsys, tmp_path):
     assert bench.main([*TINY, "--mappings", "softmax,sparsemax", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "train step ms" in printed and "beam search ms" in printed
+    # TVmax, fusedmax and oscarmax solve on numba's threads: --threads sets them too.
+    assert "threads torch=1 numba=1;" in printed.splitlines()[0]
     rows = {line.split()[0]: line.split() for line in printed.splitlines()[3:]}
     assert rows["softmax"][2] == "1.00x" and rows["softmax"][5] == "1.00x"
     results = json.loads(out.read_text())

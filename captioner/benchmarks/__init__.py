@@ -62,6 +62,29 @@ def refuse_unwritable(parser: argparse.ArgumentParser, option: str, path, check)
         parser.error(f"{option} {exc}")
 
 
+def refuse_more_threads_than_numba_has(parser: argparse.ArgumentParser, threads) -> None:
+    """A usage error when ``--threads`` asks for more threads than numba's pool, which numba
+    starts at the CPU count (or NUMBA_NUM_THREADS) and cannot grow: it would stop inside the
+    benchmark. None (not given) passes."""
+    import numba
+
+    if threads is not None and threads > numba.config.NUMBA_NUM_THREADS:
+        parser.error(f"argument --threads: must be <= {numba.config.NUMBA_NUM_THREADS} "
+                     f"(numba's threads on this machine), got {threads}")
+
+
+def use_threads(threads: int | None) -> str:
+    """Run torch and numba (the CPU solvers of TVmax, fusedmax and oscarmax) on ``threads``
+    threads each (None: as they are); returns ``threads torch=N numba=M`` for the header."""
+    import numba
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+        numba.set_num_threads(threads)
+    return f"threads torch={torch.get_num_threads()} numba={numba.get_num_threads()}"
+
+
 def torch_device(name: str):
     """An argparse ``type``: the torch device ``name`` as
     :func:`captioner.inference.resolve_device` accepts it (cpu, cuda, cuda:N, present on this

@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from captioner.benchmarks import torch_device
+from captioner.benchmarks import refuse_more_threads_than_numba_has, torch_device, use_threads
 from captioner.commands.options import at_least, command_parser
 
 PROG = "captioner bench attention"
@@ -78,12 +78,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.device.type == "cuda" and args.clock == "cpu":
         parser.error(f"--clock cpu only measures CPU devices, not --device {args.device}")
-    import numba
-
-    # numba starts its thread pool at this size (the CPU count, or NUMBA_NUM_THREADS).
-    if args.threads is not None and args.threads > numba.config.NUMBA_NUM_THREADS:
-        parser.error(f"argument --threads: must be <= {numba.config.NUMBA_NUM_THREADS} "
-                     f"(numba's threads on this machine), got {args.threads}")
+    refuse_more_threads_than_numba_has(parser, args.threads)
     return args
 
 
@@ -192,12 +187,9 @@ def _table(rows: list[tuple[str, str, float]], baselines: list[str]) -> str:
 
 def main(argv: list[str]) -> int:
     args = _parse(argv)
-    import numba
     import torch
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-        numba.set_num_threads(args.threads)
+    threads = use_threads(args.threads)
     torch.manual_seed(args.seed)
     mappings, fallbacks = _mappings(args.device.type)
     clock = time.perf_counter if args.clock == "wall" else time.process_time
@@ -223,7 +215,7 @@ def main(argv: list[str]) -> int:
     print(
         f"forward+backward, float32, scores {SCORES[args.scores]}, {where}, {args.clock} clock, "
         f"torch {torch.__version__}, "
-        f"threads torch={torch.get_num_threads()} numba={numba.get_num_threads()}, "
+        f"{threads}, "
         f"median of {args.repeats} rounds"
     )
     baselines = [b for b in ("softmax", "sparsemax", "entmax.sparsemax (pkg)") if b in mappings]

@@ -32,7 +32,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from captioner.benchmarks import refuse_unwritable, torch_device
+from captioner.benchmarks import (
+    refuse_more_threads_than_numba_has,
+    refuse_unwritable,
+    torch_device,
+    use_threads,
+)
 from captioner.commands.options import at_least, command_parser, names
 from data_prep.files import check_output_file, write_json
 
@@ -83,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", type=torch_device, default="cpu",
                         help="torch device: cpu, cuda, cuda:1, ... (default: %(default)s)")
     parser.add_argument("--threads", type=at_least(1, int), default=None,
-                        help="torch CPU threads (default: as is)")
+                        help="torch and numba threads (default: as is)")
     parser.add_argument(
         "--clock",
         choices=sorted(CLOCKS),
@@ -125,6 +130,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if args.clock == "cpu" and args.device.type != "cpu":
         parser.error(f"--clock cpu only measures CPU devices, not --device {args.device}")
     refuse_unwritable(parser, "--json", args.json, check_output_file)
+    refuse_more_threads_than_numba_has(parser, args.threads)
     return args
 
 
@@ -327,8 +333,7 @@ def main(argv: list[str]) -> int:
 
     import torch
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    threads = use_threads(args.threads)
     device = args.device
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     generator = torch.Generator().manual_seed(args.seed)
@@ -348,7 +353,7 @@ def main(argv: list[str]) -> int:
         f"batch {args.batch_size}, grid {args.grid}x{args.grid}x{args.channels}, vocab "
         f"{args.vocab_size}, caption length {args.caption_length}, beam {args.beam_size}, "
         f"max length {args.max_length}, input attention {args.input_attention}, device "
-        f"{device}, {torch.get_num_threads()} CPU threads; {args.clock} clock, fastest of "
+        f"{device}, {threads}; {args.clock} clock, fastest of "
         f"{args.repeats} runs"
     )
     rows = [*args.mappings, *([OVERLAP_ROW] if args.tvmax_overlap else [])]
