@@ -110,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"captioner {name}: {exc}", file=sys.stderr)
             return 2
+    if hasattr(sys.stdout, "reconfigure"):
+        # A file name of bytes that are not UTF-8 reaches Python as surrogate escapes: printed
+        # as the bytes it is (as ls prints it), not a UnicodeEncodeError once the work is done.
+        sys.stdout.reconfigure(errors="surrogateescape")
     module = importlib.import_module(commands[name])
     # LightningCLI commands need to know which sub-command they were called as.
     args = [name, *rest] if getattr(module, "NEEDS_COMMAND_NAME", False) else rest

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import decimal
 import io
 import json
 import math
@@ -256,11 +257,21 @@ def _read_text(path: Path) -> str:
 SHOWN_CHARS = 80  # of a line quoted in an error
 
 
+# The leading bytes of compressed files, which a captions file given as such begins with.
+COMPRESSED_MAGIC = ((b"\x1f\x8b", "gzip-compressed"), (b"PK\x03\x04", "zip"),
+                    (b"\xfd7zXZ\x00", "xz-compressed"), (b"\x28\xb5\x2f\xfd", "zstd-compressed"))
+
+
 def _not_utf8(path: Path, data: bytes, exc: UnicodeDecodeError) -> str:
     """Where the first byte of ``data`` that is not UTF-8 lies, with the bytes before it on
     its line (valid UTF-8 by definition) and how to convert the file."""
-    line_start = data.rfind(b"\n", 0, exc.start) + 1
-    line = data.count(b"\n", 0, exc.start) + 1
+    for magic, kind in COMPRESSED_MAGIC:
+        if data.startswith(magic):
+            return f"{path}: is a {kind} file, not text; decompress it and give the captions file"
+    # Lines end as the readers split them (open(newline="")): \n, \r\n or a lone \r.
+    line_start = max(data.rfind(b"\n", 0, exc.start), data.rfind(b"\r", 0, exc.start)) + 1
+    line = (data.count(b"\n", 0, exc.start) + data.count(b"\r", 0, exc.start)
+            - data.count(b"\r\n", 0, exc.start) + 1)
     before = data[line_start:exc.start].decode("utf-8").removeprefix("\ufeff")
     converted = path.with_name(f"{path.stem}.utf8{path.suffix}")
     return (f"{path} line {line} (byte offset {exc.start:,}): not UTF-8 text: byte "
@@ -426,9 +437,11 @@ class _Table:
         if isinstance(row, csv.Error):
             return str(row)
         if len(row) != len(self.header):
+            # TSV is read literally (no quoting): a tab cannot be part of a caption there.
+            advice = ("captions holding a comma must be quoted" if self.delimiter == "," else
+                      "a caption cannot hold a tab in TSV")
             return (f"{len(row)} fields, expected {len(self.header)} "
-                    f"({self.delimiter.join(self.header)}); captions holding the delimiter must "
-                    f"be quoted")
+                    f"({self.delimiter.join(self.header)}); {advice}")
         return None
 
     def _unclosed_quote(self, lines: list[str], row: list[str] | csv.Error) -> bool:
@@ -710,7 +723,7 @@ def parse_split(text: str) -> SplitSpec:
              "split file")
     if len(parts) != 3:
         raise DatasetImportError(f"--split {text!r}: {usage}")
-    if all(part.isdigit() for part in parts):
+    if all(part.isdecimal() for part in parts):  # not isdigit: int() refuses '²'
         return SplitSpec(counts=tuple(int(part) for part in parts))
     try:
         fractions = tuple(Fraction(part) for part in parts)
@@ -719,9 +732,15 @@ def parse_split(text: str) -> SplitSpec:
     if any(f < 0 for f in fractions) or sum(fractions) != 1:
         raise DatasetImportError(
             f"--split {text!r}: fractions must be >= 0 and sum to 1, they sum to "
-            f"{float(sum(fractions)):g}"
+            f"{_decimal(sum(fractions))}"
         )
     return SplitSpec(fractions=fractions)
+
+
+def _decimal(value: Fraction) -> str:
+    """``value`` in decimal, to 30 significant digits: a sum of 1 + 1e-16 is not "1"."""
+    quotient = decimal.Context(prec=30).divide(value.numerator, value.denominator)
+    return f"{quotient.normalize():f}"
 
 
 def _read_split_file(path: Path) -> dict[str, str]:
@@ -953,7 +972,9 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
                 f"split {split!r} would be empty ({len(items)} usable images, --split "
                 f"{options.split}{'; ' + skipped if skipped else ''}); nothing was written"
             )
-    name = options.name or dataset_name(out)
+    # A name from bytes that are not UTF-8 (a file or argument name) holds surrogate escapes,
+    # which no UTF-8 file can hold: the bytes that are not show as U+FFFD.
+    name = os.fsencode(options.name or dataset_name(out)).decode("utf-8", "replace")
     with atomic_write(out) as handle:
         json.dump(karpathy_json(splits, name), handle, ensure_ascii=False)
     return ImportReport(

@@ -150,9 +150,11 @@ def parse_json(text: str | bytes) -> Any:
     """``json.loads(text)``, where a text that cannot be parsed always raises
     ``json.JSONDecodeError``: json raises RecursionError for arrays or objects nested past
     Python's recursion limit, and a plain ValueError for an integer of more than 4,300 digits,
-    which the readers of users' files, naming the file for a JSONDecodeError, would miss."""
+    which the readers of users' files, naming the file for a JSONDecodeError, would miss.
+    So does a string escaping half of a UTF-16 surrogate pair (``"\\ud83d"``, an emoji cut in
+    two), which json accepts but is no Unicode text: nothing could write it as UTF-8."""
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError:
         raise
     except RecursionError:
@@ -160,6 +162,33 @@ def parse_json(text: str | bytes) -> Any:
     except ValueError as exc:  # the limit of int() on digit strings
         reason = str(exc).partition(":")[0] or "a value out of range"
         raise json.JSONDecodeError(f"an integer too long ({reason})", "", 0) from None
+    escape = b"\\ud" if isinstance(text, bytes) else "\\ud"
+    if escape in text.lower():  # only an escape makes a surrogate: the text is UTF-8
+        cut = _lone_surrogate(value)
+        if cut is not None:
+            source = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+            half = next(char for char in cut if "\ud800" <= char <= "\udfff")
+            at = max(source.lower().find(f"\\u{ord(half):04x}"), 0)  # where json reports
+            raise json.JSONDecodeError(
+                f"the string {shown(cut)} holds half of a UTF-16 surrogate pair, not text",
+                source, at)
+    return value
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    """The first string in ``value`` (parsed JSON: keys too) holding a lone surrogate."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if any("\ud800" <= char <= "\udfff" for char in item):
+                return item
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
 
 
 def _finite_or_none(value: Any) -> Any:

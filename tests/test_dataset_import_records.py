@@ -240,6 +240,9 @@ def test_skipped_items_are_listed_in_file_order(tmp_path, photos, capsys):
     [
         pytest.param("latin1.csv", "image,caption\nimg_000.jpg,a dog\nimg_001.jpg,un café noir\n"
                      .encode("latin-1"), 3, 50, "img_001.jpg,un caf", id="csv"),
+        # Lines ended by a lone CR (old Mac, Excel for Mac), as the readers split them.
+        pytest.param("mac.csv", "image,caption\rimg_000.jpg,a dog\rimg_001.jpg,un café noir\r"
+                     .encode("latin-1"), 3, 50, "img_001.jpg,un caf", id="csv with CR"),
         pytest.param("bom.csv", b"\xef\xbb\xbf" + "image,caption\nimg_000.jpg,café\n"
                      .encode("latin-1"), 2, 32, "img_000.jpg,caf", id="csv with BOM"),
         pytest.param("latin1.jsonl", '{"image": "img_000.jpg", "captions": ["crème"]}\n'

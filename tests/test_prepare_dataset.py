@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import os
 import random
@@ -122,6 +123,10 @@ def test_split_sizes_by_largest_remainder():
     [
         ("0.8,0.1", "expected train,val,test"),
         ("0.8,0.1,0.2", "sum to 1, they sum to 1.1"),
+        # Printed with its digits, not rounded to the 1 it is not.
+        ("0.8,0.1,0.1000000000000001", "sum to 1, they sum to 1.0000000000000001"),
+        # A digit that int() does not read (str.isdigit calls it one).
+        ("8,\u00b2,2", "expected train,val,test"),
         ("0.9,-0.1,0.2", "must be >= 0"),
         ("a,b,c", "expected train,val,test"),
         ("missing_split.json", "split file not found"),
@@ -326,6 +331,12 @@ def test_tsv_fields_are_literal_and_auto_detected(tmp_path, capsys):
         raws = {e.raws for s in ("train", "val", "test")
                 for e in load_karpathy(out, photos).split(s)}
         assert raws == {(f'"Hi" said {n}, twice',) for n in "abc"}
+    # Quoting cannot hold a tab in TSV, so the message does not advise it.
+    (tmp_path / "tab.tsv").write_text(text + 'a.jpg\t"a dog\tsitting"\n', encoding="utf-8")
+    code, _, err = run(capsys, "--captions", tmp_path / "tab.tsv", "--images", photos,
+                       "--out", tmp_path / "tab.json", "--split", "1,1,1", "--on-error", "fail")
+    assert code == 2 and "tab.tsv line 5: 3 fields, expected 2" in err
+    assert err.rstrip().endswith("a caption cannot hold a tab in TSV"), err
 
 
 def test_coco_captions_keep_the_coco_ids(tmp_path, capsys):
@@ -589,6 +600,51 @@ def test_input_and_output_paths_are_checked(tmp_path, capsys):
         code, _, err = run(capsys, *args, *split)
         assert code == 2 and message in err and "Traceback" not in err, err
     assert [path.read_bytes() for path in inputs] == before
+
+
+def test_a_caption_holding_half_a_surrogate_pair_is_a_malformed_record(tmp_path, capsys):
+    # Valid JSON (an emoji cut in two by a tool), but no text: writing it as UTF-8 failed
+    # with a traceback after every image had been decoded.
+    photos = photo_folder(tmp_path / "photos", GOOD)
+    captions = _jsonl_case(tmp_path, ['{"image": "good1.jpg", "captions": ["a cut \\ud83d"]}'])
+    code, _, err = run(capsys, "--captions", captions, "--images", photos,
+                       "--out", tmp_path / "o.json", "--split", "4,1,1")
+    assert code == 0 and "Traceback" not in err
+    assert ("captions.jsonl line 7: not valid JSON (the string 'a cut \\ud83d' holds half of a "
+            "UTF-16 surrogate pair, not text: column ") in err
+
+
+def test_an_output_name_of_bytes_that_are_not_utf8_still_names_the_dataset(tmp_path):
+    # The name reaches Python as surrogate escapes: the 'dataset' field, written as UTF-8,
+    # failed with a traceback, and so did printing the path in a UTF-8 locale.
+    photos = photo_folder(tmp_path / "photos", GOOD)
+    captions = _jsonl_case(tmp_path, [])
+    out = tmp_path / os.fsdecode(b"dataset_caf\xe9.json")
+    result = subprocess.run(
+        [Path(sys.executable).with_name("captioner"), "prepare-dataset", "--captions", captions,
+         "--images", photos, "--out", out, "--split", "4,1,1", "--no-progress"],
+        capture_output=True, timeout=120, check=False,
+        env={**os.environ, "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert os.fsencode(out) in result.stdout  # the name as its bytes, as ls shows it
+    assert json.loads(out.read_bytes())["dataset"] == "caf\ufffd"
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "kind"),
+    [("c.jsonl.gz", gzip.compress(b'{"image": "a.jpg", "captions": ["a"]}\n'), "gzip-compressed"),
+     ("c.zip", b"PK\x03\x04\x14\x00\x00\x00\x08\x00\xff\xfe", "zip")],
+)
+def test_a_compressed_captions_file_is_named_as_such(tmp_path, capsys, name, data, kind):
+    photos = photo_folder(tmp_path / "photos", GOOD)
+    captions = tmp_path / name
+    captions.write_bytes(data)
+    code, _, err = run(capsys, "--captions", captions, "--images", photos,
+                       "--out", tmp_path / "o.json")
+    assert code == 2
+    assert err == (f"captioner prepare-dataset: {captions}: is a {kind} file, not text; "
+                   "decompress it and give the captions file\n")
 
 
 def test_not_utf8_captions_are_named(tmp_path, capsys):
