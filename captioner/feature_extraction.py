@@ -154,6 +154,11 @@ def extract_features(
         if weights is None:
             settings.update(seed=seed, calibration_images=calibration_images)
         key = {"settings": settings, "images": _ids_fingerprint([e.image_id for e in entries])}
+        local = None if weights is None else Path(weights)
+        if local is not None and local.is_file():
+            # Before the caches are compared: a file is the same weights by its bytes, however
+            # its path is spelled (enc.pt, ./enc.pt, an absolute path).
+            key["weights_sha256"] = file_sha256(local)
         names = {entry.image_id: image_name(entry, image_root) for entry in entries}
         finished = _finished_cache(out, key, names)
         if finished is not None:
@@ -188,8 +193,7 @@ def extract_features(
             encoder = build_encoder(arch, _partial_weights_path(out), layer=layer)
             recorded_weights = str(encoder_weights_path(out).resolve())
         else:
-            local = Path(weights)
-            weights_sha256 = file_sha256(local) if local.is_file() else None
+            weights_sha256 = key.get("weights_sha256")
             recorded_weights, init = weights, "loaded weights"
         key.update(weights_sha256=weights_sha256, init=init)
         encoder = encoder.to(device).eval()
@@ -315,10 +319,15 @@ _EXECUTION_SETTINGS = frozenset({"batch_size", "device"})
 def _differences(recorded: dict[str, Any], key: dict[str, Any],
                  ignore: frozenset[str] = frozenset()) -> list[str]:
     """What differs between a cache's recorded resume key and this run's (settings, images),
-    but for the settings named in ``ignore``."""
+    but for the settings named in ``ignore``; a weights file whose SHA-256 both record is the
+    same weights under any path."""
     differences = []
     before, now = recorded.get("settings") or {}, key["settings"]
+    same_file = recorded.get("weights_sha256") is not None and (
+        recorded.get("weights_sha256") == key.get("weights_sha256"))
     for name in sorted((before.keys() | now.keys()) - ignore):
+        if name == "weights" and same_file:
+            continue
         if before.get(name) != now.get(name):
             differences.append(f"{name} {before.get(name)!r} there, {now.get(name)!r} now")
     if recorded.get("images") != key["images"]:

@@ -230,6 +230,29 @@ def _reference_run(tmp_path, capsys, data, images):
     return made
 
 
+def test_a_weights_file_is_the_same_weights_under_any_spelling_of_its_path(
+        tmp_path, capsys, monkeypatch):
+    data, images, _ = _make_dataset(tmp_path, 4)
+    monkeypatch.chdir(tmp_path)
+    weights = tmp_path / "enc.pt"
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), weights)
+    options = [*ENCODER_ARGS]
+    options[options.index("none")] = "enc.pt"
+    args = ["--data", data, "--images", images, "--out", "features.h5", *options]
+    assert _run(capsys, *args)[0] == 0
+    for spelling in ("./enc.pt", str(weights)):
+        args[args.index("--weights") + 1] = spelling
+        code, stdout, err = _run(capsys, *args)
+        assert code == 0 and "nothing to do" in stdout, err
+    # Other bytes under the same name are other weights.
+    state = torchvision.models.resnet18(weights=None).state_dict()
+    state["conv1.weight"] += 1
+    torch.save(state, weights)
+    code, _, err = _run(capsys, *args)
+    assert "is a finished cache made with other settings (weights 'enc.pt' there" in (
+        _user_error(code, err))
+
+
 def test_a_finished_cache_is_reused_with_its_settings_and_kept_from_others(tmp_path, capsys):
     data, images, _ = _make_dataset(tmp_path, 12)
     out = tmp_path / "features.h5"
