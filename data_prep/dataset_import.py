@@ -62,6 +62,7 @@ from data_prep.files import (
     OutputPathError,
     atomic_write,
     check_output_file,
+    counted,
     first_names,
     parse_json,
     require_file,
@@ -431,9 +432,11 @@ class _Table:
             if last == first:
                 return (f"unclosed quote in {quoted}: it is still open at the end of the file; "
                         "the line is skipped")
+            again = f"line {last}" if last == first + 1 else f"lines {first + 1}-{last}"
             return (f"unclosed quote in {quoted}: it ran on over lines {first}-{last} "
                     f"({len(lines)} lines read as one record); line {first} is skipped and "
-                    f"lines {first + 1}-{last} are read again on their own")
+                    f"{again} {'is' if last == first + 1 else 'are'} read again on "
+                    f"{'its' if last == first + 1 else 'their'} own")
         if isinstance(row, csv.Error):
             return str(row)
         if len(row) != len(self.header):
@@ -943,7 +946,7 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
     records = read_captions(Path(options.captions), fmt, log)
     if not records:
         empty = Path(options.captions).stat().st_size == 0
-        unread = (f" as {fmt} ({len(log.problems)} lines could not be read, the first: "
+        unread = (f" as {fmt} ({counted(len(log.problems), 'line')} could not be read, the first: "
                   f"{log.problems[0].skipped}; is --format right?)") if log.problems else ""
         raise DatasetImportError(
             f"{options.captions}: {'captions file is empty' if empty else 'holds no captions'}"
