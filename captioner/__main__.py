@@ -1,7 +1,5 @@
 """``python -m captioner COMMAND ...``: the console script, for environments without it on PATH."""
 
-import sys
+from captioner.cli import console
 
-from captioner.cli import main
-
-sys.exit(main())
+console()

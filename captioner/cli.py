@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         # Ctrl-C (or SIGTERM, SIGHUP) in a command that does not say more itself (caption,
         # prepare-features and fit say what they kept): one line, not a traceback, and the
         # status a shell gives a process that SIGINT ended.
+        from captioner.commands.options import close_progress_bars
+
+        close_progress_bars()  # so that the line starts a line of its own
         print(f"captioner {name}: interrupted", file=sys.stderr)
         return SIGINT_STATUS
     except (MemoryError, RuntimeError) as exc:
@@ -145,5 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def console() -> None:
+    """The console script and ``python -m captioner``: :func:`main`, then exit with its status.
+    Once a command has returned its work is done (and said), so a Ctrl-C while Python shuts
+    down, running the exit handlers of torch and Lightning, is ignored: it ended a finished
+    command with status 130 and no line, or with a traceback from an exit handler."""
+    code = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

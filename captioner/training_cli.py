@@ -12,7 +12,8 @@ On top of Lightning's CLI over :class:`CaptioningModule` and :class:`CaptionData
   jsonargparse (which would import any ``class_path`` they named);
 * :class:`captioner.training_runs.LastCheckpoint` (options ``--last.*``) writes ``last.ckpt``
   every epoch; the best checkpoint on ``val/CIDEr`` is Lightning's ModelCheckpoint
-  (``--checkpoint.*``).
+  (``--checkpoint.*``), as :class:`captioner.training_runs.BestCheckpoint`, which removes a
+  superseded best checkpoint only once ``last.ckpt`` names the new one.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from captioner.lightning_module import (
 from captioner.lightning_stops import stops_as_keyboard_interrupt
 from captioner.training_runs import (
     LAST_NAME,
+    BestCheckpoint,
     EvaluationGuard,
     FitStartGuard,
     LastCheckpoint,
@@ -55,10 +57,11 @@ from captioner.training_runs import (
     latest_resumable,
     new_version,
     read_progress,
+    remove_interrupted_writes,
     version_number,
 )
 from data_prep.features import FeatureCache
-from data_prep.files import check_output_dir, first_names, let_go
+from data_prep.files import check_output_dir, counted, first_names, let_go
 
 CHECKPOINT_DEFAULTS = {
     "checkpoint.monitor": "val/CIDEr",
@@ -66,6 +69,10 @@ CHECKPOINT_DEFAULTS = {
     "checkpoint.save_last": False,  # last.ckpt is LastCheckpoint's, written every epoch
     "checkpoint.filename": "best-epoch{epoch:02d}-cider{val/CIDEr:.4f}",
     "checkpoint.auto_insert_metric_name": False,
+    # A best checkpoint's name holds its epoch and score: in the run's own folder (a fit refuses
+    # one holding another run's checkpoints) the same name is this run's, written again by a
+    # resume that replays the epoch, not a file to keep beside it as -v1.
+    "checkpoint.enable_version_counter": False,
 }
 TRAINER_DEFAULTS = {
     "plugins": {"class_path": "captioner.checkpointing.AtomicCheckpointIO"},
@@ -187,7 +194,7 @@ class CaptionerCLI(LightningCLI):
                 f"{folder / LAST_NAME} (epochs done: {done})")
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(BestCheckpoint, "checkpoint")
         parser.set_defaults(CHECKPOINT_DEFAULTS)
         parser.add_lightning_class_args(LastCheckpoint, "last")
         parser.add_argument(
@@ -438,6 +445,12 @@ class CaptionerCLI(LightningCLI):
                 _refuse_an_earlier_run(named)
             if self._resumed_run is not None:
                 hold_metrics_for_resume(self._resumed_run)
+                removed = remove_interrupted_writes(
+                    [self._resumed_run, self._checkpoint_folder()])
+                if removed:
+                    print(f"captioner fit: removed {counted(len(removed), 'file')} of a write "
+                          f"that was interrupted: {first_names([p.name for p in removed], 3)}",
+                          file=sys.stderr)
         self.trainer.callbacks.append(FitStartGuard(resumed, self._new_root))
 
     def _starts_afresh(self) -> bool:

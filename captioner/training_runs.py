@@ -26,6 +26,7 @@ import random
 import re
 import shutil
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,35 @@ from data_prep.files import atomic_write, hold_exclusively, let_go, parse_json
 LAST_NAME = "last.ckpt"
 PROGRESS_NAME = "progress.json"
 _VERSION_DIR = re.compile(r"^version_(\d+)$")
+
+
+class BestCheckpoint(ModelCheckpoint):
+    """Lightning's ModelCheckpoint (``--checkpoint.*``: the best checkpoints), but a checkpoint
+    it supersedes is removed only once :class:`LastCheckpoint`, which runs after it, has
+    written ``last.ckpt`` and ``progress.json`` naming the new one: a run killed between the two
+    writes resumes from a ``last.ckpt`` whose best checkpoint still exists, and ``captioner
+    runs`` and ``--ckpt_path best`` name a file that exists.
+
+    Its state key is ModelCheckpoint's, so that runs checkpointed by either resume alike."""
+
+    _superseded: tuple[str, ...] = ()  # removed after the next last.ckpt
+
+    @property
+    def state_key(self) -> str:
+        return super().state_key.replace(type(self).__qualname__,
+                                         ModelCheckpoint.__qualname__, 1)
+
+    def _remove_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        self._superseded = (*self._superseded, filepath)
+
+    def remove_superseded(self, trainer: L.Trainer) -> None:
+        """Remove the checkpoints superseded since the last call (every process calls it;
+        Lightning's strategy removes on the first), but one written again since."""
+        kept = {str(path) for path in (self.best_model_path, *self.best_k_models) if path}
+        for filepath in self._superseded:
+            if str(filepath) not in kept:
+                super()._remove_checkpoint(trainer, filepath)
+        self._superseded = ()
 
 
 class LastCheckpoint(Checkpoint):
@@ -93,6 +123,8 @@ class LastCheckpoint(Checkpoint):
                 # where ``captioner runs`` looks, still says where they are.
                 beside_the_log.mkdir(parents=True, exist_ok=True)
                 write_progress(beside_the_log, trainer, self.path, epochs_done=epochs)
+        if isinstance(best, BestCheckpoint):
+            best.remove_superseded(trainer)
 
     def state_dict(self) -> dict[str, Any]:
         # Called while the checkpoint is written, so these are the states at the save; "rng"
@@ -211,6 +243,19 @@ def new_version(root: Path, name: str) -> int:
 
 class RunInUse(ValueError):
     """A run folder that another running fit holds (its message names the folder)."""
+
+
+def training_now(folder: Path) -> bool | None:
+    """Whether a fit holds the run ``folder`` (:class:`RunLock`) now; None where the file
+    system cannot lock a folder (NFS)."""
+    try:
+        fd = hold_exclusively(folder)
+    except OSError:
+        return None
+    if fd is None:
+        return True
+    let_go(fd)
+    return False
 
 
 class RunLock:
@@ -379,6 +424,20 @@ def set_aside_metrics(folder: Path, resumed_step: int) -> Path | None:
 
 
 _HELD_METRICS = "metrics.before-resume.csv"
+
+
+def remove_interrupted_writes(folders: Iterable[Path]) -> list[Path]:
+    """Remove the temporary files of atomic writes (:func:`data_prep.files.atomic_write`:
+    ``.NAME.XXXXXXXX.tmp``) in ``folders``, which a run killed while writing a checkpoint
+    leaves, as large as a checkpoint; returns them. Only for a resume holding the run
+    (:class:`RunLock`): no other fit is writing there."""
+    removed = []
+    for folder in dict.fromkeys(Path(folder) for folder in folders):
+        for path in sorted(folder.glob(".*.tmp")):
+            if path.is_file() and not path.is_symlink():
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
 
 
 def hold_metrics_for_resume(folder: Path) -> None:

@@ -4,8 +4,10 @@ how every command reports a user error."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -183,9 +185,19 @@ def test_runs_says_what_a_run_without_readable_progress_holds(progress, tmp_path
     (damaged / "progress.json").write_text(progress)
     assert runs.main(["--root", str(tmp_path / "runs")]) == 0
     rows = capsys.readouterr().out.splitlines()[1:]
-    assert rows[0].startswith("a ") and rows[0].endswith("(no checkpoint yet)")
+    assert rows[0].startswith("a ") and rows[0].endswith(
+        "(stopped before its first checkpoint: nothing to resume)")
     assert rows[1].startswith("b ") and rows[1].endswith(
         "(progress.json missing or unreadable; checkpoints: last.ckpt)")
+    # A fit holds it: training in its first epoch.
+    from data_prep.files import hold_exclusively, let_go
+
+    held = hold_exclusively(tmp_path / "runs" / "a" / "version_0")
+    try:
+        assert runs.main(["--root", str(tmp_path / "runs")]) == 0
+    finally:
+        let_go(held)
+    assert capsys.readouterr().out.splitlines()[1].endswith("(no checkpoint yet)")
 
 
 def test_runs_given_a_run_folder_names_the_runs_folder_above_it(tmp_path, capsys):
@@ -275,3 +287,20 @@ def test_under_ddp_only_the_first_process_reports_a_user_error(tmp_path, capsys,
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("captioner fit: ") and "missing.yaml" in err and err.count("\n") == 1
+
+
+def test_a_ctrl_c_after_a_command_returned_is_ignored(monkeypatch):
+    # The command's work is done and said; a Ctrl-C while Python shuts down (torch's and
+    # Lightning's exit handlers) ended it with status 130 and no line, or a traceback.
+    import captioner.cli as cli
+
+    monkeypatch.setattr(cli, "main", lambda: 0)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            cli.console()
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)  # a KeyboardInterrupt would be raised here
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert exit_info.value.code == 0

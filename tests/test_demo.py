@@ -78,11 +78,21 @@ def test_quick_demo_writes_results_checkpoints_and_figures(tmp_path, capsys):
         assert math.isnan(corpus) or 0.0 <= corpus <= 1.0
 
 
-def test_negative_seed_is_refused(tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--seed", "-1"], "seeds must be in [0, 4294967295], got -1"),
+        # Lightning's seed_everything refused it in a traceback, after the data was made.
+        (["--seeds", "0", "4294967296"], "seeds must be in [0, 4294967295], got 4294967296"),
+        (["--lam-grid", "0.1", "0.1"], "--lam-grid gives 0.1 more than once"),
+    ],
+)
+def test_seeds_and_lambdas_that_cannot_run_are_refused(tmp_path, capsys, options, message):
     with pytest.raises(SystemExit) as exit_info:
-        main(["--quick", "--seed", "-1", "--out", str(tmp_path)])
+        main(["--quick", *options, "--out", str(tmp_path / "out")])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.endswith("error: seeds must be >= 0, got -1\n")
+    assert capsys.readouterr().err.endswith(f"error: {message}\n")
+    assert not (tmp_path / "out").exists()
 
 
 def test_repeated_seeds_are_refused_by_value(tmp_path, capsys):

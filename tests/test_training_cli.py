@@ -18,11 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from lightning.pytorch.callbacks import Callback
 from PIL import Image
 
 from captioner.checkpointing import load_safely, save_atomically
 from captioner.commands.lightning import main as lightning_main
 from captioner.feature_extraction import extract_features
+from captioner.training_runs import read_progress
 from data_prep.features import FeatureCache
 from eval.demo import ENCODER_LAYER as DEMO_LAYER
 
@@ -424,7 +426,8 @@ def test_runs_says_a_version_holds_the_test_of_a_checkpoint_from_elsewhere(
     (run.parent / "version_1").mkdir()
     (run.parent / "version_1" / "config.yaml").write_text("ckpt_path: null\n")
     code, out, err = _run("runs", "--root", str(tmp_path / "scored" / "runs"))
-    assert out.splitlines()[2].endswith("version_1       -        - -     (no checkpoint yet)")
+    assert out.splitlines()[2].endswith(
+        "version_1       -        - -     (stopped before its first checkpoint: nothing to resume)")
 
 
 def test_ckpt_path_help_says_what_captioner_does(capsys):
@@ -1530,3 +1533,45 @@ def test_a_config_file_that_is_not_text_is_named(tmp_path, capsys):
     assert lightning_main(["test", "--config", str(picture), "--ckpt_path", "best"]) == 2
     assert capsys.readouterr().err == (
         f"captioner test: --config {picture}: not UTF-8 text (invalid start byte at byte 0)\n")
+
+
+class KilledBeforeLastCheckpoint(Callback):
+    """Stops a fit at the end of epoch ``epoch`` as it starts writing last.ckpt, after the best
+    checkpoint of that epoch was written (the two are written one after the other at the
+    epoch's end): where a ``kill -9`` used to leave a last.ckpt and progress.json naming a
+    best checkpoint that had been removed."""
+
+    def __init__(self, epoch: int = 1) -> None:
+        self.epoch = epoch
+        self.saves = 0
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        if trainer.current_epoch == self.epoch:
+            self.saves += 1
+            if self.saves == 2:  # the best checkpoint's, then last.ckpt's
+                raise RuntimeError("killed")
+
+
+def test_a_fit_killed_between_its_best_and_last_checkpoints_names_files_that_exist(
+    synthetic_data, tiny_cache, tmp_path, capsys
+):
+    # Without a monitor every validation's checkpoint supersedes the one before.
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--checkpoint.monitor", "null")
+    killer = '[{"class_path": "test_training_cli.KilledBeforeLastCheckpoint"}]'
+    with pytest.raises(RuntimeError, match="killed"):
+        lightning_main(["fit", *args, "--trainer.max_epochs", "3", "--trainer.callbacks", killer])
+    folder = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints"
+    named = Path(read_progress(folder)["best_checkpoint"])
+    assert named.name.startswith("best-epoch00-") and named.is_file()
+    states = load_safely(folder / "last.ckpt")["callbacks"]
+    best_state = next(state for key, state in states.items() if key.startswith("ModelCheckpoint"))
+    assert Path(best_state["best_model_path"]) == named
+    # A kill while a checkpoint was written leaves its temporary file, as large as a checkpoint.
+    (folder / ".last.ckpt.k9k9k9k9.tmp").write_bytes(b"\0" * 1000)
+    # The resume replays epoch 1 and writes its checkpoint again, not a copy beside it (-v1).
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "3", "--ckpt_path", "last"]) == 0
+    assert "removed 1 file of a write that was interrupted: .last.ckpt.k9k9k9k9.tmp" in (
+        capsys.readouterr().err)
+    assert not list(folder.glob(".*"))
+    assert sorted(path.name for path in folder.glob("*.ckpt"))[0].startswith("best-epoch02-")
+    assert len(list(folder.glob("*.ckpt"))) == 2 and not list(folder.glob("*-v1.ckpt"))

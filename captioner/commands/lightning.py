@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
 
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    from captioner.commands.options import report_error
+    from captioner.commands.options import close_progress_bars, report_error
     from captioner.model.encoder import EncoderWeightsError
     from captioner.training_cli import (
         Interrupted,
@@ -64,6 +64,7 @@ def main(argv: list[str]) -> int:
         cli = build_cli(args)
     except Interrupted as exc:
         if _first_process():
+            close_progress_bars()
             print(f"captioner {argv[0]}: {exc}", file=sys.stderr)
         return 130
     except (UserError, OSError, ValueError, ArgumentError, MisconfigurationException,

@@ -60,14 +60,14 @@ def report_error(prog: str, exc: BaseException, context: str = "", status: int =
     """
     if os.environ.get("CAPTIONER_DEBUG", "0") not in ("", "0"):
         raise exc
-    _close_progress_bars()
+    close_progress_bars()
     message = " ".join(str(_describe(exc)).split())
     print(f"{prog}: {context}{': ' if context else ''}{message}{' ' if after else ''}{after}",
           file=sys.stderr)
     return status
 
 
-def _close_progress_bars() -> None:
+def close_progress_bars() -> None:
     """Close the progress bars the command left open where it stopped (Lightning leaves its
     epoch bar open when the fit raises), so that each ends its line and the error line starts
     its own: a bar ends without a newline, on stdout or stderr, and on a terminal the line

@@ -28,6 +28,7 @@ def main(argv: list[str]) -> int:
     from captioner.training_runs import (
         evaluation_only,
         list_runs,
+        training_now,
         version_folders,
         version_number,
     )
@@ -64,6 +65,8 @@ def main(argv: list[str]) -> int:
             elif scored:
                 note = (f"(no training: {scored[0]} of {scored[1]}, scores in "
                         f"{run.folder / 'metrics.csv'})")
+            elif training_now(run.folder) is False:
+                note = "(stopped before its first checkpoint: nothing to resume)"
             else:
                 note = "(no checkpoint yet)"
             print(f"{run.name:<24} {run.folder.name:<10} {'-':>6} {'-':>8} {best:<{width}}  "

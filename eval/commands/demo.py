@@ -41,7 +41,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from captioner.cli import SIGINT_STATUS
-from captioner.commands.options import command_parser, report_error
+from captioner.commands.options import close_progress_bars, command_parser, report_error
 from data_prep.files import (
     OutputPathError,
     check_output_dir,
@@ -63,6 +63,7 @@ from eval.demo_trainings import FILE_NAME as TRAININGS_FILE
 from eval.demo_trainings import TrainingRecord
 
 HELP = "train softmax / sparsemax / TVmax captioners on synthetic shapes and compare them"
+MAX_SEED = 2**32 - 1
 
 
 def main(argv: list[str]) -> int:
@@ -87,15 +88,20 @@ def main(argv: list[str]) -> int:
                         "unfinished run goes on)")
     args = parser.parse_args(argv)
     seeds = args.seeds or [args.seed]
-    negative = sorted({seed for seed in (args.seed, *seeds) if seed < 0})
-    if negative:
-        parser.error(f"seeds must be >= 0, got {first_names(negative)}")
+    # Lightning's seed_everything (numpy's generator) takes seeds of 32 bits.
+    outside = sorted({seed for seed in (args.seed, *seeds) if not 0 <= seed <= MAX_SEED})
+    if outside:
+        parser.error(f"seeds must be in [0, {MAX_SEED}], got {first_names(outside)}")
     repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1})
     if repeated:
         parser.error(f"--seeds gives {first_names(repeated)} more than once")
     bad_lams = [lam for lam in args.lam_grid or () if not (math.isfinite(lam) and lam > 0)]
     if bad_lams:
         parser.error(f"--lam-grid values must be finite and positive, got {first_names(bad_lams)}")
+    lams = args.lam_grid or []
+    repeated = sorted({lam for lam in lams if lams.count(lam) > 1})
+    if repeated:
+        parser.error(f"--lam-grid gives {first_names(repeated)} more than once")
     settings = replace(QUICK if args.quick else FULL, seed=args.seed)
     out = args.out.resolve()
     try:
@@ -144,6 +150,7 @@ def _demo_in(out: Path, args: argparse.Namespace, settings: DemoSettings,
     try:
         outcome = run_demo(out, settings, seeds, args.lam_grid)
     except KeyboardInterrupt:
+        close_progress_bars()
         print(f"captioner demo: {_interrupted(out)}", file=sys.stderr)
         return SIGINT_STATUS
 
