@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,10 +35,13 @@ class EvaluationReport:
         statistics, one per line."""
         name = f"{self.info['output_attention']} ({self.info['split']})"
         lines = [format_table1({name: self.metrics}), "", "attention statistics:"]
-        lines += [f"  {key:<20} {value:.4f}" for key, value in self.attention.items()]
+        lines += [f"  {key:<20} {_statistic(value)}" for key, value in self.attention.items()]
         if self.objects:
             lines += ["objects:"]
-            lines += [f"  {key:<26} {value:.4f}" for key, value in self.objects.items()]
+            lines += [f"  {key:<26} {_statistic(value)}" for key, value in self.objects.items()]
+            if any(math.isnan(value) for value in self.objects.values()):
+                lines += ["  (n/a: undefined here, as no image holds an object of the "
+                          "instances file, or no caption names one its image holds)"]
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -122,3 +126,8 @@ def evaluate_captioner(
             "instances": None if instances is None else str(instances),
         },
     )
+
+
+def _statistic(value: float) -> str:
+    """A statistic for the summary: four decimals, or n/a where it is undefined (NaN)."""
+    return "n/a" if math.isnan(value) else f"{value:.4f}"

@@ -214,12 +214,18 @@ def krippendorff_alpha(matrix: np.ndarray) -> tuple[float | None, str | None]:
 
     if matrix.shape[0] < 2:
         return None, "needs at least 2 raters"
-    if not (np.sum(~np.isnan(matrix), axis=0) >= 2).any():
+    pairable = np.sum(~np.isnan(matrix), axis=0) >= 2
+    if not pairable.any():
         return None, "no unit was rated by 2 or more raters"
+    values = matrix[:, pairable]
+    if np.unique(values[~np.isnan(values)]).size < 2:
+        # No disagreement is expected by chance either: alpha = 1 - 0/0 (the package returns
+        # NaN with a RuntimeWarning).
+        return None, "every rating has the same value"
     try:
         return float(krippendorff.alpha(reliability_data=matrix, value_domain=list(SCORES),
                                         level_of_measurement="ordinal")), None
-    except ValueError as exc:  # e.g. every rating has the same value
+    except ValueError as exc:
         return None, str(exc)
 
 

@@ -280,3 +280,16 @@ def test_an_input_where_an_output_goes_is_refused_with_overwrite_too(synthetic_d
             f"captioner evaluate: {data}: is the dataset file this command reads; writing the "
             "output there would replace it\n")
     assert data.read_bytes() == before
+
+
+def test_an_undefined_statistic_is_shown_as_not_applicable_with_its_reason():
+    from eval.evaluation import EvaluationReport
+
+    report = EvaluationReport(
+        metrics={"CIDEr": 0.5}, attention={"zero_share": 0.25},
+        objects={"object_recall": 0.5, "object_precision": float("nan")}, results=[],
+        per_image={}, info={"output_attention": "tvmax", "split": "test"})
+    lines = report.summary().splitlines()
+    assert "  object_precision           n/a" in lines
+    assert "  object_recall              0.5000" in lines
+    assert lines[-1].startswith("  (n/a: undefined here")

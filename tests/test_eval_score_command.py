@@ -107,6 +107,13 @@ def test_a_karpathy_split_scores_its_images_and_leaves_out_other_splits_captions
                         "test", "--metrics", "Bleu")
     assert rc == 2
     assert err.endswith("1 image id of the results has no reference caption (99)\n")
+    # Captions of another split only: the --split given is named as the likely mistake.
+    other = _write(tmp_path / "other.json", [{"image_id": 7, "caption": "a dog"}])
+    rc, _, err = _score(capsys, "--results", other, "--references", karpathy, "--split",
+                        "test", "--metrics", "Bleu")
+    assert rc == 2
+    assert err.endswith(f"every caption in {other} is of split 'train', not 'test': is --split "
+                        "right?\n"), err
 
 
 @pytest.mark.parametrize(

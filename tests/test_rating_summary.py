@@ -123,6 +123,18 @@ def test_single_rater_has_no_agreement_figure(tmp_path, key_path):
                                                "note": "needs at least 2 raters"}
 
 
+def test_ratings_all_of_one_value_have_no_agreement_figure(tmp_path, key_path, recwarn):
+    # Alpha is 1 - 0/0 there: the krippendorff package returns NaN with a RuntimeWarning,
+    # which the table showed as 'nan' with no reason.
+    same = {cell: (3, 4) for cell in RATER_1}
+    files = [_write(tmp_path / f"{rater}.json", _ratings(rater, same)) for rater in ("r1", "r2")]
+    summary = summarize(files, key_path)
+    for aspect in ("caption", "attention"):
+        assert summary["agreement"][aspect] == {"krippendorff_alpha_ordinal": None,
+                                               "note": "every rating has the same value"}
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
 @pytest.mark.parametrize(
     "edit, message",
     [

@@ -92,6 +92,11 @@ def main(argv: list[str]) -> int:
             f"{agreeing(len(empty), 'is', 'are')} empty (image ids {first_names(empty)}); "
             "pass --allow-empty to score them anyway"
         )
+    if problems and subset and args.split is not None and not hypotheses:
+        # Every caption was of another split: the split given is likely not the results'.
+        found = sorted(set(elsewhere.values()))
+        problems.append(f"every caption in {args.results} is of split "
+                        f"{' or '.join(map(repr, found))}, not {args.split!r}: is --split right?")
     if problems:
         return report_error("captioner score", ValueError("; ".join(problems)),
                             f"cannot score {args.results}")
