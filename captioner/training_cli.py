@@ -569,6 +569,11 @@ class CaptionerCLI(LightningCLI):
                          f"step {trainer.global_step})")
         return "\n".join(line for line in lines if line)
 
+    def evaluation_summary(self) -> str:
+        """Where validate / test logged their scores (``version_N/test_2/``, say), or ''."""
+        folder = _logger_folder(self.trainer.logger)
+        return f"scores logged in {folder / 'metrics.csv'}" if folder is not None else ""
+
 
 def _logger_folder(logger) -> Path | None:
     """The run folder of a fit's logger; None without a logger, and for the DummyLogger that

@@ -329,10 +329,11 @@ def test_validate_and_test_take_a_cli_checkpoint_and_best(synthetic_data, tiny_c
     monkeypatch.chdir(best.parent)
     assert lightning_main(["validate", *args, "--ckpt_path", best.name]) == 0
     monkeypatch.chdir(tmp_path)
-    code, _, err = _run("test", *args, "--ckpt_path", "best")
+    code, out, err = _run("test", *args, "--ckpt_path", "best")
     assert code == 0, err[-2000:]
     assert "dirpath has changed" not in err  # Lightning's warning, of no use to a test
     run = tmp_path / "runs" / "demo_softmax" / "version_0"
+    assert f"scores logged in {run / 'test' / 'metrics.csv'}" in out
     assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]  # no new versions
     validated = list(csv.DictReader((run / "validate" / "metrics.csv").open()))
     # The run's config names the checkpoint it scored from any folder, not from the one the

@@ -84,10 +84,10 @@ def main(argv: list[str]) -> int:
         options = _as_options(message, argv[0])
         return report_error(f"captioner {argv[0]}", exc if options == message else
                             ValueError(options))
-    if argv[0] == "fit":
-        summary = cli.run_summary()  # every rank: trainer.log_dir is a collective under DDP
-        if cli.trainer.is_global_zero:
-            print(summary)
+    # Every rank: trainer.log_dir is a collective under DDP.
+    summary = cli.run_summary() if argv[0] == "fit" else cli.evaluation_summary()
+    if cli.trainer.is_global_zero and summary:
+        print(summary)
     end_distributed()
     return 0
 
