@@ -45,11 +45,11 @@ from __future__ import annotations
 import codecs
 import csv
 import decimal
+import hashlib
 import io
 import json
 import math
 import os
-import random
 import shlex
 import unicodedata
 from collections.abc import Iterable, Iterator
@@ -788,11 +788,12 @@ def assign_splits(items: list[Item], spec: SplitSpec, seed: int, log: ProblemLog
                   listed: set[str]) -> tuple[dict[str, list[Item]], list[str]]:
     """Images per split (each split in path order) and the paths left out by ``counts``.
 
-    Random splits shuffle the images sorted by path with ``random.Random(seed)``, so the
-    result depends only on the set of usable images and the seed, not on the order of the
-    captions file. With a split file, usable images it does not list are reported as
-    ``not_in_split_file``, and names it lists that no record of the captions file has (``listed``
-    holds every path the captions file named) as ``unknown_in_split_file``.
+    Random splits cut the images in the order of :func:`_draw_order`, so the result depends
+    only on the set of usable images and the seed, not on the order of the captions file, and
+    an image added or removed moves at most a few others to another split. With a split
+    file, usable images it does not list are reported as ``not_in_split_file``, and names it
+    lists that no record of the captions file has (``listed`` holds every path the captions
+    file named) as ``unknown_in_split_file``.
     """
     by_path = {item.image: item for item in items}
     if spec.lists is not None:
@@ -811,8 +812,7 @@ def assign_splits(items: list[Item], spec: SplitSpec, seed: int, log: ProblemLog
         log.stop_if_failing()
         return _items_by_split(chosen, by_path), []
 
-    order = sorted(by_path)
-    random.Random(seed).shuffle(order)
+    order = _draw_order(by_path, seed)
     if spec.counts is not None:
         sizes = spec.counts
         if sum(sizes) > len(order):
@@ -828,6 +828,17 @@ def assign_splits(items: list[Item], spec: SplitSpec, seed: int, log: ProblemLog
         chosen[split] = sorted(order[start:start + size])
         start += size
     return _items_by_split(chosen, by_path), sorted(order[start:])
+
+
+def _draw_order(paths: Iterable[str], seed: int) -> list[str]:
+    """``paths`` in the order of the SHA-256 of seed and path: a random order that gives each
+    image its place whatever the other images are. A shuffle of the whole list would deal
+    most images anew when one is added or removed (a photo fixed and the file rebuilt), moving
+    test images into training."""
+    def place(path: str) -> bytes:
+        return hashlib.sha256(f"{seed}\n{path}".encode("utf-8", "surrogateescape")).digest()
+
+    return sorted(paths, key=place)
 
 
 def _items_by_split(chosen: dict[str, list[str]], by_path: dict[str, Item]

@@ -67,6 +67,11 @@ def test_a_user_error_is_one_line_and_captioner_debug_shows_its_traceback(monkey
          "a/m.csv -> a/old.csv: read-only file system"),
         (OSError(27, "File too large"), "file too large"),
         (OSError("unable to lock file"), "unable to lock file"),  # no errno: as it is
+        # torch re-raises a loader worker's error with the worker's traceback in its message.
+        (ValueError("Caught ValueError in DataLoader worker process 1.\nOriginal Traceback "
+                    "(most recent call last):\n  File \"data.py\", line 1, in fetch\n    x()\n"
+                    "ValueError: f.h5: dataset 'features' holds NaN\n"),
+         "f.h5: dataset 'features' holds NaN"),
     ):
         assert report_error("captioner fit", exc) == 2
         assert capsys.readouterr().err == f"captioner fit: {line}\n"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import time
@@ -267,6 +268,26 @@ def test_a_damaged_cache_is_refused_naming_the_file_and_field(tmp_path, name, va
             cache.image_names()
     assert str(caught.value).startswith(f"{path}: ")
     assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_features_holding_nan_or_inf_are_refused_naming_the_image(tmp_path):
+    # The writer refuses them, so the file is damaged; the model would fail on NaN scores that
+    # name neither the file nor the image.
+    path = tmp_path / "features.h5"
+    with _writer(path) as writer:
+        writer.add([1, 2, 3], _features(3, 0))
+    for bad in (np.nan, np.inf):
+        with h5py.File(path, "a") as file:
+            file["features"][1, 0, 0, 0] = bad
+        cache = FeatureCache(path)
+        assert cache.get_many([1, 3]).shape[0] == 2  # the others read as before
+        damaged = (f"^{re.escape(str(path))}: dataset 'features' holds NaN or inf in the row "
+                   "of image id 2: the cache is damaged")
+        with pytest.raises(ValueError, match=damaged):
+            cache.get_many([3, 2])
+        with pytest.raises(ValueError, match=damaged):
+            cache.get(2)
+        cache.close()
 
 
 KEY = {"settings": {"arch": "resnet18"}, "images": [1, 2, 3, 4, 5]}

@@ -751,3 +751,26 @@ def test_a_captions_file_of_another_format_asks_whether_format_is_right(tmp_path
     assert code == 2
     assert f"{captions}: holds no captions as jsonl ({len(GOOD) + 1} lines could not be read, " \
            f"the first: {captions} line 1: not valid JSON" in err and "is --format right?" in err
+
+
+def test_an_image_added_or_removed_moves_few_others_to_another_split(tmp_path, capsys):
+    # A photo fixed and the file rebuilt: a shuffle of the whole list dealt 18 of 59 images
+    # anew, moving test images into training.
+    names = [f"img{i:02d}.jpg" for i in range(60)]
+    photos = photo_folder(tmp_path / "photos", names)
+
+    def splits(kept, out_name):
+        captions = write_jsonl(tmp_path / f"{out_name}.jsonl",
+                               [{"image": n, "captions": ["a cat"]} for n in kept])
+        out = tmp_path / f"{out_name}.json"
+        code, _, err = run(capsys, "--captions", captions, "--images", photos, "--out", out,
+                           "--split", "0.8,0.1,0.1")
+        assert code == 0, err
+        return {e.path.name: s for s in ("train", "val", "test")
+                for e in load_karpathy(out, photos).split(s)}
+
+    every = splits(names, "all")
+    for left_out in (names[7], names[33]):
+        fewer = splits([n for n in names if n != left_out], "fewer")
+        moved = [n for n in fewer if fewer[n] != every[n]]
+        assert len(moved) <= 2, moved

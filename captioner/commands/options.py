@@ -79,7 +79,15 @@ def close_progress_bars() -> None:
     sys.stdout.flush()
 
 
+# torch re-raises an error of a DataLoader worker process with the worker's traceback in its
+# message, whose last line is the error itself ("ValueError: ...").
+_WORKER_TRACEBACK = "\nOriginal Traceback (most recent call last):\n"
+
+
 def _describe(exc: BaseException) -> object:
+    if _WORKER_TRACEBACK in str(exc):
+        last = str(exc).rstrip().rsplit("\n", 1)[-1]
+        return last.split(": ", 1)[1] if last.startswith(f"{type(exc).__name__}: ") else last
     if isinstance(exc, KeyError) and exc.args:
         return exc.args[0]
     if isinstance(exc, OSError) and exc.strerror and str(exc).startswith("[Errno"):
