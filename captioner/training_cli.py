@@ -45,6 +45,7 @@ from captioner.lightning_module import (
 from captioner.lightning_stops import stops_as_keyboard_interrupt
 from captioner.training_runs import (
     LAST_NAME,
+    PROGRESS_NAME,
     BestCheckpoint,
     EvaluationGuard,
     FitStartGuard,
@@ -611,12 +612,16 @@ def _refuse_earlier_checkpoints(folder: Path) -> None:
 
 
 def _log_beside_the_run(init_args, checkpoint: Path, subcommand: str) -> Path | None:
-    """Log validate / test of a checkpoint of ``ROOT/NAME/version_N/checkpoints/`` into that
-    run's folder instead of a new run version, and return the run's folder (else None). The
-    logger's version says ``version_N/<subcommand>`` until the process of global rank 0, the
-    one that logs, claims its folder there (:meth:`CaptionerCLI.before_validate`)."""
+    """Log validate / test of a checkpoint of ``ROOT/NAME/V/checkpoints/`` (a run: V is
+    version_N, or a named version) into that run's folder instead of a new run version, and
+    return the run's folder (else None). The logger's version says ``V/<subcommand>`` until
+    the process of global rank 0, the one that logs, claims its folder there
+    (:meth:`CaptionerCLI.before_validate`)."""
     folder = checkpoint.resolve().parent
-    if folder.name != "checkpoints" or version_number(folder.parent) is None:
+    # A run's folder: version_N, or a version named with --trainer.logger.init_args.version,
+    # whose checkpoints folder fit marks with its progress.json.
+    if folder.name != "checkpoints" or (version_number(folder.parent) is None
+                                        and not (folder / PROGRESS_NAME).is_file()):
         return None
     init_args["save_dir"] = str(folder.parents[2])
     init_args["name"] = folder.parents[1].name

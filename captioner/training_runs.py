@@ -326,9 +326,14 @@ def claim_evaluation_folder(run: Path, subcommand: str) -> tuple[str, int | None
 
 
 def latest_resumable(root: Path, name: str) -> tuple[int, Path] | None:
-    """The newest version of run NAME that has ``checkpoints/last.ckpt``, and that file."""
+    """The newest version of run NAME that has a ``last.ckpt``, and that file: in the run's
+    ``checkpoints/``, or where the ``progress.json`` there says it keeps its checkpoints
+    (``--checkpoint.dirpath``)."""
     for version, folder in reversed(version_folders(root, name)):
         last = folder / "checkpoints" / LAST_NAME
+        if not last.is_file():
+            kept = read_progress(folder / "checkpoints").get("last_checkpoint")
+            last = Path(kept) if kept else last
         if last.is_file():
             return version, last
     return None
@@ -392,12 +397,18 @@ def list_runs(root: Path) -> list[RunInfo]:
         return runs
     for named in sorted(p for p in root.iterdir() if p.is_dir()):
         folders = [folder for _, folder in version_folders(root, named.name)]
-        folders += sorted(p for p in named.iterdir() if p.is_dir() and version_number(p) is None
-                          and (p / "checkpoints").is_dir())
+        folders += sorted((p for p in named.iterdir() if p.is_dir() and version_number(p) is None
+                           and (p / "checkpoints").is_dir()), key=_natural_order)
         for folder in folders:
             progress = read_progress(folder / "checkpoints") or None
             runs.append(RunInfo(named.name, folder, progress))
     return runs
+
+
+def _natural_order(path: Path) -> list[tuple[int, int | str]]:
+    """A sort key that orders the numbers in a name by value: V2 before V10."""
+    return [(0, int(part)) if part.isdecimal() else (1, part)
+            for part in re.split(r"(\d+)", path.name) if part]
 
 
 def set_aside_metrics(folder: Path, resumed_step: int) -> Path | None:

@@ -309,3 +309,13 @@ def test_a_ctrl_c_after_a_command_returned_is_ignored(monkeypatch):
     finally:
         signal.signal(signal.SIGINT, previous)
     assert exit_info.value.code == 0
+
+
+def test_runs_lists_named_versions_in_the_order_of_their_numbers(tmp_path, capsys):
+    from captioner.commands import runs
+
+    for version in ("V10", "V2", "mine", "V1"):
+        (tmp_path / "runs" / "a" / version / "checkpoints").mkdir(parents=True)
+    assert runs.main(["--root", str(tmp_path / "runs")]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    assert [row.split()[1] for row in rows] == ["V1", "V2", "V10", "mine"]

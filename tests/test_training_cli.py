@@ -724,6 +724,11 @@ def test_a_fit_holds_a_version_named_on_its_command_line(synthetic_data, tiny_ca
     assert "Traceback" not in err and not (run / "checkpoints").exists()
     assert lightning_main(["fit", *args]) == 0
     assert (run / "checkpoints" / "last.ckpt").is_file()
+    # Its test logs beside it, as a version_N run's does, not as a new run's.
+    test = ["test", "--config", str(run / "config.yaml"), "--ckpt_path", "last"]
+    assert lightning_main(test) == 0
+    assert (run / "test" / "metrics.csv").is_file()
+    assert sorted(path.name for path in run.parent.iterdir()) == ["mine"]
     # Resuming it by its config.yaml while another fit trains there in its first epoch (no
     # last.ckpt yet) names that fit, not a missing last.ckpt.
     (run / "checkpoints" / "last.ckpt").unlink()
@@ -969,6 +974,12 @@ def test_runs_lists_a_run_whose_checkpoints_are_kept_elsewhere(synthetic_data, t
     [row] = capsys.readouterr().out.splitlines()[1:]
     assert row.split()[:5] == ["demo_softmax", "version_0", "1", "2", "CIDEr"]
     assert row.endswith(f"best {best.resolve()}  last {(elsewhere / 'last.ckpt').resolve()}")
+    # It is the newest run, so `best` is its best checkpoint (it was an older run's).
+    assert lightning_main(["test", *_cli_args(synthetic_data, tiny_cache, tmp_path),
+                           "--ckpt_path", "best"]) == 0
+    logged = re.search(r"scores logged in (.+)\n", capsys.readouterr().out).group(1)
+    saved = yaml.safe_load((Path(logged).parent / "config.yaml").read_text())
+    assert saved["ckpt_path"] == str(best.resolve())
 
 
 def test_a_misspelt_key_of_a_config_file_names_the_config_files(synthetic_data, tiny_cache,
