@@ -60,15 +60,31 @@ class BestCheckpoint(ModelCheckpoint):
         return super().state_key.replace(type(self).__qualname__,
                                          ModelCheckpoint.__qualname__, 1)
 
+    def state_dict(self) -> dict[str, Any]:
+        # last.ckpt records what it supersedes: a run killed after writing it, before the
+        # removal, removes them when it resumes (on_train_start).
+        return {**super().state_dict(), "superseded": list(self._superseded)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        superseded = state_dict.get("superseded") or []
+        self._superseded = tuple(path for path in superseded if isinstance(path, str))
+
+    def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        self.remove_superseded(trainer)
+
     def _remove_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         self._superseded = (*self._superseded, filepath)
 
     def remove_superseded(self, trainer: L.Trainer) -> None:
         """Remove the checkpoints superseded since the last call (every process calls it;
-        Lightning's strategy removes on the first), but one written again since."""
+        Lightning's strategy removes on the first), but one written again since, one outside
+        this callback's folder and the one the fit resumed from (Lightning's own rule)."""
         kept = {str(path) for path in (self.best_model_path, *self.best_k_models) if path}
         for filepath in self._superseded:
-            if str(filepath) not in kept:
+            if str(filepath) not in kept and self._should_remove_checkpoint(
+                    trainer, filepath, self.best_model_path):
                 super()._remove_checkpoint(trainer, filepath)
         self._superseded = ()
 

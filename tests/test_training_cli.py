@@ -1587,3 +1587,30 @@ def test_a_fit_killed_between_its_best_and_last_checkpoints_names_files_that_exi
     assert not list(folder.glob(".*"))
     assert sorted(path.name for path in folder.glob("*.ckpt"))[0].startswith("best-epoch02-")
     assert len(list(folder.glob("*.ckpt"))) == 2 and not list(folder.glob("*-v1.ckpt"))
+
+
+def test_a_fit_killed_after_its_last_checkpoint_removes_what_it_superseded_on_resume(
+    synthetic_data, tiny_cache, tmp_path, monkeypatch
+):
+    # Killed once last.ckpt is written, before progress.json and the removal of the best
+    # checkpoint it supersedes: last.ckpt records that file, which the resume removes.
+    import captioner.training_runs as training_runs
+
+    write_progress = training_runs.write_progress
+
+    def killed_at_epoch_2(folder, trainer, last, *, epochs_done):
+        if epochs_done == 2:
+            raise RuntimeError("killed")
+        write_progress(folder, trainer, last, epochs_done=epochs_done)
+
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--checkpoint.monitor", "null")
+    monkeypatch.setattr(training_runs, "write_progress", killed_at_epoch_2)
+    with pytest.raises(RuntimeError, match="killed"):
+        lightning_main(["fit", *args, "--trainer.max_epochs", "3"])
+    monkeypatch.setattr(training_runs, "write_progress", write_progress)
+    folder = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints"
+    names = sorted(path.name[:13] for path in folder.glob("best-*.ckpt"))
+    assert names == ["best-epoch00-", "best-epoch01-"]
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "3", "--ckpt_path", "last"]) == 0
+    left = sorted(path.name[:13] for path in folder.glob("*.ckpt"))
+    assert left == ["best-epoch02-", "last.ckpt"]
