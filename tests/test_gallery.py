@@ -313,3 +313,19 @@ def test_browser_navigation_hash_and_screenshot(command_gallery):
     pixels = np.asarray(Image.open(shot).convert("RGB"))
     assert Image.open(shot).format == "PNG" and pixels.shape[0] > 100
     assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50  # text, images, overlays
+
+
+def test_command_refuses_an_out_inside_the_image_root_of_a_karpathy_split(
+        tiny_checkpoint, synthetic_data, tmp_path, capsys):
+    # Its figures would be read as images by the next command given that root.
+    images = tmp_path / "images"
+    shutil.copytree(synthetic_data.image_root, images)
+    out = images / "gallery"
+    code = command.main(["--data", str(synthetic_data.karpathy_json), "--images", str(images),
+                         "--split", "val", "--n", "2", "--ckpt", str(tiny_checkpoint),
+                         "--out", str(out), *FAST])
+    assert code == 2 and not out.exists()
+    assert capsys.readouterr().err == (
+        f"captioner gallery: {out}: the output folder lies inside the input folder {images}, so "
+        "its figures would be read as input images by the next run; choose an --out outside "
+        "the inputs\n")

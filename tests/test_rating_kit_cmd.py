@@ -244,3 +244,16 @@ def test_a_kit_of_empty_captions_only_is_refused_naming_why(tiny_checkpoint, syn
         "checkpoint writes some): the kit would have nothing to rate; train the models further\n")
     assert not out.exists() or not any(out.iterdir())
     assert not (tmp_path / "kit-key.json").exists()
+
+
+def test_an_out_inside_the_image_root_of_a_karpathy_split_is_refused(
+        tiny_checkpoint, synthetic_data, tmp_path, capsys):
+    # Its images would be read as photos by the next command given that root.
+    images = tmp_path / "images"
+    shutil.copytree(synthetic_data.image_root, images)
+    kit = images / "kit"
+    code = command.main(["--ckpt", str(tiny_checkpoint), "--data",
+                         str(synthetic_data.karpathy_json), "--images", str(images),
+                         "--split", "test", "--n", "2", "--out", str(kit), *FAST])
+    assert code == 2 and not kit.exists()
+    assert "the output folder lies inside the input folder" in capsys.readouterr().err

@@ -134,7 +134,9 @@ def main(argv: list[str]) -> int:
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         options = [decoding_options(args, captioner.decoding) for captioner in captioners]
         paths, shown_names, skipped, note = _images(args)
-        refuse_inputs_in_output(args.out, [*map(Path, args.inputs), *paths])
+        # With --data, the image root is an input folder too.
+        refuse_inputs_in_output(args.out, [*map(Path, args.inputs), *paths,
+                                           *([args.images] if args.data is not None else [])])
     except (OSError, ValueError) as exc:
         return report_error("captioner gallery", exc)
     for error in skipped:

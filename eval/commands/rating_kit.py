@@ -154,8 +154,9 @@ def main(argv: list[str]) -> int:
     try:
         names = checkpoint_names(args.ckpt)
         candidates = _candidates(args)
-        refuse_inputs_in_output(args.out, [*([args.image_dir] if args.image_dir else []),
-                                           *(path for _, path in candidates)])
+        # With --data, the image root is an input folder too.
+        roots = [args.image_dir] if args.image_dir is not None else [args.images]
+        refuse_inputs_in_output(args.out, [*roots, *(path for _, path in candidates)])
         reads = [*(("checkpoint", path) for path in args.ckpt),
                  *([("dataset file", args.data)] if args.data is not None else []),
                  *(("image", path) for _, path in candidates)]
