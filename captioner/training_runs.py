@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import os
 import random
 import re
 import shutil
@@ -79,14 +80,23 @@ class BestCheckpoint(ModelCheckpoint):
 
     def remove_superseded(self, trainer: L.Trainer) -> None:
         """Remove the checkpoints superseded since the last call (every process calls it;
-        Lightning's strategy removes on the first), but one written again since, one outside
-        this callback's folder and the one the fit resumed from (Lightning's own rule)."""
+        Lightning's strategy removes on the first), but one written again since and the one
+        the fit resumed from (Lightning's own rule). The paths come from a checkpoint when
+        the fit resumed, so they are untrusted: only a ``.ckpt`` file right in this callback's
+        folder is removed (Lightning's own check lets ``DIR/../../x`` and remote URLs pass)."""
         kept = {str(path) for path in (self.best_model_path, *self.best_k_models) if path}
         for filepath in self._superseded:
-            if str(filepath) not in kept and self._should_remove_checkpoint(
-                    trainer, filepath, self.best_model_path):
+            if (str(filepath) not in kept and self._in_own_folder(filepath)
+                    and self._should_remove_checkpoint(trainer, filepath, self.best_model_path)):
                 super()._remove_checkpoint(trainer, filepath)
         self._superseded = ()
+
+    def _in_own_folder(self, filepath: str) -> bool:
+        if self.dirpath is None or "://" in str(filepath):
+            return False
+        path = Path(filepath)
+        return (path.suffix == ".ckpt" and not path.is_symlink()
+                and os.path.realpath(path.parent) == os.path.realpath(self.dirpath))
 
 
 class LastCheckpoint(Checkpoint):

@@ -1614,3 +1614,23 @@ def test_a_fit_killed_after_its_last_checkpoint_removes_what_it_superseded_on_re
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "3", "--ckpt_path", "last"]) == 0
     left = sorted(path.name[:13] for path in folder.glob("*.ckpt"))
     assert left == ["best-epoch02-", "last.ckpt"]
+
+
+def test_a_resume_removes_no_file_outside_the_run_that_its_checkpoint_names(
+    synthetic_data, tiny_cache, tmp_path
+):
+    # The superseded checkpoints recorded in last.ckpt are read from an untrusted file.
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--checkpoint.monitor", "null")
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    folder = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints"
+    victims = [tmp_path / "victim.ckpt", tmp_path / "runs" / "other.ckpt"]
+    for victim in victims:
+        victim.write_bytes(b"keep me")
+    checkpoint = load_safely(folder / "last.ckpt")
+    state = next(state for key, state in checkpoint["callbacks"].items()
+                 if key.startswith("ModelCheckpoint"))
+    state["superseded"] = [str(folder / ".." / ".." / ".." / ".." / "victim.ckpt"),
+                           str(victims[1]), "s3://bucket/run/x.ckpt", str(folder / "config.yaml")]
+    save_atomically(checkpoint, folder / "last.ckpt")
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "2", "--ckpt_path", "last"]) == 0
+    assert all(victim.read_bytes() == b"keep me" for victim in victims)
