@@ -238,7 +238,6 @@ def nonfinite_weights(stored: Mapping[str, Any]) -> list[str]:
             and value.is_floating_point() and not bool(torch.isfinite(value).all())]
 
 
-# What Lightning reads from a checkpoint it restores: always, and to resume a fit.
 def optimizer_state_problem(state: Any, parameters: list[tuple[str, torch.Tensor]]
                             ) -> str | None:
     """Why ``state`` (a checkpoint's ``optimizer_states[0]``, torch's ``Optimizer.state_dict()``)
@@ -272,6 +271,7 @@ def optimizer_state_problem(state: Any, parameters: list[tuple[str, torch.Tensor
     return None
 
 
+# What Lightning reads from a checkpoint it restores: always, and to resume a fit.
 _LIGHTNING_KEYS = ("pytorch-lightning_version", "state_dict", "epoch", "global_step")
 _RESUME_KEYS = ("loops", "optimizer_states", "lr_schedulers")
 

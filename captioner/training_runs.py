@@ -38,7 +38,13 @@ import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 
-from data_prep.files import atomic_write, hold_exclusively, let_go, parse_json
+from data_prep.files import (
+    atomic_temporaries,
+    atomic_write,
+    hold_exclusively,
+    let_go,
+    parse_json,
+)
 
 LAST_NAME = "last.ckpt"
 PROGRESS_NAME = "progress.json"
@@ -464,16 +470,15 @@ _HELD_METRICS = "metrics.before-resume.csv"
 
 
 def remove_interrupted_writes(folders: Iterable[Path]) -> list[Path]:
-    """Remove the temporary files of atomic writes (:func:`data_prep.files.atomic_write`:
-    ``.NAME.XXXXXXXX.tmp``) in ``folders``, which a run killed while writing a checkpoint
-    leaves, as large as a checkpoint; returns them. Only for a resume holding the run
-    (:class:`RunLock`): no other fit is writing there."""
+    """Remove the temporary files of atomic writes (:func:`data_prep.files.atomic_temporaries`)
+    in ``folders``, which a run killed while writing a checkpoint leaves, as large as a
+    checkpoint; returns them. Only for a resume holding the run (:class:`RunLock`): no other
+    fit is writing there."""
     removed = []
     for folder in dict.fromkeys(Path(folder) for folder in folders):
-        for path in sorted(folder.glob(".*.tmp")):
-            if path.is_file() and not path.is_symlink():
-                path.unlink(missing_ok=True)
-                removed.append(path)
+        for path in atomic_temporaries(folder):
+            path.unlink(missing_ok=True)
+            removed.append(path)
     return removed
 
 

@@ -432,11 +432,11 @@ class _Table:
             if last == first:
                 return (f"unclosed quote in {quoted}: it is still open at the end of the file; "
                         "the line is skipped")
-            again = f"line {last}" if last == first + 1 else f"lines {first + 1}-{last}"
+            again = (f"line {last} is read again on its own" if last == first + 1 else
+                     f"lines {first + 1}-{last} are read again on their own")
             return (f"unclosed quote in {quoted}: it ran on over lines {first}-{last} "
                     f"({len(lines)} lines read as one record); line {first} is skipped and "
-                    f"{again} {'is' if last == first + 1 else 'are'} read again on "
-                    f"{'its' if last == first + 1 else 'their'} own")
+                    f"{again}")
         if isinstance(row, csv.Error):
             return str(row)
         if len(row) != len(self.header):

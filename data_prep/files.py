@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -162,8 +163,8 @@ def parse_json(text: str | bytes) -> Any:
     except ValueError as exc:  # the limit of int() on digit strings
         reason = str(exc).partition(":")[0] or "a value out of range"
         raise json.JSONDecodeError(f"an integer too long ({reason})", "", 0) from None
-    escape = b"\\ud" if isinstance(text, bytes) else "\\ud"
-    if escape in text.lower():  # only an escape makes a surrogate: the text is UTF-8
+    escapes = (b"\\ud", b"\\uD") if isinstance(text, bytes) else ("\\ud", "\\uD")
+    if any(escape in text for escape in escapes):  # only an escape makes a surrogate
         cut = _lone_surrogate(value)
         if cut is not None:
             source = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
@@ -224,6 +225,18 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+
+
+# The names of atomic_write's temporary files: ".NAME." + mkstemp's 8 random characters + ".tmp".
+_TEMPORARY_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+
+
+def atomic_temporaries(folder: Path) -> list[Path]:
+    """The temporary files of :func:`atomic_write` in ``folder``, which a process killed while
+    writing leaves behind: regular files named as it names them, sorted."""
+    return sorted(path for path in Path(folder).glob(".*.tmp")
+                  if _TEMPORARY_NAME.fullmatch(path.name) and path.is_file()
+                  and not path.is_symlink())
 
 
 def check_output_file(path: str | Path, reads: Iterable[tuple[str, str | Path]] = ()) -> Path:

@@ -1580,11 +1580,12 @@ def test_a_fit_killed_between_its_best_and_last_checkpoints_names_files_that_exi
     assert Path(best_state["best_model_path"]) == named
     # A kill while a checkpoint was written leaves its temporary file, as large as a checkpoint.
     (folder / ".last.ckpt.k9k9k9k9.tmp").write_bytes(b"\0" * 1000)
+    (folder / ".notes.tmp").write_text("a file of the user's, not of a write")
     # The resume replays epoch 1 and writes its checkpoint again, not a copy beside it (-v1).
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "3", "--ckpt_path", "last"]) == 0
     assert "removed 1 file of a write that was interrupted: .last.ckpt.k9k9k9k9.tmp" in (
         capsys.readouterr().err)
-    assert not list(folder.glob(".*"))
+    assert [path.name for path in folder.glob(".*")] == [".notes.tmp"]
     assert sorted(path.name for path in folder.glob("*.ckpt"))[0].startswith("best-epoch02-")
     assert len(list(folder.glob("*.ckpt"))) == 2 and not list(folder.glob("*-v1.ckpt"))
 

@@ -67,7 +67,7 @@ def main(argv: list[str]) -> int:
         references = load_references(args.references, args.split)
     except (CaptionFileError, FileNotFoundError, KeyError, OutputPathError, ValueError) as exc:
         return report_error("captioner score", exc)
-    subset = ""
+    subset, elsewhere = "", {}
     if args.split is None and set(references) - set(hypotheses):
         # A COCO captions file holds a whole set (val2014: 40,504 images), of which Karpathy's
         # test split is a part: as coco-caption does, the results' images are scored. A split
@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
             f"{agreeing(len(empty), 'is', 'are')} empty (image ids {first_names(empty)}); "
             "pass --allow-empty to score them anyway"
         )
-    if problems and subset and args.split is not None and not hypotheses:
+    if problems and elsewhere and not hypotheses:
         # Every caption was of another split: the split given is likely not the results'.
         found = sorted(set(elsewhere.values()))
         problems.append(f"every caption in {args.results} is of split "
