@@ -13,7 +13,8 @@ On top of Lightning's CLI over :class:`CaptioningModule` and :class:`CaptionData
 * :class:`captioner.training_runs.LastCheckpoint` (options ``--last.*``) writes ``last.ckpt``
   every epoch; the best checkpoint on ``val/CIDEr`` is Lightning's ModelCheckpoint
   (``--checkpoint.*``), as :class:`captioner.training_runs.BestCheckpoint`, which removes a
-  superseded best checkpoint only once ``last.ckpt`` names the new one.
+  superseded best checkpoint only once ``last.ckpt`` names the new one;
+* ``--trainer.limit_*_batches 1`` is one batch, as Lightning documents, not 1.0 (:class:`Trainer`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 # Private, but the one way to parse a config file without applying links (jsonargparse 4.x,
 # as its parse methods' _skip_validation).
 from jsonargparse._link_arguments import skip_apply_links
+from lightning.pytorch import Trainer as LightningTrainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
@@ -83,6 +85,33 @@ TRAINER_DEFAULTS = {
     },
 }
 _DEFAULT_LOGGER_NAME = "lightning_logs"
+
+
+class Trainer(LightningTrainer):
+    """Lightning's Trainer, its batch limits typed ``int | float``, int first.
+
+    Lightning reads an int limit as a number of batches and a float as a fraction of them, and
+    types the limits ``float | int``; jsonargparse gives a value the first type that holds it,
+    so ``--trainer.limit_train_batches 1`` (or ``limit_train_batches: 1`` in a config) became
+    1.0, every batch.
+
+    Args:
+        limit_train_batches: training batches per epoch: an int counts batches, a float is a
+            fraction of them (default: all).
+        limit_val_batches: validation batches, as limit_train_batches.
+        limit_test_batches: test batches, as limit_train_batches.
+        limit_predict_batches: prediction batches, as limit_train_batches.
+        **kwargs: Lightning's other Trainer arguments.
+    """
+
+    def __init__(self, *, limit_train_batches: int | float | None = None,
+                 limit_val_batches: int | float | None = None,
+                 limit_test_batches: int | float | None = None,
+                 limit_predict_batches: int | float | None = None, **kwargs) -> None:
+        super().__init__(limit_train_batches=limit_train_batches,
+                         limit_val_batches=limit_val_batches,
+                         limit_test_batches=limit_test_batches,
+                         limit_predict_batches=limit_predict_batches, **kwargs)
 
 
 class _NoAdvertising(logging.Filter):
@@ -716,6 +745,7 @@ def build_cli(args: list[str] | None, *, run: bool = True) -> CaptionerCLI:
     return CaptionerCLI(
         CaptioningModule,
         CaptionDataModule,
+        trainer_class=Trainer,
         args=args,
         run=run,
         trainer_defaults=TRAINER_DEFAULTS,

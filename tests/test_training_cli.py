@@ -283,6 +283,27 @@ def test_last_checkpoint_is_written_every_epoch_whatever_the_score(
     assert len(list(checkpoints.glob("best-*.ckpt"))) == 1
 
 
+@pytest.mark.parametrize("given", ["command line", "config file"])
+@pytest.mark.parametrize(("limit", "steps"), [("1", 1), ("1.0", 10)])
+def test_an_int_batch_limit_counts_batches_and_a_float_is_a_fraction(
+    given, limit, steps, synthetic_data, tiny_cache, tmp_path
+):
+    # Lightning types the limits float | int, and jsonargparse took the first type that holds
+    # a value: 1 became 1.0, every batch. An epoch of 80 captions in batches of 8 is 10 steps.
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    at = args.index("--trainer.limit_train_batches")
+    del args[at:at + 2]
+    if given == "command line":
+        args += ["--trainer.limit_train_batches", limit]
+    else:
+        config = tmp_path / "limit.yaml"
+        config.write_text(f"trainer:\n  limit_train_batches: {limit}\n")
+        args[2:2] = ["--config", str(config)]
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    last = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints" / "last.ckpt"
+    assert load_safely(last)["global_step"] == steps
+
+
 def test_last_checkpoint_every_n_steps_when_asked(synthetic_data, tiny_cache, tmp_path,
                                                   monkeypatch):
     from captioner.training_runs import LastCheckpoint
