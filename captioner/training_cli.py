@@ -20,6 +20,7 @@ On top of Lightning's CLI over :class:`CaptioningModule` and :class:`CaptionData
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import warnings
 from argparse import ArgumentError
@@ -165,6 +166,11 @@ class Interrupted(Exception):
     left and how to go on."""
 
 
+class PeerLost(Exception):
+    """A distributed run stopped because another of its processes went away (killed, out of
+    memory, its node lost); the message says which error told and how to resume."""
+
+
 class CaptionerCLI(LightningCLI):
     """LightningCLI with named run folders, safe ``--ckpt_path`` and ``last``/``best``."""
 
@@ -199,6 +205,17 @@ class CaptionerCLI(LightningCLI):
                 super()._run_subcommand(subcommand)
         except KeyboardInterrupt:
             raise Interrupted(self._after_interrupt(subcommand)) from None
+        except RuntimeError as exc:
+            if not _peer_lost(exc):
+                raise
+            # gloo's or NCCL's error names a socket or a collective, not the run: one line
+            # that says what happened and how to go on.
+            told = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            told = re.sub(r"^\[[^\]]*\]\s*", "", told)  # the C++ source file and line
+            told = told.split(". ")[0].rstrip(".")  # not gloo's advice to read the logs
+            resume = self._resume_advice() if subcommand == "fit" else None
+            raise PeerLost(f"another process of this {subcommand} stopped ({told})"
+                           + (f"; {resume}" if resume else "")) from None
         finally:
             # Here, not at the trainer's teardown: Lightning calls no teardown hook when a fit
             # stops on an exception (Ctrl-C too), and the callbacks' on_exception, which still
@@ -211,16 +228,23 @@ class CaptionerCLI(LightningCLI):
     def _after_interrupt(self, subcommand: str) -> str:
         if subcommand != "fit":
             return "interrupted"
-        folder = Path(self.best_callback.dirpath or ".")
-        if not (folder / LAST_NAME).is_file():
+        resume = self._resume_advice()
+        if resume is None:
             return (f"interrupted before the first {LAST_NAME} (written at the end of every "
                     "epoch): nothing to resume")
+        return f"interrupted; {resume}"
+
+    def _resume_advice(self) -> str | None:
+        """The command that resumes this fit from its last.ckpt; None before the first."""
+        folder = Path(self.best_callback.dirpath or ".")
+        if not (folder / LAST_NAME).is_file():
+            return None
         done = read_progress(folder).get("epochs_done", 0)
         # The run's own config.yaml (written once the fit started, before any last.ckpt) with
         # --ckpt_path last resumes this run whatever the command was: the same command would
         # resume another run if its --config was an earlier run's config.yaml.
         config = quote(str(folder.parent / "config.yaml"))  # to paste into a shell as it is
-        return (f"interrupted; captioner fit --config {config} --ckpt_path last resumes from "
+        return (f"captioner fit --config {config} --ckpt_path last resumes from "
                 f"{folder / LAST_NAME} (epochs done: {done})")
 
     def add_arguments_to_parser(self, parser) -> None:
@@ -727,6 +751,16 @@ def _first_config(args: list[str]) -> str | None:
     """The first ``--config`` / ``-c`` option of ``args`` that names a file (not a YAML
     string, which names no run)."""
     return next((config for config in config_files(args) if Path(config).is_file()), None)
+
+
+def _peer_lost(exc: RuntimeError) -> bool:
+    """Whether ``exc`` is a collective of a distributed run that failed because a peer went
+    away: torch's DistError (NCCL), or gloo's plain RuntimeError, which names its transport."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    return isinstance(exc, dist.DistError) or "gloo" in str(exc)
 
 
 def end_distributed() -> None:

@@ -1511,6 +1511,40 @@ def test_ddp_resume_ends_with_the_weights_of_an_uninterrupted_run(synthetic_data
         assert torch.equal(tensor, b["state_dict"][name]), name
 
 
+STOP_RANK_ONE = """
+import os
+from lightning.pytorch.callbacks import Callback
+
+
+class StopRankOne(Callback):
+    \"\"\"Ends the second process at the start of epoch 1, as a kill or a lost node would.\"\"\"
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if trainer.current_epoch == 1 and trainer.global_rank == 1:
+            os._exit(1)
+"""
+
+
+def test_a_ddp_process_lost_is_told_in_one_line_with_the_resume(synthetic_data, tiny_cache,
+                                                                 tmp_path):
+    (tmp_path / "stop_rank_one.py").write_text(STOP_RANK_ONE)
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, *DDP_ON_TWO_CPUS,
+                     "--trainer.max_epochs", "3",
+                     "--trainer.callbacks+=stop_rank_one.StopRankOne")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PL_DISABLE_FORK": "1",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    run = subprocess.run([sys.executable, "-m", "captioner.cli", "fit", *args], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    line = run.stderr.strip().splitlines()[-1]
+    run_folder = tmp_path / "runs" / "demo_softmax" / "version_0"
+    assert line.startswith("captioner fit: another process of this fit stopped ("), line
+    assert (f"captioner fit --config {run_folder / 'config.yaml'} --ckpt_path last resumes from "
+            f"{run_folder / 'checkpoints' / 'last.ckpt'} (epochs done: 1)") in line
+    assert read_epochs_done(run_folder) == 1
+
+
 def test_fit_validate_and_test_each_have_their_own_help_line(capsys):
     from captioner.cli import main as cli_main
 

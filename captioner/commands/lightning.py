@@ -18,7 +18,8 @@ on val/CIDEr (the checkpoint.* options), last.ckpt is written every epoch (and e
 
 User errors (missing files, malformed data, bad checkpoints, bad settings) print one line and
 exit with status 2; set CAPTIONER_DEBUG=1 for the traceback. Ctrl-C stops a run after Lightning's
-graceful shutdown with status 130 and one line giving the command that resumes the run.
+graceful shutdown with status 130 and one line giving the command that resumes the run; so
+does a DDP run whose other process went away, with status 1.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def main(argv: list[str]) -> int:
     from captioner.model.encoder import EncoderWeightsError
     from captioner.training_cli import (
         Interrupted,
+        PeerLost,
         UserError,
         build_cli,
         config_files,
@@ -67,6 +69,11 @@ def main(argv: list[str]) -> int:
             close_progress_bars()
             print(f"captioner {argv[0]}: {exc}", file=sys.stderr)
         return 130
+    except PeerLost as exc:
+        # Said by every process that is left: the first may be the one that went.
+        close_progress_bars()
+        print(f"captioner {argv[0]}: {exc}", file=sys.stderr)
+        return 1
     except (UserError, OSError, ValueError, ArgumentError, MisconfigurationException,
             EncoderWeightsError) as exc:
         if not _first_process():
