@@ -439,6 +439,13 @@ class _Table:
                     f"{again}")
         if isinstance(row, csv.Error):
             return str(row)
+        line = lines[0].rstrip("\r\n")
+        if (self.delimiter == "," and len(lines) == 1
+                and not self._strictly_quoted([line.rstrip(" \t")])):
+            # The csv module drops the quotes of '"a dog" on grass' and reads on: the
+            # caption's own quotes, or a field's, lost without a word.
+            return (f"a quote closes before the end of its field in {shown(line, SHOWN_CHARS)}; "
+                    'quote the whole field, doubling the quotes inside it ("""a dog"" on grass")')
         if len(row) != len(self.header):
             # TSV is read literally (no quoting): a tab cannot be part of a caption there.
             advice = ("captions holding a comma must be quoted" if self.delimiter == "," else

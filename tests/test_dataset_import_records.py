@@ -136,6 +136,31 @@ def test_quoted_captions_over_several_lines_are_kept(tmp_path, photos, capsys):
     assert raws["img_002.jpg"] == ("A photo of scene number 2",)
 
 
+@pytest.mark.parametrize(("row", "kept"), [
+    ('img_000.jpg,"A dog" on grass\n', None),
+    ('"img_000.jpg"x,A dog on grass\n', None),
+    ('img_000.jpg,"A ""dog"" on grass"\n', 'A "dog" on grass'),
+    ('img_000.jpg,A "dog" on grass\n', 'A "dog" on grass'),
+    ('img_000.jpg,"A dog on grass"  \r\n', "A dog on grass"),
+])
+def test_a_quote_closed_inside_a_csv_field_is_a_malformed_record(row, kept, tmp_path, photos,
+                                                                 capsys):
+    """The csv module read '"A dog" on grass' as 'A dog on grass', the quotes lost."""
+    captions = write(tmp_path / "mid.csv", ["image,caption\n", row, *CAPTION_ROWS])
+    out = tmp_path / "q.json"
+    code, _, err = run(capsys, captions, photos, out)
+    assert code == 0, err
+    caption = raws_by_image(out, photos)["img_000.jpg"]
+    if kept is None:
+        assert "skipped 1 (malformed record): mid.csv line 2\n" in err
+        assert f"mid.csv line 2: a quote closes before the end of its field in {row.strip()!r}" \
+            in err
+        assert caption == ("A photo of scene number 0",)
+    else:
+        assert "malformed" not in err
+        assert caption == (kept, "A photo of scene number 0")
+
+
 # --- duplicate captions ------------------------------------------------------------------------
 
 
