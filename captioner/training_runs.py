@@ -38,6 +38,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 
+from captioner.checkpointing import CheckpointError, load_safely
 from data_prep.files import (
     atomic_temporaries,
     atomic_write,
@@ -58,7 +59,9 @@ class BestCheckpoint(ModelCheckpoint):
     writes resumes from a ``last.ckpt`` whose best checkpoint still exists, and ``captioner
     runs`` and ``--ckpt_path best`` name a file that exists.
 
-    Its state key is ModelCheckpoint's, so that runs checkpointed by either resume alike."""
+    A resume from this folder's ``last.ckpt`` also removes the best checkpoints of the epochs
+    it replays (:meth:`_of_replayed_epochs`). Its state key is ModelCheckpoint's, so that runs
+    checkpointed by either resume alike."""
 
     _superseded: tuple[str, ...] = ()  # removed after the next last.ckpt
 
@@ -79,7 +82,37 @@ class BestCheckpoint(ModelCheckpoint):
 
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
+        self._superseded = (*self._superseded, *self._of_replayed_epochs(trainer))
         self.remove_superseded(trainer)
+
+    def _of_replayed_epochs(self, trainer: L.Trainer) -> list[str]:
+        """The best checkpoints written after the ``last.ckpt`` of this folder that the fit
+        resumes from (a run killed before the next last.ckpt named them): their epochs are done
+        again, and on a GPU, whose kernels are not deterministic, may score otherwise and be
+        saved under another name, leaving a best checkpoint that none is. Each is known by the
+        state it holds: this callback's, naming it as the best, at a later step."""
+        try:
+            resumed_here = bool(trainer.ckpt_path and self.dirpath) and os.path.samefile(
+                trainer.ckpt_path, Path(self.dirpath) / LAST_NAME)
+        except OSError:  # no last.ckpt here, or a checkpoint that is not a local file
+            resumed_here = False
+        if not resumed_here:
+            return []
+        kept = {Path(path).name for path in (self.best_model_path, *self.best_k_models) if path}
+        replayed = []
+        for path in Path(self.dirpath).glob("*.ckpt"):
+            if path.name == LAST_NAME or path.name in kept or not self._in_own_folder(path):
+                continue
+            try:
+                checkpoint = load_safely(path)
+            except (CheckpointError, OSError):
+                continue  # not a checkpoint of this run's: left alone
+            state = (checkpoint.get("callbacks") or {}).get(self.state_key)
+            step = checkpoint.get("global_step")
+            if (isinstance(state, dict) and isinstance(step, int) and step > trainer.global_step
+                    and Path(str(state.get("best_model_path"))).name == path.name):
+                replayed.append(str(path))
+        return replayed
 
     def _remove_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         self._superseded = (*self._superseded, filepath)

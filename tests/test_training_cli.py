@@ -1645,6 +1645,28 @@ def test_a_fit_killed_between_its_best_and_last_checkpoints_names_files_that_exi
     assert len(list(folder.glob("*.ckpt"))) == 2 and not list(folder.glob("*-v1.ckpt"))
 
 
+def test_a_best_checkpoint_of_an_epoch_the_resume_replays_is_removed(synthetic_data, tiny_cache,
+                                                                      tmp_path):
+    # Killed as last.ckpt of epoch 1 was being written: epoch 1's best checkpoint exists, and
+    # no last.ckpt names it. The resume replays epoch 1; on a GPU, whose kernels are not
+    # deterministic, it may score otherwise and be saved under another name (as here, where
+    # the resume names its checkpoints otherwise): the file of the epoch done again went on
+    # lying beside the run's real best checkpoint.
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--checkpoint.monitor", "null")
+    killer = '[{"class_path": "test_training_cli.KilledBeforeLastCheckpoint"}]'
+    with pytest.raises(RuntimeError, match="killed"):
+        lightning_main(["fit", *args, "--trainer.max_epochs", "3", "--trainer.callbacks", killer])
+    folder = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints"
+    replayed = next(folder.glob("best-epoch01-*.ckpt"))
+    kept = shutil.copy(replayed, folder / "copy-of-epoch01.ckpt")  # the user's: not its own best
+    code, _, err = _run("fit", *args, "--trainer.max_epochs", "3", "--ckpt_path", "last",
+                        "--checkpoint.filename", "again-epoch{epoch:02d}")
+    assert code == 0, err[-2000:]
+    assert sorted(path.name for path in folder.glob("*.ckpt")) == [
+        "again-epoch02.ckpt", "copy-of-epoch01.ckpt", "last.ckpt"]
+    assert Path(kept).is_file()
+
+
 def test_a_fit_killed_after_its_last_checkpoint_removes_what_it_superseded_on_resume(
     synthetic_data, tiny_cache, tmp_path, monkeypatch
 ):
