@@ -26,6 +26,7 @@ import os
 import random
 import re
 import shutil
+import time
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -48,6 +49,8 @@ from data_prep.files import (
 )
 
 LAST_NAME = "last.ckpt"
+# RunLock tries a held run this many times, so long apart, before it tells of another fit.
+_LOCK_TRIES, _LOCK_WAIT_S = 10, 0.05
 PROGRESS_NAME = "progress.json"
 _VERSION_DIR = re.compile(r"^version_(\d+)$")
 
@@ -342,6 +345,13 @@ class RunLock:
         self._fd: int | None = None
         try:
             fd = hold_exclusively(folder)
+            for _ in range(_LOCK_TRIES - 1):
+                if fd is not None:
+                    break
+                # `captioner runs` holds a run for an instant to see whether a fit trains
+                # there (training_now): a fit starting then is not refused for it.
+                time.sleep(_LOCK_WAIT_S)
+                fd = hold_exclusively(folder)
         except OSError as exc:
             # The lock guards against a second fit; a file system that locks no folder (NFS)
             # must not stop this one.

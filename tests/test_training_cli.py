@@ -863,6 +863,18 @@ def _wait_a_minute(started) -> None:
     time.sleep(60)
 
 
+def test_a_run_held_for_an_instant_as_runs_looks_at_it_is_not_refused(tmp_path):
+    import threading
+
+    from captioner.training_runs import RunLock, training_now
+    from data_prep.files import hold_exclusively, let_go
+
+    probe = hold_exclusively(tmp_path)  # as training_now holds it, for an instant
+    threading.Timer(0.1, let_go, (probe,)).start()
+    RunLock(tmp_path).release()
+    assert training_now(tmp_path) is False
+
+
 def test_a_held_run_is_let_go_when_its_fit_ends_though_a_forked_worker_lives_on(tmp_path):
     import multiprocessing
 
