@@ -151,6 +151,9 @@ CKPT_PATH_HELP = {
 _NAMED_CHECKPOINTS = ("last", "best")
 # Model settings linked from the data's (add_arguments_to_parser): no config sets them itself.
 _LINKED_MODEL_KEYS = frozenset({"model.image_size", "model.vocab_size"})
+# Data settings that a checkpoint's model keeps, by its hyperparameter: the images it was
+# trained on were of that size, so a loaded model reads images (or a cache) of that size too.
+_KEPT_DATA_KEYS = {"data.image_size": "image_size"}
 
 
 # torch.set_float32_matmul_precision's settings; the first (exact float32) is the default.
@@ -304,15 +307,19 @@ class CaptionerCLI(LightningCLI):
                  for key, source in self._model_keys_given(subcommand).items()}
         self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
         config = self.config[subcommand]
+        for key, name in _KEPT_DATA_KEYS.items():
+            if key not in given and hparams.get(name) is not None:
+                config[key] = config[f"model.{name}"] = hparams[name]
         for key, (value, source) in given.items():
+            trained = hparams.get(_KEPT_DATA_KEYS[key]) if key in _KEPT_DATA_KEYS else config[key]
             if key == "model.decoding" or key.startswith("model.decoding."):
                 config[key] = value  # decoding only: the user's, not the checkpoint's
-            elif config[key] != value:
+            elif trained is not None and trained != value:
                 setting = f"--{key} {value}" if source is None else f"{source} sets {key}: {value}"
                 advice = (f"leave --{key} out" if source is None else
                           "give the config it was trained with, such as its run's config.yaml")
                 raise UserError(
-                    f"{setting}, but {path} was trained with {config[key]}, and a model loaded "
+                    f"{setting}, but {path} was trained with {trained}, and a model loaded "
                     f"from a checkpoint keeps its hyperparameters ({advice}; model.decoding.* "
                     "may change)"
                 )
@@ -321,16 +328,21 @@ class CaptionerCLI(LightningCLI):
         config["ckpt_path"] = str(path.resolve())
 
     def _model_keys_given(self, subcommand: str) -> dict[str, str | None]:
-        """The ``model.*`` keys that the command line or its config files set, each with the
-        ``--config FILE`` that set it last (None: the command line), in parsing order. The
-        model's own defaults are not among them: those yield to a checkpoint's values."""
+        """The ``model.*`` keys (and the data keys a model keeps, ``_KEPT_DATA_KEYS``) that the
+        command line or its config files set, each with the ``--config FILE`` that set it last
+        (None: the command line), in parsing order. The defaults are not among them: those
+        yield to a checkpoint's values."""
+        def kept_by_the_model(key: str) -> bool:
+            return (key.startswith("model.") and key not in _LINKED_MODEL_KEYS
+                    or key in _KEPT_DATA_KEYS)
+
         given: dict[str, str | None] = {}
         for option in given_options(self._args):
             if option.key == "config":
                 keys = self._keys_set_by(self._subcommand_parsers[subcommand], option.value)
                 given.update({key: f"--config {option.value}" for key in keys
-                              if key.startswith("model.") and key not in _LINKED_MODEL_KEYS})
-            elif option.key.startswith("model."):
+                              if kept_by_the_model(key)})
+            elif kept_by_the_model(option.key):
                 given[option.key] = None
         return given
 

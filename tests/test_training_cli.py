@@ -1378,6 +1378,38 @@ def test_checkpoints_of_earlier_versions_still_load(synthetic_data, tiny_cache, 
     assert lightning_main(["test", *args, "--ckpt_path", str(old)]) == 0
 
 
+def test_a_checkpoint_keeps_the_image_size_it_was_trained_at(synthetic_data, tiny_cache,
+                                                            tmp_path, capsys):
+    # The image size is the data's setting, linked to the model: a test with the config of
+    # another size (the paper's 256) scored a model trained at 128 on 256 px images.
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    trained = _image_size(synthetic_data)
+    assert trained != 256  # the demo config's size
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    run = tmp_path / "runs" / "demo_softmax" / "version_0"
+    last = run / "checkpoints" / "last.ckpt"
+    at = args.index("--data.image_size")
+    other_size = [*args[:at], *args[at + 2:], "--data.feature_cache", "null"]
+    demo = str(REPO / "configs" / "demo_softmax.yaml")
+    assert lightning_main(["test", *other_size, "--ckpt_path", str(last)]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"captioner test: --config {demo} sets data.image_size: 256, but {last} was trained "
+        f"with {trained}, and a model loaded from a checkpoint keeps its hyperparameters")
+    assert lightning_main(["test", *other_size, "--data.image_size", "64", "--ckpt_path",
+                           str(last)]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"captioner test: --data.image_size 64, but {last} was trained with {trained}")
+    # A config that sets no size: the checkpoint's, which the cache of that size fits (the
+    # default, 256, is refused by the cache).
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    del config["data"]["image_size"]
+    sizeless = tmp_path / "sizeless.yaml"
+    sizeless.write_text(yaml.safe_dump(config))
+    assert lightning_main(["test", "--config", str(sizeless), "--ckpt_path", str(last)]) == 0
+    used = yaml.safe_load((run / "test" / "config.yaml").read_text())
+    assert used["data"]["image_size"] == trained
+
+
 def test_a_checkpoint_keeps_its_hyperparameters_and_takes_decoding_options(
         synthetic_data, tiny_cache, tmp_path, capsys):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
