@@ -157,6 +157,7 @@ class LastCheckpoint(Checkpoint):
             raise ValueError(f"every_n_train_steps must be >= 0, got {every_n_train_steps}")
         self.every_n_train_steps = every_n_train_steps
         self.path: Path | None = None
+        self._saved_step: int | None = None  # the global step of the last save
         self._rank = 0
         self._states_by_rank: list[dict[str, Any]] = []
 
@@ -166,11 +167,15 @@ class LastCheckpoint(Checkpoint):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         n = self.every_n_train_steps
-        if n and trainer.global_step % n == 0:
+        if n and trainer.global_step % n == 0 or _stops_inside_the_epoch(trainer):
             self._save(trainer, epoch_done=False)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        self._save(trainer, epoch_done=True)
+        # An epoch that --trainer.max_steps or max_time ended early was saved at its last batch,
+        # as a checkpoint inside the epoch: saved here, Lightning counts its epoch as done,
+        # and a resume skips its other batches.
+        if _epoch_complete(trainer) or self._saved_step != trainer.global_step:
+            self._save(trainer, epoch_done=_epoch_complete(trainer))
 
     def _save(self, trainer: L.Trainer, *, epoch_done: bool) -> None:
         if trainer.sanity_checking or trainer.fast_dev_run:
@@ -181,6 +186,7 @@ class LastCheckpoint(Checkpoint):
         self.path = folder / LAST_NAME
         self._states_by_rank = _gather(_rng_states(), trainer.world_size)
         trainer.save_checkpoint(self.path, weights_only=False)  # full state
+        self._saved_step = trainer.global_step
         # Other checkpoints (the best ones) store no stale states: only "rng", current.
         self._states_by_rank = []
         if trainer.is_global_zero:
@@ -206,6 +212,19 @@ class LastCheckpoint(Checkpoint):
             _set_rng_states(by_rank[self._rank])
         elif "rng" in state_dict:
             _set_rng_states(state_dict["rng"])
+
+
+def _epoch_complete(trainer: L.Trainer) -> bool:
+    """Whether the training epoch has run all its batches (as Lightning's loop decides)."""
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    return progress.is_last_batch or progress.current.ready == trainer.num_training_batches
+
+
+def _stops_inside_the_epoch(trainer: L.Trainer) -> bool:
+    """Whether training stops after this batch, before the end of its epoch: ``max_steps``
+    reached, or a stop asked for (``max_time``'s Timer, which runs before this callback)."""
+    reached = 0 <= trainer.max_steps <= trainer.global_step
+    return (reached or trainer.should_stop) and not _epoch_complete(trainer)
 
 
 def _gather(state: dict[str, Any], world_size: int) -> list[dict[str, Any]]:

@@ -246,6 +246,23 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
     assert code == 2 and "has trained 4 epochs already" in err and "Traceback" not in err
 
 
+def test_a_fit_stopped_by_max_steps_inside_an_epoch_resumes_the_rest_of_it(
+    synthetic_data, tiny_cache, tmp_path
+):
+    # Saved at the epoch's end, Lightning counted the epoch as done: progress.json said one
+    # epoch done, and the resume skipped the epoch's other batches (2 epochs of 2 batches
+    # ended at step 3, not 4).
+    args = [*_cli_args(synthetic_data, tiny_cache, tmp_path), "--trainer.max_epochs", "2"]
+    assert lightning_main(["fit", *args, "--trainer.max_steps", "1"]) == 0
+    checkpoints = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints"
+    progress = read_progress(checkpoints)
+    assert (progress["epochs_done"], progress["global_step"]) == (0, 1)
+    assert lightning_main(["fit", *args, "--ckpt_path", "last"]) == 0
+    last = load_safely(checkpoints / "last.ckpt")
+    assert (last["epoch"], last["global_step"]) == (1, 4)
+    assert read_epochs_done(checkpoints.parent) == 2
+
+
 def test_a_runs_own_config_with_ckpt_path_last_resumes_that_run(synthetic_data, tiny_cache,
                                                                 tmp_path):
     # The saved config.yaml names the run through its logger, not through its own file name.
