@@ -239,7 +239,8 @@ def atomic_temporaries(folder: Path) -> list[Path]:
                   and not path.is_symlink())
 
 
-def check_output_file(path: str | Path, reads: Iterable[tuple[str, str | Path]] = ()) -> Path:
+def check_output_file(path: str | Path, reads: Iterable[tuple[str, str | Path]] = (), *,
+                      overwrite: bool = True) -> Path:
     """Check that ``path`` can be written as a file (its folder may not exist yet), and that
     writing it would not replace one of the files the command reads.
 
@@ -247,10 +248,12 @@ def check_output_file(path: str | Path, reads: Iterable[tuple[str, str | Path]] 
         path: the output file.
         reads: (what, path) of the command's input files, e.g. ``("key file", key)``: an
             output that is one of them (by any spelling or link) would destroy it.
+        overwrite: whether an existing file may be replaced (a command's ``--overwrite``).
 
     Raises:
         OutputPathError: ``path`` is a folder or another non-regular file, one of ``reads``,
-            or its nearest existing parent is not a writable folder.
+            an existing file and not ``overwrite``, or its nearest existing parent is not a
+            writable folder.
     """
     path = Path(path)
     if path.is_dir():
@@ -262,6 +265,9 @@ def check_output_file(path: str | Path, reads: Iterable[tuple[str, str | Path]] 
             if _identity(read) == identity:
                 raise OutputPathError(f"{path}: is the {what} this command reads; writing the "
                                       "output there would replace it")
+        if not overwrite:
+            raise OutputPathError(f"{path}: exists; choose another --out, or pass --overwrite "
+                                  "to replace it")
     _check_writable_parent(target)
     return path
 

@@ -170,9 +170,10 @@ def test_unusable_device_is_a_clear_error(tiny_checkpoint, tmp_path, capsys):
     assert "unknown device 'gpu0'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("earlier", [False, True])
 @pytest.mark.parametrize("captioned", [0, 2])
 def test_ctrl_c_keeps_the_captions_done_or_else_the_earlier_out_file(
-    tiny_checkpoint, photo_dir, tmp_path, capsys, monkeypatch, captioned
+    tiny_checkpoint, photo_dir, tmp_path, capsys, monkeypatch, captioned, earlier
 ):
     from captioner.cli import main as captioner
     from captioner.inference import Captioner
@@ -180,9 +181,11 @@ def test_ctrl_c_keeps_the_captions_done_or_else_the_earlier_out_file(
     out = tmp_path / "caps.jsonl"
     args = ["caption", str(photo_dir / "101.png"), str(photo_dir / "102.png"),
             str(photo_dir / "103.jpg"), "--ckpt", str(tiny_checkpoint), "--format", "jsonl",
-            "--out", str(out), *FAST]
+            "--out", str(out), "--overwrite", *FAST]
     assert captioner(args) == 0
-    earlier = out.read_text()
+    whole = out.read_text()
+    if not earlier:
+        out.unlink()
     caption_files = Captioner.caption_files
 
     def interrupted(self, *args, **kwargs):  # Ctrl-C once `captioned` images are captioned
@@ -194,12 +197,15 @@ def test_ctrl_c_keeps_the_captions_done_or_else_the_earlier_out_file(
     monkeypatch.setattr(Captioner, "caption_files", interrupted)
     capsys.readouterr()
     assert captioner(args) == 130
-    if captioned:
-        assert capsys.readouterr().err == (
-            f"captioner caption: interrupted; 2 captions of 3 images written to {out}\n")
-        assert out.read_text().splitlines() == earlier.splitlines()[:captioned]
+    err = capsys.readouterr().err
+    if captioned and earlier:  # half a result does not replace a whole one
+        assert err == (f"captioner caption: interrupted; the earlier {out} is left as it was "
+                       "(the 2 captions made are not written)\n")
+        assert out.read_text() == whole
+    elif captioned:
+        assert err == f"captioner caption: interrupted; 2 captions of 3 images written to {out}\n"
+        assert out.read_text().splitlines() == whole.splitlines()[:captioned]
     else:
-        assert capsys.readouterr().err == (
-            f"captioner caption: interrupted before any image was captioned; {out} was not "
-            "written\n")
-        assert out.read_text() == earlier
+        assert err == (f"captioner caption: interrupted before any image was captioned; {out} "
+                       "was not written\n")
+        assert out.exists() == earlier and (not earlier or out.read_text() == whole)

@@ -379,6 +379,48 @@ def test_score_summary_and_caption_never_write_over_what_they_read(
         assert read.read_bytes() == before
 
 
+def test_an_existing_out_file_is_replaced_only_with_overwrite(
+        tiny_checkpoint, synthetic_data, kit_key_and_ratings, tmp_path, capsys):
+    # score's metrics over evaluate's, a summary over another kit's key or a rater's file,
+    # captions over a dataset: each replaced a finished file without a word.
+    from captioner.commands import caption, prepare_dataset, pretrain_encoder
+    from eval.commands import rating_summary, score
+
+    key, ratings = kit_key_and_ratings
+    image = next((synthetic_data.image_root / "test").glob("*.png"))
+    results = tmp_path / "results.json"
+    references = synthetic_data.karpathy_json
+    test_ids = [entry["cocoid"] for entry in json.loads(references.read_text())["images"]
+                if entry["split"] == "test"]
+    results.write_text(json.dumps([{"image_id": i, "caption": "a red circle"}
+                                   for i in test_ids]))
+    out = tmp_path / "finished.json"
+    missing = str(tmp_path / "missing")
+    captions = tmp_path / "captions.jsonl"
+    captions.write_text(json.dumps({"image": f"test/{image.name}", "captions": ["a circle"]}))
+    cases = [
+        (score.main, ["--results", str(results), "--references", str(references), "--split",
+                      "test", "--metrics", "Bleu", "--out", str(out)], True),
+        (rating_summary.main, [str(ratings), "--key", str(key), "--out", str(out)], True),
+        (caption.main, [str(image), "--ckpt", str(tiny_checkpoint), "--format", "coco",
+                        "--out", str(out)], True),
+        (prepare_dataset.main, ["--captions", str(captions), "--images",
+                                str(synthetic_data.image_root), "--out", str(out),
+                                "--no-progress"], False),
+        (pretrain_encoder.main, ["--data", missing, "--images", missing, "--train-instances",
+                                 missing, "--val-instances", missing, "--out", str(out)], False),
+    ]
+    for main, argv, writes in cases:
+        out.write_text("finished work")
+        assert main(argv) == 2
+        assert capsys.readouterr().err.endswith(
+            f": {out}: exists; choose another --out, or pass --overwrite to replace it\n")
+        assert out.read_text() == "finished work"
+        if writes:
+            assert main([*argv, "--overwrite"]) == 0, capsys.readouterr().err
+            assert json.loads(out.read_text())
+
+
 @pytest.fixture
 def kit_key_and_ratings(tmp_path):
     from eval.rating_kit import KEY_FORMAT, RATINGS_FORMAT, write_key

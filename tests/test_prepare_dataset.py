@@ -52,7 +52,9 @@ def write_jsonl(path: Path, records: list[dict | str]) -> Path:
 
 
 def run(capsys, *args: object) -> tuple[int, str, str]:
-    code = cli_main(["prepare-dataset", *map(str, args), *NO_PROGRESS])
+    """``captioner prepare-dataset ARGS``, replacing an earlier output (many tests run it again
+    into the same file)."""
+    code = cli_main(["prepare-dataset", *map(str, args), *NO_PROGRESS, "--overwrite"])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 

@@ -47,7 +47,7 @@ def _start(captions, out, tmpdir):
     cmd = [
         sys.executable, "-m", "captioner.cli", "score",
         "--results", str(captions / "results.json"), "--references", str(captions / "refs.json"),
-        "--metrics", "Bleu,CIDEr,ROUGE_L", "--out", str(out),
+        "--metrics", "Bleu,CIDEr,ROUGE_L", "--out", str(out), "--overwrite",
     ]  # fmt: skip
     env = {**os.environ, "TMPDIR": str(tmpdir)}
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -129,7 +129,7 @@ def test_a_write_that_fails_half_way_keeps_the_previous_file(tmp_path):
     cmd = [
         sys.executable, "-m", "captioner.cli", "score",
         "--results", str(tmp_path / "results.json"), "--references", str(tmp_path / "refs.json"),
-        "--metrics", "Bleu,CIDEr,ROUGE_L", "--out", str(out),
+        "--metrics", "Bleu,CIDEr,ROUGE_L", "--out", str(out), "--overwrite",
     ]  # fmt: skip
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=600, preexec_fn=limit_file_size,

@@ -19,8 +19,9 @@ that does not exist stops the command before any image is captioned (exit status
 Unreadable images (corrupt files, FIFOs, devices, ...), named or found in a folder, are
 reported by name on stderr and skipped; the exit status is then 1, after all other images
 were captioned and written. --out is checked before
-any image is captioned and written atomically; on Ctrl-C the records done so far are written
-(before the first, an earlier --out file is left as it was).
+any image is captioned (an existing file is replaced only with --overwrite) and written
+atomically; on Ctrl-C the records done so far are written, unless --out held an earlier file,
+which is then left as it was (half a result does not replace a whole one).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pathlib import Path
 from captioner.commands.options import (
     add_checkpoint_argument,
     add_decoding_arguments,
+    add_overwrite_argument,
     command_parser,
     decoding_options,
     report_error,
@@ -52,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--format", choices=FORMATS, default="text",
                         help="output format (default: %(default)s)")
     parser.add_argument("--out", type=Path, help="output file (default: standard output)")
+    add_overwrite_argument(parser)
     add_decoding_arguments(parser)
     return parser
 
@@ -87,7 +90,8 @@ def main(argv: list[str]) -> int:
         paths = collect_images(args.inputs)
         if args.out is not None:
             check_output_file(args.out, [("checkpoint", args.ckpt),
-                                         *(("image", path) for path in paths)])
+                                         *(("image", path) for path in paths)],
+                              overwrite=args.overwrite)
         captioner = open_captioner(args.ckpt, args.device)
         options = decoding_options(args, captioner.decoding)
     except (OSError, ValueError) as exc:
@@ -101,6 +105,7 @@ def main(argv: list[str]) -> int:
     failures, results = [], []
     interrupted = False
     records = 0
+    earlier = args.out is not None and args.out.exists()  # replaced only by a whole result
 
     def write_records(out) -> None:
         nonlocal interrupted, records
@@ -123,8 +128,8 @@ def main(argv: list[str]) -> int:
                     out.flush()
                 records += caption is not None
         except KeyboardInterrupt:
-            if records == 0:
-                raise  # nothing to keep: an earlier --out file must not become an empty one
+            if records == 0 or earlier:
+                raise  # an earlier --out file is not replaced by an empty or partial one
             interrupted = True  # keep the records done so far
         if args.format == "coco":
             json.dump(results, out, ensure_ascii=False)
@@ -142,6 +147,10 @@ def main(argv: list[str]) -> int:
             except OSError as exc:
                 return report_error("captioner caption", exc, f"cannot write {args.out}")
     except KeyboardInterrupt:
+        if records and earlier:
+            print(f"captioner caption: interrupted; the earlier {args.out} is left as it was "
+                  f"(the {counted(records, 'caption')} made are not written)", file=sys.stderr)
+            return 130
         kept = "" if args.out is None else f"; {args.out} was not written"
         print(f"captioner caption: interrupted before any image was captioned{kept}",
               file=sys.stderr)

@@ -29,7 +29,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from captioner.commands.options import command_parser, report_error
+from captioner.commands.options import add_overwrite_argument, command_parser, report_error
 
 HELP = "make a Karpathy-split JSON from a folder of photos and a captions file (JSONL, CSV, COCO)"
 
@@ -44,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--images", required=True, type=Path,
                         help="image folder; the captions' image paths are relative to it")
     parser.add_argument("--out", required=True, type=Path, help="Karpathy JSON file to write")
+    add_overwrite_argument(parser)
     parser.add_argument("--format", choices=FORMATS, default="auto",
                         help="captions file format (default: from the extension and content)")
     parser.add_argument("--split", default=DEFAULT_SPLIT,
@@ -72,6 +73,7 @@ def main(argv: list[str]) -> int:
     options = ImportOptions(
         captions=args.captions, images=args.images, out=args.out, fmt=args.format,
         split=args.split, seed=args.seed, on_error=args.on_error, name=args.name,
+        overwrite=args.overwrite,
     )
     try:
         report = import_dataset(options, progress=not args.no_progress)

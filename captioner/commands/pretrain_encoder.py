@@ -20,7 +20,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from captioner.commands.options import command_parser
+from captioner.commands.options import add_overwrite_argument, command_parser
 from captioner.encoder_pretraining import PretrainingSettings, describe_accuracy, report_path
 
 HELP = "pretrain a ResNet grid encoder on per-cell labels from COCO instance masks"
@@ -46,6 +46,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--val-instances", required=True, type=Path,
                         help="COCO instances file of the validation split's images")
     parser.add_argument("--out", required=True, type=Path, help="weights file to write (.pt)")
+    add_overwrite_argument(parser)
     defaults = PretrainingSettings()
     for field in fields(PretrainingSettings):
         default = getattr(defaults, field.name)
@@ -56,8 +57,13 @@ def main(argv: list[str]) -> int:
     settings = PretrainingSettings(**{f.name: getattr(args, f.name) for f in fields(defaults)})
 
     from captioner.encoder_pretraining import pretrain_encoder
+    from data_prep.files import check_output_file
 
     try:
+        for path in (args.out, report_path(args.out)):
+            # Before the training: weights that caches and checkpoints were made with are
+            # replaced only when asked to.
+            check_output_file(path, overwrite=args.overwrite)
         report = pretrain_encoder(
             args.data, args.images, {"train": args.train_instances, "val": args.val_instances},
             args.out, settings, progress=not args.no_progress,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from captioner.commands.options import CommandParser, report_error
+from captioner.commands.options import CommandParser, add_overwrite_argument, report_error
 
 HELP = "summarize human ratings from the rating kit (Table 2 with CIs and agreement)"
 
@@ -25,6 +25,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="ratings files exported from the kit page, one per rater")
     parser.add_argument("--key", required=True, type=Path, help="the kit's key file")
     parser.add_argument("--out", type=Path, help="write the full summary as JSON here")
+    add_overwrite_argument(parser)
     return parser
 
 
@@ -36,7 +37,8 @@ def main(argv: list[str]) -> int:
     try:
         if args.out is not None:
             check_output_file(args.out, [("key file", args.key),
-                                         *(("ratings file", path) for path in args.ratings)])
+                                         *(("ratings file", path) for path in args.ratings)],
+                              overwrite=args.overwrite)
         for path in (*args.ratings, args.key):
             require_file(path, "ratings file" if path != args.key else "key file")
         refuse_repeated(args.ratings, "ratings file")  # its ratings would count as duplicates

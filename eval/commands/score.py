@@ -6,7 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from captioner.commands.options import CommandParser, report_error, warnings_as_lines
+from captioner.commands.options import (
+    CommandParser,
+    add_overwrite_argument,
+    report_error,
+    warnings_as_lines,
+)
 from eval.commands import add_metric_arguments
 
 HELP = "score a COCO results file: BLEU, METEOR, ROUGE_L, CIDEr, SPICE and REP"
@@ -25,8 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", help="split of a Karpathy references file (train/val/test)")
     add_metric_arguments(parser)
     parser.add_argument(
-        "--out", help="write METRICS.json here (checked before scoring, replaced atomically)"
+        "--out", help="write METRICS.json here (checked before scoring, written atomically)"
     )
+    add_overwrite_argument(parser)
     parser.add_argument(
         "--allow-empty",
         action="store_true",
@@ -61,7 +67,8 @@ def main(argv: list[str]) -> int:
     try:
         if args.out:
             check_output_file(args.out, [("results file", args.results),
-                                         ("references file", args.references)])
+                                         ("references file", args.references)],
+                              overwrite=args.overwrite)
         metrics = parse_metrics(args.metrics)
         hypotheses = load_results(args.results)
         references = load_references(args.references, args.split)
