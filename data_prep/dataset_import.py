@@ -243,8 +243,19 @@ def _read_text(path: Path) -> str:
     "Unicode text"). Read whole and decoded at once, so that a byte that is not UTF-8 can be
     named by its line and offset in the file."""
     data = path.read_bytes()
+    for magic, kind in COMPRESSED_MAGIC:
+        if data.startswith(magic):
+            raise DatasetImportError(f"{path}: is a {kind} file, not text; decompress it and "
+                                     "give the captions file")
     encoding = "utf-16" if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) else (
         "utf-8")
+    nul = data.find(b"\0") if encoding == "utf-8" else -1
+    if nul >= 0:
+        # Valid UTF-8, but no text holds NUL: UTF-16 without its byte-order mark puts one
+        # beside every ASCII character, which the header check would show as 'i\x00m\x00...'.
+        raise DatasetImportError(
+            f"{path}: holds a NUL byte (byte offset {nul:,}), so it is not UTF-8 text; if it is "
+            f"UTF-16 without a byte-order mark, convert it: {_conversion(path, 'utf-16le')}")
     try:
         return data.decode(encoding).removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
@@ -266,19 +277,21 @@ COMPRESSED_MAGIC = ((b"\x1f\x8b", "gzip-compressed"), (b"PK\x03\x04", "zip"),
 def _not_utf8(path: Path, data: bytes, exc: UnicodeDecodeError) -> str:
     """Where the first byte of ``data`` that is not UTF-8 lies, with the bytes before it on
     its line (valid UTF-8 by definition) and how to convert the file."""
-    for magic, kind in COMPRESSED_MAGIC:
-        if data.startswith(magic):
-            return f"{path}: is a {kind} file, not text; decompress it and give the captions file"
     # Lines end as the readers split them (open(newline="")): \n, \r\n or a lone \r.
     line_start = max(data.rfind(b"\n", 0, exc.start), data.rfind(b"\r", 0, exc.start)) + 1
     line = (data.count(b"\n", 0, exc.start) + data.count(b"\r", 0, exc.start)
             - data.count(b"\r\n", 0, exc.start) + 1)
     before = data[line_start:exc.start].decode("utf-8").removeprefix("\ufeff")
-    converted = path.with_name(f"{path.stem}.utf8{path.suffix}")
     return (f"{path} line {line} (byte offset {exc.start:,}): not UTF-8 text: byte "
             f"0x{data[exc.start]:02x} after {before[-SHOWN_CHARS:]!r} ({exc.reason}); if the file "
-            f"is Windows-1252 or Latin-1 text, convert it: iconv -f cp1252 -t utf-8 "
-            f"{shlex.quote(str(path))} > {shlex.quote(str(converted))}")
+            f"is Windows-1252 or Latin-1 text, convert it: {_conversion(path, 'cp1252')}")
+
+
+def _conversion(path: Path, encoding: str) -> str:
+    """The iconv command that writes ``path``, of ``encoding``, as UTF-8 beside it."""
+    converted = path.with_name(f"{path.stem}.utf8{path.suffix}")
+    return (f"iconv -f {encoding} -t utf-8 {shlex.quote(str(path))} > "
+            f"{shlex.quote(str(converted))}")
 
 
 def _text_lines(path: Path) -> Iterator[str]:
@@ -900,6 +913,7 @@ class ImportOptions:
     seed: int = 0
     on_error: str = "skip"
     name: str | None = None
+    overwrite: bool = False  # whether an existing ``out`` may be replaced
 
 
 @dataclass
@@ -931,10 +945,10 @@ def _skipped_summary(log: ProblemLog) -> str:
                      for reason, found in log.by_reason().items())
 
 
-def _check_output(out: Path, reads: list[tuple[str, str | Path]]) -> None:
+def _check_output(out: Path, reads: list[tuple[str, str | Path]], *, overwrite: bool) -> None:
     """check_output_file of --out, against the files the import reads."""
     try:
-        check_output_file(out, reads)
+        check_output_file(out, reads, overwrite=overwrite)
     except OutputPathError as exc:
         raise DatasetImportError(str(exc)) from None
 
@@ -956,7 +970,7 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
     reads = [("captions file", options.captions)]
     if spec.lists is not None:
         reads.append(("split file", options.split))
-    _check_output(out, reads)
+    _check_output(out, reads, overwrite=True)
     log = ProblemLog(options.on_error)
     fmt = options.fmt
     if fmt == "auto" and Path(options.captions).is_file():
@@ -974,12 +988,13 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
     # Before any image is decoded: an output named like one of the images would replace it,
     # and so would one named like an image file of the folder that no caption lists.
     _check_output(out, [("image", images / name) for name in map(normalize_image_path, listed)
-                        if name is not None])
+                        if name is not None], overwrite=True)
     target = Path(os.path.realpath(out))
     if (target.suffix.lower() in IMAGE_SUFFIXES and target.is_file()
             and target.is_relative_to(os.path.realpath(images))):
         raise DatasetImportError(f"{out}: is an image file in the --images folder; writing the "
                                  "output there would replace it")
+    _check_output(out, [], overwrite=options.overwrite)  # an earlier file, no input at stake
     items = tokenized_items(records, log)
     log.stop_if_failing()  # the captions file's problems, before any image is decoded
     items = readable_items(items, images, log, progress=progress)

@@ -260,6 +260,18 @@ def test_skipped_items_are_listed_in_file_order(tmp_path, photos, capsys):
 # --- not UTF-8 ---------------------------------------------------------------------------------
 
 
+def test_utf16_without_its_byte_order_mark_is_named_with_how_to_convert(tmp_path, photos,
+                                                                       capsys):
+    # Valid UTF-8 to the letter, so it was read, and the header check quoted 'i\x00m\x00...'.
+    captions = tmp_path / "windows.csv"
+    captions.write_bytes("image,caption\nimg_000.jpg,a dog\n".encode("utf-16-le"))
+    code, _, err = run(capsys, captions, photos, tmp_path / "o.json")
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err == (f"captioner prepare-dataset: {captions}: holds a NUL byte (byte offset 1), so "
+                   "it is not UTF-8 text; if it is UTF-16 without a byte-order mark, convert it: "
+                   f"iconv -f utf-16le -t utf-8 {captions} > {tmp_path / 'windows.utf8.csv'}\n")
+
+
 @pytest.mark.parametrize(
     ("name", "data", "line", "offset", "before"),
     [
