@@ -18,6 +18,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from importlib.metadata import entry_points
 
 GROUP = "captioner.commands"
@@ -45,8 +46,35 @@ def _usage(commands: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+_stop_came = False  # whether a Ctrl-C or stop signal came while the command runs
+
+
 def _raise_keyboard_interrupt(signum, frame) -> None:
+    global _stop_came
+    _stop_came = True
     raise KeyboardInterrupt
+
+
+def _unraisable(previous, unraisable) -> None:
+    """``sys.unraisablehook`` while a command runs. A Ctrl-C or stop signal that lands while
+    Python runs a finalizer (a loader's iterator ending its workers in ``__del__``, at every
+    epoch's end) is swallowed there, with an "Exception ignored" traceback: it is raised again
+    in the command. Once a stop has come, the finalizers of objects it left half made fail
+    too (torch's iterator without its workers' status): a consequence of the stop, not
+    reported. Anything else goes to the ``previous`` hook."""
+    if issubclass(unraisable.exc_type, KeyboardInterrupt):
+        # Sent again as a signal whose handler raises it (SIGINT is ignored in a background
+        # job), from another thread a moment later: raised from here, inside the hook, it
+        # would be swallowed again.
+        number = next((number for number in (signal.SIGINT, *STOP_SIGNALS)
+                       if callable(signal.getsignal(number))), None)
+        if number is not None:
+            again = threading.Timer(0.05, signal.pthread_kill,
+                                    (threading.main_thread().ident, number))
+            again.daemon = True
+            again.start()
+    elif not _stop_came:
+        previous(unraisable)
 
 
 @contextmanager
@@ -54,17 +82,26 @@ def _stopped_as_by_ctrl_c() -> Iterator[None]:
     """SIGTERM and SIGHUP raise KeyboardInterrupt while a command runs, so that they stop it
     as Ctrl-C does (finished records kept, half results removed, one line, status 130): by
     default they end the process at once, leaving half-written folders and temporary files.
-    Lightning's fit adds its own SIGTERM handling in front of this one."""
+    A signal ignored when the command starts stays ignored (``nohup``'s SIGHUP, a background
+    job's SIGINT). Lightning's fit adds its own SIGTERM handling in front of this one."""
+    global _stop_came
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {number: signal.signal(number, _raise_keyboard_interrupt)
-                for number in STOP_SIGNALS}
+    _stop_came = False
+    previous = {number: signal.getsignal(number) for number in (signal.SIGINT, *STOP_SIGNALS)}
+    for number, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(number, _raise_keyboard_interrupt)
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = partial(_unraisable, previous_hook)
     try:
         yield
     finally:
+        sys.unraisablehook = previous_hook
         for number, handler in previous.items():
-            signal.signal(number, handler)
+            if handler is not None:  # None: set outside Python, left as it is
+                signal.signal(number, handler)
 
 
 def _allocation_refused(exc: BaseException) -> str | None:

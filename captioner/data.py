@@ -18,15 +18,18 @@ Batches are dicts:
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 import warnings
 from collections.abc import Iterator
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Literal
 
 import lightning as L
 import numpy as np
 import torch
+from lightning.fabric.utilities.seed import pl_worker_init_function
 from torch.utils.data import DataLoader, Dataset
 
 from data_prep.features import FeatureCache
@@ -269,6 +272,21 @@ def _built_by_getitems(batch: dict) -> dict:
 DEFAULT_LOADER_WORKERS = 4
 
 
+def start_worker(worker_id: int, *, rank: int) -> None:
+    """A loader worker's ``worker_init_fn``: it leaves SIGTERM and SIGHUP to the main process.
+
+    ``timeout``, Slurm's ``scancel`` and a closed terminal signal the whole process group: the
+    main process stops as by Ctrl-C (``captioner.cli``) and ends its workers, but a worker that
+    the signal ended made torch raise "DataLoader worker ... is killed by signal" in the main
+    process, amid that stop (a traceback, or status 1 and no line saying how to resume). Then
+    Lightning's seeding of the worker where it would add its own (``seed_everything(...,
+    workers=True)``, as LightningCLI seeds), ``rank`` being the process's global rank."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    if int(os.environ.get("PL_SEED_WORKERS", 0)):
+        pl_worker_init_function(worker_id, rank=rank)
+
+
 class CaptionDataModule(L.LightningDataModule):
     """Karpathy-split captions with images (``image_root``) or cached features.
 
@@ -503,6 +521,8 @@ class CaptionDataModule(L.LightningDataModule):
             persistent_workers=False,
             pin_memory=pin,
             collate_fn=_built_by_getitems,
+            worker_init_fn=partial(start_worker, rank=self.trainer.global_rank
+                                   if self.trainer is not None else 0),
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -319,3 +319,76 @@ def test_runs_lists_named_versions_in_the_order_of_their_numbers(tmp_path, capsy
     assert runs.main(["--root", str(tmp_path / "runs")]) == 0
     rows = capsys.readouterr().out.splitlines()[1:]
     assert [row.split()[1] for row in rows] == ["V1", "V2", "V10", "mine"]
+
+
+def test_a_signal_ignored_when_a_command_starts_stays_ignored(monkeypatch):
+    # `nohup captioner fit ...` ignores SIGHUP so that closing the terminal leaves the fit
+    # running; the stop handlers took it over and the fit stopped all the same.
+    import importlib
+
+    from captioner.cli import _commands
+
+    seen = {}
+
+    def handlers(argv):
+        seen.update({number: signal.getsignal(number)
+                     for number in (signal.SIGHUP, signal.SIGTERM)})
+        return 0
+
+    monkeypatch.setattr(importlib.import_module(_commands()["runs"]), "main", handlers)
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        assert main(["runs"]) == 0
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    assert seen[signal.SIGHUP] is signal.SIG_IGN and seen[signal.SIGTERM] is not signal.SIG_DFL
+
+
+class _Finalized:
+    """Stopped in its finalizer, as a loader's iterator ending its workers at an epoch's end."""
+
+    def __del__(self):
+        raise KeyboardInterrupt
+
+
+def test_a_stop_that_lands_in_a_finalizer_stops_the_command_in_one_line(monkeypatch, capsys):
+    # Python swallows an exception raised in __del__ ("Exception ignored in ..." and its
+    # traceback), and the command went on as if no Ctrl-C had come.
+    import importlib
+
+    from captioner.cli import SIGINT_STATUS, _commands
+
+    def finalizes(argv):
+        _Finalized()  # dropped at once: __del__ runs here
+        time.sleep(5)  # the stop is raised again before this ends
+        return 0
+
+    monkeypatch.setattr(importlib.import_module(_commands()["runs"]), "main", finalizes)
+    started = time.monotonic()
+    assert main(["runs"]) == SIGINT_STATUS
+    assert time.monotonic() - started < 4
+    assert capsys.readouterr().err == "captioner runs: interrupted\n"
+
+
+def test_loader_workers_leave_stop_signals_to_the_main_process():
+    # `timeout`, Slurm's scancel and a closed terminal signal the whole process group: a worker
+    # that SIGTERM ended made torch raise "DataLoader worker (pid N) is killed by signal" in
+    # the main process, in the middle of its graceful stop.
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    worker = context.Process(target=_start_a_worker_then_signal_it)
+    worker.start()
+    worker.join(30)
+    assert worker.exitcode == 7
+
+
+def _start_a_worker_then_signal_it() -> None:
+    from captioner.data import start_worker
+
+    start_worker(0, rank=0)
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        os.kill(os.getpid(), number)
+    time.sleep(0.1)
+    sys.exit(7)
