@@ -131,6 +131,9 @@ for _message in (
     r"LightningCLI's args parameter is intended to run from within Python",
     # A resume holds the earlier metrics.csv back first (hold_metrics_for_resume): nothing is lost.
     r"Experiment logs directory .* exists and is not empty",
+    # A resume writes into its own checkpoints, as it should; a new fit into a folder of
+    # checkpoints is refused before this.
+    r"Checkpoint directory .* exists and is not empty",
     # Lightning's own use of a torch API, nothing a user can act on.
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
     # validate/test on several devices: the DistributedSampler repeats a few images to even

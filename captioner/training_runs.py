@@ -564,9 +564,9 @@ def _put_back_held_metrics(folder: Path) -> bool:
 
 
 class FitStartGuard(Callback):
-    """Undoes what ``fit`` wrote into the run folders when it stops before training starts
-    (``on_train_start``): a refused checkpoint, unreadable data, a failure in the sanity check
-    or in making the loaders.
+    """Undoes what ``fit`` wrote into the run folders when it stops before its first training
+    step is done (``on_train_batch_end``): a refused checkpoint, unreadable data (also in the
+    first batch), a failure in the sanity check, in making the loaders or in the first step.
 
     A new run's version folder is removed, unless a checkpoint is in it, and then its
     ``ROOT/NAME`` folder if no other version is left there, and ``ROOT`` if this fit made it
@@ -605,7 +605,8 @@ class FitStartGuard(Callback):
         if _put_back_held_metrics(folder):
             set_aside_metrics(folder, step)
 
-    def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch,
+                           batch_idx) -> None:
         self.started = True
 
     def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:

@@ -661,6 +661,22 @@ def test_a_new_run_stopped_before_training_leaves_no_run_folder(synthetic_data, 
     assert not (tmp_path / "runs").exists()  # nothing for `captioner runs` to list
 
 
+def test_a_new_run_whose_first_batch_is_unreadable_leaves_no_run_folder(synthetic_data,
+                                                                       tiny_cache, tmp_path,
+                                                                       capsys):
+    # A damaged cache is found as the first batch is read, after the run folder was made.
+    import h5py
+
+    damaged = tmp_path / tiny_cache.name
+    shutil.copy(tiny_cache, damaged)
+    with h5py.File(damaged, "r+") as file:
+        file["features"][...] = float("inf")
+    args = _cli_args(synthetic_data, damaged, tmp_path, "--run_name", "damaged")
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 2
+    assert "holds NaN or inf" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_new_run_stopped_before_training_keeps_the_earlier_versions(synthetic_data,
                                                                      tiny_cache, tmp_path,
                                                                      monkeypatch):
@@ -1723,6 +1739,7 @@ def test_a_best_checkpoint_of_an_epoch_the_resume_replays_is_removed(synthetic_d
     code, _, err = _run("fit", *args, "--trainer.max_epochs", "3", "--ckpt_path", "last",
                         "--checkpoint.filename", "again-epoch{epoch:02d}")
     assert code == 0, err[-2000:]
+    assert "exists and is not empty" not in err  # a resume writes into its own folders
     assert sorted(path.name for path in folder.glob("*.ckpt")) == [
         "again-epoch02.ckpt", "copy-of-epoch01.ckpt", "last.ckpt"]
     assert Path(kept).is_file()
