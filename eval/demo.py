@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -91,16 +90,27 @@ def feature_cache_path(out: Path, settings: DemoSettings) -> Path:
 
 def prepare_data(out: Path, settings: DemoSettings) -> DemoData:
     """The synthetic dataset, its pretrained encoder and feature cache, made once and reused
-    (the encoder again when its recorded settings are not those of this run)."""
+    (the encoder again when its recorded settings are not those of this run, or its file
+    cannot be read).
+
+    Raises:
+        ValueError: a dataset file of an earlier run that cannot be read, naming it and the
+            folder to remove so that the data is made again.
+    """
     from captioner.encoder_pretraining import describe_accuracy, pretrain_encoder, report_path
     from captioner.feature_extraction import extract_features
+    from captioner.model.encoder import EncoderWeightsError, build_encoder
     from data_prep.features import partial_cache_path
+    from data_prep.karpathy import KarpathyFormatError, load_karpathy
     from data_prep.synthetic import generate
 
     root = dataset_dir(out, settings)
     try:
         dataset = SyntheticDataset.from_dir(root)
         print(f"using the synthetic dataset in {root}")
+        load_karpathy(dataset.karpathy_json, dataset.image_root)
+    except KarpathyFormatError as exc:
+        raise ValueError(f"{exc}; remove {root} to make the demo's data again") from None
     except FileNotFoundError:
         print(f"generating the synthetic dataset in {root}")
         dataset = generate(
@@ -110,8 +120,15 @@ def prepare_data(out: Path, settings: DemoSettings) -> DemoData:
     weights, cache = encoder_path(out, settings), feature_cache_path(out, settings)
     pretraining = replace(settings.pretraining, seed=settings.seed)
     report = _read_report(report_path(weights))
-    if not weights.is_file() or {k: report.get(k) for k in asdict(pretraining)} != asdict(
-            pretraining):
+    remake = not weights.is_file() or {k: report.get(k) for k in asdict(pretraining)} != asdict(
+        pretraining)
+    if not remake:
+        try:
+            build_encoder(ENCODER_ARCH, weights, layer=ENCODER_LAYER)
+        except EncoderWeightsError as exc:
+            print(f"the earlier run's encoder cannot be read ({exc}): made again")
+            remake = True
+    if remake:
         print(f"\n== pretraining the encoder on the training split's cells ({pretraining.epochs} "
               "epochs)")
         for made_by_an_earlier_encoder in (cache, partial_cache_path(cache)):
@@ -396,21 +413,19 @@ class DemoOutcome:
     title: str
     figure: Path
     gallery: Path | None
-    minutes: float
 
 
-def run_demo(out: Path, settings: DemoSettings, seeds: list[int],
+def run_demo(out: Path, data: DemoData, settings: DemoSettings, seeds: list[int],
              lam_grid: list[float] | None = None) -> DemoOutcome:
-    """Run every step of the demo into the folder ``out`` (made, and cleared of earlier
-    results, by the caller): captioners of every mapping trained once per seed of ``seeds``,
-    TVmax with the lambda of ``lam_grid`` that is best on the validation split when given."""
+    """Run the demo's steps after :func:`prepare_data` into the folder ``out`` (made, and
+    cleared of earlier results, by the caller) on ``data``: captioners of every mapping
+    trained once per seed of ``seeds``, TVmax with the lambda of ``lam_grid`` that is best on
+    the validation split when given."""
     from captioner.inference import Captioner
     from eval.metrics_figure import plot_seed_metrics
     from eval.table import undefined_for_some_seeds
 
-    started = time.monotonic()
     metrics = available_metrics(settings.spice)
-    data = prepare_data(out, settings)
     summary: dict = {"settings": asdict(settings), "seeds": seeds,
                      "encoder_val_cell_accuracy": data.encoder_report["val_cell_accuracy"]}
     # One torch thread: the decoder's tensors are small, so thread hand-offs cost more than they
@@ -456,7 +471,7 @@ def run_demo(out: Path, settings: DemoSettings, seeds: list[int],
                   else f"seed {seeds[0]}")
     title = f"Synthetic test split ({settings.n_test} images), beam size 3, {seeds_text}"
     figure = plot_seed_metrics(per_seed, out / "metrics.png", title)
-    return DemoOutcome(per_seed, title, figure, gallery, (time.monotonic() - started) / 60)
+    return DemoOutcome(per_seed, title, figure, gallery)
 
 
 def write_results(out: Path, summary: dict) -> None:

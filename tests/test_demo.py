@@ -189,9 +189,61 @@ def test_a_run_stopped_after_its_results_json_goes_on(tmp_path, capsys, monkeypa
         assert sorted(p.name for p in folder.iterdir()) == [".demo.lock", "trainings.json"]
         raise KeyboardInterrupt
 
+    monkeypatch.setattr(command, "prepare_data", lambda folder, settings: None)
     monkeypatch.setattr(command, "run_demo", stopped)
     assert main(["--quick", "--out", str(out)]) == 130
     assert capsys.readouterr().out.startswith(f"going on with the unfinished demo run in {out}")
+
+
+def _finished_run(out):
+    """``out`` as a finished quick demo run leaves it, but for its data, made by the test."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("results.json", "metrics.png"):
+        (out / name).write_text("earlier")
+    (out / "trainings.json").write_text('{"trainings": []}')
+
+
+def test_a_damaged_dataset_file_is_named_before_earlier_results_are_cleared(tmp_path, capsys):
+    # --overwrite cleared the earlier results first, then met the file: a traceback, and
+    # results.json, the figures and the checkpoints gone.
+    out = tmp_path / "demo"
+    _finished_run(out)
+    root = dataset_dir(out, QUICK)
+    (root / "images").mkdir(parents=True)
+    for name in ("dataset_synthetic.json", "instances_train.json", "instances_val.json",
+                 "instances_test.json"):
+        (root / name).write_text('{"images": [')
+    assert main(["--quick", "--out", str(out), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        f"captioner demo: {root / 'dataset_synthetic.json'}: not valid JSON"), err
+    assert err.endswith(f"; remove {root} to make the demo's data again\n")
+    assert (out / "results.json").read_text() == "earlier"
+
+
+def test_an_encoder_file_that_cannot_be_read_is_made_again(tmp_path, capsys, monkeypatch):
+    import captioner.encoder_pretraining as pretraining
+    from data_prep.synthetic import generate
+    from eval.demo import encoder_path
+
+    out = tmp_path / "demo"
+    _finished_run(out)
+    s = QUICK
+    generate(dataset_dir(out, s), n_train=s.n_train, n_val=s.n_val, n_test=s.n_test,
+             seed=s.seed, image_size=s.image_size, progress=False)
+    weights = encoder_path(out, s)
+    weights.write_bytes(b"PK\x03\x04 truncated")
+    report = {**vars(s.pretraining), "seed": s.seed}
+    weights.with_suffix(".json").write_text(json.dumps(report))
+
+    def pretrain(*args, **kwargs):  # the remade encoder: stopped here, the test has seen enough
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pretraining, "pretrain_encoder", pretrain)
+    assert main(["--quick", "--out", str(out), "--overwrite"]) == 130
+    assert f"the earlier run's encoder cannot be read (encoder weights file {weights}: " in (
+        capsys.readouterr().out)
+    assert (out / "results.json").read_text() == "earlier"
 
 
 def test_a_second_demo_into_a_folder_in_use_is_one_line_and_touches_nothing(tmp_path, capsys):

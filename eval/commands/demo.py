@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -57,6 +58,7 @@ from eval.demo import (
     QUICK,
     DemoSettings,
     earlier_results,
+    prepare_data,
     run_demo,
 )
 from eval.demo_trainings import FILE_NAME as TRAININGS_FILE
@@ -139,20 +141,25 @@ def _demo_in(out: Path, args: argparse.Namespace, settings: DemoSettings,
             TrainingRecord(out)  # read before any work: a damaged record is one line
     except ValueError as exc:
         return report_error("captioner demo", exc)
-    if unfinished:
-        print(f"going on with the unfinished demo run in {out}: captioners it finished "
-              "training with the same settings are reused")
-        clear_folder(out, [name for name in earlier if name != TRAININGS_FILE])
-    elif earlier:
-        print(f"replacing the earlier results in {out}: {', '.join(earlier)}")
-        clear_folder(out, earlier)
-
+    started = time.monotonic()
     try:
-        outcome = run_demo(out, settings, seeds, args.lam_grid)
+        # Before any earlier result is cleared: a file of the earlier run that cannot be
+        # reused is named, and nothing is lost.
+        data = prepare_data(out, settings)
+        if unfinished:
+            print(f"going on with the unfinished demo run in {out}: captioners it finished "
+                  "training with the same settings are reused")
+            clear_folder(out, [name for name in earlier if name != TRAININGS_FILE])
+        elif earlier:
+            print(f"replacing the earlier results in {out}: {', '.join(earlier)}")
+            clear_folder(out, earlier)
+        outcome = run_demo(out, data, settings, seeds, args.lam_grid)
     except KeyboardInterrupt:
         close_progress_bars()
         print(f"captioner demo: {_interrupted(out)}", file=sys.stderr)
         return SIGINT_STATUS
+    except ValueError as exc:
+        return report_error("captioner demo", exc)
 
     from eval.table import format_seed_table
 
@@ -161,7 +168,8 @@ def _demo_in(out: Path, args: argparse.Namespace, settings: DemoSettings,
     print(f"\nfigure: {outcome.figure}")
     if outcome.gallery is not None:
         print(f"gallery: {outcome.gallery}")
-    print(f"results, checkpoints and figures: {out}  ({outcome.minutes:.1f} min)")
+    minutes = (time.monotonic() - started) / 60
+    print(f"results, checkpoints and figures: {out}  ({minutes:.1f} min)")
     return 0
 
 
