@@ -8,12 +8,15 @@ trains only the others.
 
 Format: ``{"trainings": [{"config": YAML text, "encoder_sha256": hex, "checkpoint": path of
 the best checkpoint, "val_CIDEr": float}, ...]}``, rewritten atomically after each training.
+Paths inside the folder are written relative to it (``<OUT>/`` in the config), so that a
+folder moved or copied elsewhere goes on as well.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from data_prep.files import parse_json, write_json
@@ -41,22 +44,36 @@ class TrainingRecord:
     """
 
     def __init__(self, out: Path) -> None:
+        self.out = out
         self.path = out / FILE_NAME
         self.trainings = _read(self.path)
 
     def find(self, config: str, encoder_sha256: str) -> Training | None:
         """The latest finished training of ``config`` with that encoder whose checkpoint is
         still there, or None."""
+        config = self._portable(config)
         for training in reversed(self.trainings):
-            if ((training.config, training.encoder_sha256) == (config, encoder_sha256)
-                    and Path(training.checkpoint).is_file()):
-                return training
+            checkpoint = self.out / training.checkpoint  # recorded relative to the folder
+            if ((self._portable(training.config), training.encoder_sha256)
+                    == (config, encoder_sha256) and checkpoint.is_file()):
+                return replace(training, config=config, checkpoint=str(checkpoint))
         return None
 
     def add(self, training: Training) -> None:
         """Record a finished training (the file is rewritten at once)."""
-        self.trainings.append(training)
+        checkpoint = Path(training.checkpoint)
+        if checkpoint.is_relative_to(self.out):
+            checkpoint = checkpoint.relative_to(self.out)
+        self.trainings.append(replace(training, config=self._portable(training.config),
+                                      checkpoint=str(checkpoint)))
         write_json(self.path, {"trainings": [asdict(t) for t in self.trainings]})
+
+    def _portable(self, config: str) -> str:
+        """``config`` with this folder's paths written as ``<OUT>/...``."""
+        return config.replace(f"{self.out}{os.sep}", f"{_OUT}{os.sep}")
+
+
+_OUT = "<OUT>"  # the demo's folder, in a recorded config
 
 
 def _read(path: Path) -> list[Training]:

@@ -348,6 +348,29 @@ def test_the_record_reuses_a_training_only_with_the_same_config_encoder_and_chec
     assert record.find("model: {lam: 0.01}", "a" * 64) is None
 
 
+def test_a_moved_or_copied_folder_reuses_its_trainings(tmp_path):
+    # The record held the folder's absolute paths (in the config, and the checkpoint's), so
+    # a run moved elsewhere, said it went on, and trained every captioner again.
+    import shutil
+
+    from eval.demo_trainings import Training, TrainingRecord
+
+    first, moved = tmp_path / "first", tmp_path / "moved"
+    checkpoint = first / "runs" / "best.ckpt"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"weights")
+
+    def config(out):
+        return f"data:\n  feature_cache: {out / 'features.h5'}\n  image_size: 128\n"
+
+    TrainingRecord(first).add(Training(config(first), "a" * 64, str(checkpoint), 1.5))
+    shutil.copytree(first, moved)
+    found = TrainingRecord(moved).find(config(moved), "a" * 64)
+    assert found == Training(config(moved).replace(str(moved), "<OUT>"), "a" * 64,
+                             str(moved / "runs" / "best.ckpt"), 1.5)
+    assert TrainingRecord(moved).find(config(first), "a" * 64) is None  # the first's cache
+
+
 @pytest.mark.parametrize("text", ["{", "[]", '{"trainings": [{"config": "x"}]}',
                                   '{"trainings": [{"config": "x", "encoder_sha256": "a", '
                                   '"checkpoint": "c", "val_CIDEr": NaN}]}'])
