@@ -344,19 +344,26 @@ def test_kill_stops_a_command_as_ctrl_c_does(stop, tiny_checkpoint, tmp_path, ca
     assert signal.getsignal(getattr(signal, stop)) == handler  # the caller's, back
 
 
+@pytest.fixture
+def test_split_results(synthetic_data, tmp_path):
+    """A test image, a results file captioning every test image, and the references."""
+    image = next((synthetic_data.image_root / "test").glob("*.png"))
+    references = synthetic_data.karpathy_json
+    test_ids = [entry["cocoid"] for entry in json.loads(references.read_text())["images"]
+                if entry["split"] == "test"]
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps([{"image_id": i, "caption": "a red circle"}
+                                   for i in test_ids]))
+    return image, results, references
+
+
 def test_score_summary_and_caption_never_write_over_what_they_read(
-        tiny_checkpoint, synthetic_data, kit_key_and_ratings, tmp_path, capsys):
+        tiny_checkpoint, test_split_results, kit_key_and_ratings, capsys):
     from captioner.commands import caption
     from eval.commands import rating_summary, score
 
     key, ratings = kit_key_and_ratings
-    image = next((synthetic_data.image_root / "test").glob("*.png"))
-    results = tmp_path / "results.json"
-    references = synthetic_data.karpathy_json
-    test_ids = [entry["cocoid"] for entry in json.loads(references.read_text())["images"]
-                if entry["split"] == "test"]
-    results.write_text(json.dumps([{"image_id": i, "caption": "a red circle"}
-                                   for i in test_ids]))
+    image, results, references = test_split_results
     cases = [
         (score.main, ["--results", str(results), "--references", str(references), "--split",
                       "test", "--out", str(references)], references, "references file"),
@@ -380,20 +387,15 @@ def test_score_summary_and_caption_never_write_over_what_they_read(
 
 
 def test_an_existing_out_file_is_replaced_only_with_overwrite(
-        tiny_checkpoint, synthetic_data, kit_key_and_ratings, tmp_path, capsys):
+        tiny_checkpoint, synthetic_data, test_split_results, kit_key_and_ratings, tmp_path,
+        capsys):
     # score's metrics over evaluate's, a summary over another kit's key or a rater's file,
     # captions over a dataset: each replaced a finished file without a word.
     from captioner.commands import caption, prepare_dataset, pretrain_encoder
     from eval.commands import rating_summary, score
 
     key, ratings = kit_key_and_ratings
-    image = next((synthetic_data.image_root / "test").glob("*.png"))
-    results = tmp_path / "results.json"
-    references = synthetic_data.karpathy_json
-    test_ids = [entry["cocoid"] for entry in json.loads(references.read_text())["images"]
-                if entry["split"] == "test"]
-    results.write_text(json.dumps([{"image_id": i, "caption": "a red circle"}
-                                   for i in test_ids]))
+    image, results, references = test_split_results
     out = tmp_path / "finished.json"
     missing = str(tmp_path / "missing")
     captions = tmp_path / "captions.jsonl"
