@@ -9,9 +9,10 @@ per-cell objective, a 1x1 convolution per attribute on its grid predicting which
 each cell (its category and, on the synthetic data, colour and size; class 0: no object;
 ``data_prep.cell_labels``), with summed cross-entropies. Only the training split is used;
 accuracy is reported on the validation split. The result is a plain torchvision ``state_dict``
-of the whole ResNet (the stages after ``layer`` and ``fc`` keep their random initialization),
-so ``prepare-features --weights FILE`` and ``model.encoder_weights: FILE`` load it as any other
-weights; its batch-norm statistics are those of the training images.
+of the ResNet up to ``layer`` (and ``fc``, untrained; the stages after ``layer`` are left out,
+so that a grid encoder of a later layer refuses the file rather than read an untrained stage),
+so ``prepare-features --weights FILE --layer LAYER`` and ``model.encoder_weights: FILE`` load it
+as any other weights; its batch-norm statistics are those of the training images.
 
 Training sees random crops of ``crop`` pixels (a multiple of the stride, so that the crop's
 grid cells are cells of the whole image's grid) with random horizontal flips: four times fewer
@@ -36,7 +37,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from captioner.lightning_stops import stops_as_keyboard_interrupt
-from captioner.model.encoder import GridEncoder
+from captioner.model.encoder import GridEncoder, later_stages
 from data_prep.cell_labels import CellLabeller
 from data_prep.files import atomic_write, check_output_file, write_json
 from data_prep.images import IMAGENET_MEAN, IMAGENET_STD, load_image
@@ -145,7 +146,11 @@ class CellClassifier(L.LightningModule):
         return self.heads(grid.permute(0, 3, 1, 2))
 
     def resnet_state_dict(self) -> dict[str, Tensor]:
-        return {k: v.detach().cpu().clone() for k, v in self._resnet[0].state_dict().items()}
+        """The trained ResNet's state_dict up to its layer: the stages after it were not
+        trained, and loaded as the next stage's weights they would pass for trained ones."""
+        later = later_stages(self.hparams.layer)
+        return {k: v.detach().cpu().clone() for k, v in self._resnet[0].state_dict().items()
+                if not k.startswith(later)}
 
     def _per_attribute(self, images: Tensor) -> list[Tensor]:
         return list(self(images).split(self.counts, dim=1))

@@ -237,6 +237,17 @@ def test_pretrain_encoder_then_prepare_features_through_the_cli(synthetic_data, 
     state = torch.load(tmp_path / "encoder.pt", weights_only=True)
     assert "layer3.0.conv1.weight" in state and "fc.weight" in state
     assert torch.equal(trained.trunk[6][0].conv1.weight, state["layer3.0.conv1.weight"])
+    # The untrained layer4 is not in it: read as a layer4 encoder's weights, it passed for
+    # trained ones (batch-norm statistics never estimated).
+    assert not any(key.startswith("layer4.") for key in state)
+    run = _captioner(
+        "prepare-features", "--data", str(data.karpathy_json), "--images", str(data.image_root),
+        "--arch", "resnet18", "--weights", "encoder.pt", "--image-size", "128", "--out",
+        "layer4.h5", "--num-workers", "0", "--no-progress", cwd=tmp_path,
+    )
+    assert run.returncode == 2 and run.stderr == (
+        "captioner prepare-features: encoder weights from encoder.pt hold the ResNet up to "
+        "layer3, not layer4: set the encoder layer to layer3\n")
 
     run = _captioner(
         "prepare-features", "--data", str(data.karpathy_json), "--images", str(data.image_root),

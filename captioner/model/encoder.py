@@ -111,13 +111,19 @@ def build_encoder(
             state_dict, source = _read_state_dict(Path(weights)), str(weights)
         else:
             state_dict, source = _named_state_dict(arch, str(weights))
-        _load_trunk(resnet, arch, state_dict, source)
+        _load_trunk(resnet, arch, state_dict, source, layer)
     return GridEncoder(resnet, arch, trainable, layer)
 
 
 def _check_layer(layer: str) -> None:
     if layer not in LAYERS:
         raise ValueError(f"unknown encoder layer {layer!r}; valid: {', '.join(LAYERS)}")
+
+
+def later_stages(layer: str) -> tuple[str, ...]:
+    """The state_dict key prefixes of the ResNet stages after ``layer``, which a grid encoder
+    of ``layer`` leaves out (``("layer4.",)`` for layer3)."""
+    return tuple(f"{stage}." for stage in LAYERS[LAYERS.index(layer) + 1:])
 
 
 def _looks_like_path(weights: str | os.PathLike) -> bool:
@@ -210,16 +216,28 @@ def _trunk_keys(resnet: nn.Module) -> set[str]:
     return {k for k in resnet.state_dict() if not k.startswith("fc.")}
 
 
-def _load_trunk(resnet: nn.Module, arch: str, state_dict: dict[str, Tensor], source: str) -> None:
-    """Load a torchvision ResNet state_dict; the classifier (``fc.*``) is optional."""
+def _load_trunk(resnet: nn.Module, arch: str, state_dict: dict[str, Tensor], source: str,
+                layer: str) -> None:
+    """Load a torchvision ResNet state_dict up to ``layer``; the classifier (``fc.*``) and the
+    stages after ``layer`` are optional (``pretrain-encoder`` writes the ResNet up to its
+    layer, the stages after it untrained)."""
     trunk_state = {k: v for k, v in state_dict.items() if not k.startswith("fc.")}
-    expected = _trunk_keys(resnet)
+    later = later_stages(layer)
+    expected = {k for k in _trunk_keys(resnet) if not k.startswith(later)}
     missing = sorted(expected - trunk_state.keys())
-    unexpected = sorted(trunk_state.keys() - expected)
+    unexpected = sorted(trunk_state.keys() - _trunk_keys(resnet))
+    if missing and not unexpected and layer != LAYERS[0] and all(
+            k.startswith(f"{layer}.") for k in missing):
+        earlier = LAYERS[LAYERS.index(layer) - 1]
+        raise EncoderWeightsError(
+            f"encoder weights from {source} hold the ResNet up to {earlier}, not {layer}: set "
+            f"the encoder layer to {earlier}")
     if missing or unexpected:
         # Which architecture they are for, where their names tell (the usual mistake).
-        fits = [other for other in ARCHITECTURES if other != arch and _trunk_keys(
-            torchvision.models.get_model(other, weights=None)) == trunk_state.keys()]
+        given = {k for k in trunk_state if not k.startswith(later)}
+        fits = [other for other in ARCHITECTURES if other != arch and {
+            k for k in _trunk_keys(torchvision.models.get_model(other, weights=None))
+            if not k.startswith(later)} == given]
         hint = f" (they are {fits[0]} weights: set the encoder arch to {fits[0]})" if fits else ""
         keys = "; ".join(f"{kind} {first_names(names, 5)}" for kind, names in
                          (("missing", missing), ("unexpected", unexpected)) if names)
