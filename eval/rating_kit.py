@@ -38,7 +38,7 @@ from captioner.heatmaps import (
     shared_vmax,
     upsample_attention,
 )
-from data_prep.files import atomic_write, parse_json
+from data_prep.files import atomic_write, counted, parse_json
 from data_prep.images import ImageLoadError, load_image
 from eval.static_page import page_files, render_page, script_json
 from eval.stopwords import content_word_indices
@@ -238,6 +238,14 @@ def sample_readable(
         except ImageLoadError as exc:
             skipped.append(str(exc))
     return sample, skipped
+
+
+def fewer_than_asked(n: int, found: int, total: int, where: str) -> str:
+    """Why ``--n n`` gives only ``found`` of the ``total`` images ``where`` (the test split, a
+    folder): the images are too few, or too few of them are readable."""
+    if found == total:
+        return f"--n {n} but {where} has only {counted(total, 'image')}"
+    return f"--n {n} but only {found} of the {total} images in {where} are readable"
 
 
 def write_key(key: dict, path: Path) -> None:

@@ -83,7 +83,7 @@ def _images(args: argparse.Namespace) -> tuple[list[Path], list[str], list[str],
                 f"{len(given)}" if args.n and len(given) < args.n else "")
         return paths, [str(p) for p in paths], [], note
     from data_prep.karpathy import load_karpathy
-    from eval.rating_kit import sample_readable
+    from eval.rating_kit import fewer_than_asked, sample_readable
 
     entries = load_karpathy(args.data, args.images).split(args.split)
     candidates = [(f"{e.path.name} (id {e.image_id})", e.path) for e in entries]
@@ -95,9 +95,8 @@ def _images(args: argparse.Namespace) -> tuple[list[Path], list[str], list[str],
         raise ValueError(f"{args.data}: the {args.split} split has no images" if not candidates
                          else f"--images {args.images}: none of the {len(candidates)} images of "
                          f"the {args.split} split is readable ({first_names(skipped, 2, '; ')})")
-    note = (f"--n {n} but only {len(sample)} of the {len(candidates)} images of the "
-            f"{args.split} split are readable; showing those {len(sample)}"
-            if len(sample) < n else "")
+    note = (f"{fewer_than_asked(n, len(sample), len(candidates), f'the {args.split} split')}"
+            f"; showing those {len(sample)}" if len(sample) < n else "")
     return [path for _, path, _ in sample], [name for name, _, _ in sample], skipped, note
 
 

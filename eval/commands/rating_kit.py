@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
     from captioner.heatmaps import checkpoint_names
     from captioner.inference import open_captioner
     from data_prep.files import check_output_folder, refuse_inputs_in_output
-    from eval.rating_kit import KIT_FORMAT, KitModel, kit_files, sample_readable
+    from eval.rating_kit import KIT_FORMAT, KitModel, fewer_than_asked, kit_files, sample_readable
 
     try:
         names = checkpoint_names(args.ckpt)
@@ -172,10 +172,9 @@ def main(argv: list[str]) -> int:
     for error in skipped:
         print(f"captioner rating-kit: skipped {error}", file=sys.stderr)
     if len(sample) < args.n:
-        source = (f"in {args.image_dir}" if args.image_dir is not None
-                  else f"of the {args.split} split")
-        print(f"captioner rating-kit: --n {args.n} but only {len(sample)} of the "
-              f"{len(candidates)} images {source} are readable", file=sys.stderr)
+        where = str(args.image_dir) if args.image_dir is not None else f"the {args.split} split"
+        print(f"captioner rating-kit: "
+              f"{fewer_than_asked(args.n, len(sample), len(candidates), where)}", file=sys.stderr)
         return 2
 
     models = [KitModel(name, str(path), c.output_attention_name)
