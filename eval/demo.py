@@ -16,7 +16,7 @@ from pathlib import Path
 
 from captioner import CONFIGS
 from captioner.encoder_pretraining import PretrainingSettings
-from data_prep.files import file_sha256, first_names, write_json
+from data_prep.files import counted, file_sha256, first_names, write_json
 from data_prep.synthetic import SyntheticDataset
 from eval.demo_trainings import FILE_NAME as TRAININGS_FILE
 
@@ -129,8 +129,8 @@ def prepare_data(out: Path, settings: DemoSettings) -> DemoData:
             print(f"the earlier run's encoder cannot be read ({exc}): made again")
             remake = True
     if remake:
-        print(f"\n== pretraining the encoder on the training split's cells ({pretraining.epochs} "
-              "epochs)")
+        print("\n== pretraining the encoder on the training split's cells "
+              f"({counted(pretraining.epochs, 'epoch')})")
         for made_by_an_earlier_encoder in (cache, partial_cache_path(cache)):
             made_by_an_earlier_encoder.unlink(missing_ok=True)
         report = pretrain_encoder(dataset.karpathy_json, dataset.image_root, dataset.instances,
@@ -191,7 +191,7 @@ def train(mapping: str, data: DemoData, settings: DemoSettings, out: Path, seed:
         print(f"\n== {which}: trained already, {finished.checkpoint} (val/CIDEr "
               f"{finished.val_CIDEr:.4f})")
         return Path(finished.checkpoint), finished.val_CIDEr
-    print(f"\n== training {which} ({cli.trainer.max_epochs} epochs)")
+    print(f"\n== training {which} ({counted(cli.trainer.max_epochs, 'epoch')})")
     with stops_as_keyboard_interrupt(cli.trainer):
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     print(cli.run_summary())

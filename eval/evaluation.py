@@ -38,7 +38,9 @@ class EvaluationReport:
         lines += [f"  {key:<20} {_statistic(value)}" for key, value in self.attention.items()]
         if self.objects:
             lines += ["objects:"]
-            lines += [f"  {key:<26} {_statistic(value)}" for key, value in self.objects.items()]
+            width = max(map(len, self.objects))
+            lines += [f"  {key:<{width}} {_statistic(value)}"
+                      for key, value in self.objects.items()]
             if any(math.isnan(value) for value in self.objects.values()):
                 lines += ["  (n/a: undefined here, as no image holds an object of the "
                           "instances file, or no caption names one its image holds)"]
