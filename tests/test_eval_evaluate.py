@@ -291,5 +291,5 @@ def test_an_undefined_statistic_is_shown_as_not_applicable_with_its_reason():
         per_image={}, info={"output_attention": "tvmax", "split": "test"})
     lines = report.summary().splitlines()
     assert "  object_precision n/a" in lines  # aligned on the longest name
-    assert "  object_recall              0.5000" in lines
+    assert "  object_recall    0.5000" in lines
     assert lines[-1].startswith("  (n/a: undefined here")
