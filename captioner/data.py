@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import threading
 import warnings
 from collections.abc import Iterator
 from functools import cached_property, partial
@@ -272,17 +273,29 @@ def _built_by_getitems(batch: dict) -> dict:
 DEFAULT_LOADER_WORKERS = 4
 
 
+# How long a loader worker outlives a SIGTERM (start_worker).
+WORKER_GRACE_S = 3.0
+
+
 def start_worker(worker_id: int, *, rank: int) -> None:
-    """A loader worker's ``worker_init_fn``: it leaves SIGTERM and SIGHUP to the main process.
+    """A loader worker's ``worker_init_fn``: SIGTERM and SIGHUP end it only after
+    :data:`WORKER_GRACE_S`, and then with status 0.
 
     ``timeout``, Slurm's ``scancel`` and a closed terminal signal the whole process group: the
-    main process stops as by Ctrl-C (``captioner.cli``) and ends its workers, but a worker that
-    the signal ended made torch raise "DataLoader worker ... is killed by signal" in the main
-    process, amid that stop (a traceback, or status 1 and no line saying how to resume). Then
+    main process stops as by Ctrl-C (``captioner.cli``) and ends its workers itself, but a
+    worker that the signal ended made torch raise "DataLoader worker ... is killed by signal"
+    in the main process, amid that stop (a traceback, or status 1 and no line saying how to
+    resume). Ignored for good, the signal would hang the main process at exit, where
+    multiprocessing ends the workers still alive with SIGTERM and waits for them. Then
     Lightning's seeding of the worker where it would add its own (``seed_everything(...,
     workers=True)``, as LightningCLI seeds), ``rank`` being the process's global rank."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    def end_soon(signum, frame) -> None:
+        ending = threading.Timer(WORKER_GRACE_S, os._exit, (0,))
+        ending.daemon = True
+        ending.start()
+
+    signal.signal(signal.SIGTERM, end_soon)
+    signal.signal(signal.SIGHUP, end_soon)
     if int(os.environ.get("PL_SEED_WORKERS", 0)):
         pl_worker_init_function(worker_id, rank=rank)
 
