@@ -634,7 +634,7 @@ class CaptionerCLI(LightningCLI):
             lines.append(f"best checkpoint: {best.best_model_path} "
                          f"({best.monitor} {float(score):.4f})" if score is not None else "")
         if last is not None and last.path is not None:
-            lines.append(f"last checkpoint: {last.path} (epochs done: {trainer.current_epoch}, "
+            lines.append(f"last checkpoint: {last.path} (epochs done: {last.epochs_done}, "
                          f"step {trainer.global_step})")
         return "\n".join(line for line in lines if line)
 

@@ -157,6 +157,7 @@ class LastCheckpoint(Checkpoint):
             raise ValueError(f"every_n_train_steps must be >= 0, got {every_n_train_steps}")
         self.every_n_train_steps = every_n_train_steps
         self.path: Path | None = None
+        self.epochs_done = 0  # the epochs finished at the last save
         self._saved_step: int | None = None  # the global step of the last save
         self._rank = 0
         self._states_by_rank: list[dict[str, Any]] = []
@@ -187,10 +188,10 @@ class LastCheckpoint(Checkpoint):
         self._states_by_rank = _gather(_rng_states(), trainer.world_size)
         trainer.save_checkpoint(self.path, weights_only=False)  # full state
         self._saved_step = trainer.global_step
+        self.epochs_done = epochs = trainer.current_epoch + int(epoch_done)
         # Other checkpoints (the best ones) store no stale states: only "rng", current.
         self._states_by_rank = []
         if trainer.is_global_zero:
-            epochs = trainer.current_epoch + int(epoch_done)
             write_progress(folder, trainer, self.path, epochs_done=epochs)
             if trainer.loggers and beside_the_log.resolve() != folder.resolve():
                 # Checkpoints kept elsewhere (--checkpoint.dirpath): the run's own folder,

@@ -253,10 +253,12 @@ def test_a_fit_stopped_by_max_steps_inside_an_epoch_resumes_the_rest_of_it(
     # epoch done, and the resume skipped the epoch's other batches (2 epochs of 2 batches
     # ended at step 3, not 4).
     args = [*_cli_args(synthetic_data, tiny_cache, tmp_path), "--trainer.max_epochs", "2"]
-    assert lightning_main(["fit", *args, "--trainer.max_steps", "1"]) == 0
+    code, out, err = _run("fit", *args, "--trainer.max_steps", "3")
+    assert code == 0, err[-2000:]
     checkpoints = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints"
+    assert f"last checkpoint: {checkpoints / 'last.ckpt'} (epochs done: 1, step 3)" in out
     progress = read_progress(checkpoints)
-    assert (progress["epochs_done"], progress["global_step"]) == (0, 1)
+    assert (progress["epochs_done"], progress["global_step"]) == (1, 3)
     assert lightning_main(["fit", *args, "--ckpt_path", "last"]) == 0
     last = load_safely(checkpoints / "last.ckpt")
     assert (last["epoch"], last["global_step"]) == (1, 4)
