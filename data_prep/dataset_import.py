@@ -253,9 +253,11 @@ def _read_text(path: Path) -> str:
     if nul >= 0:
         # Valid UTF-8, but no text holds NUL: UTF-16 without its byte-order mark puts one
         # beside every ASCII character, which the header check would show as 'i\x00m\x00...'.
+        # ASCII in UTF-16 puts the NUL after each character (little-endian) or before it.
+        order = "utf-16le" if nul % 2 else "utf-16be"
         raise DatasetImportError(
             f"{path}: holds a NUL byte (byte offset {nul:,}), so it is not UTF-8 text; if it is "
-            f"UTF-16 without a byte-order mark, convert it: {_conversion(path, 'utf-16le')}")
+            f"UTF-16 without a byte-order mark, convert it: {_conversion(path, order)}")
     try:
         return data.decode(encoding).removeprefix("\ufeff")
     except UnicodeDecodeError as exc:

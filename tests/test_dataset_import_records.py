@@ -9,6 +9,7 @@ first bad byte.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -260,16 +261,22 @@ def test_skipped_items_are_listed_in_file_order(tmp_path, photos, capsys):
 # --- not UTF-8 ---------------------------------------------------------------------------------
 
 
-def test_utf16_without_its_byte_order_mark_is_named_with_how_to_convert(tmp_path, photos,
-                                                                       capsys):
+@pytest.mark.parametrize(("encoding", "offset"), [("utf-16le", 1), ("utf-16be", 0)])
+def test_utf16_without_its_byte_order_mark_is_named_with_how_to_convert(encoding, offset,
+                                                                       tmp_path, photos, capsys):
     # Valid UTF-8 to the letter, so it was read, and the header check quoted 'i\x00m\x00...'.
     captions = tmp_path / "windows.csv"
-    captions.write_bytes("image,caption\nimg_000.jpg,a dog\n".encode("utf-16-le"))
+    text = "image,caption\nimg_000.jpg,a dog\n"
+    captions.write_bytes(text.encode(encoding))
     code, _, err = run(capsys, captions, photos, tmp_path / "o.json")
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
-    assert err == (f"captioner prepare-dataset: {captions}: holds a NUL byte (byte offset 1), so "
-                   "it is not UTF-8 text; if it is UTF-16 without a byte-order mark, convert it: "
-                   f"iconv -f utf-16le -t utf-8 {captions} > {tmp_path / 'windows.utf8.csv'}\n")
+    converted = tmp_path / "windows.utf8.csv"
+    assert err == (f"captioner prepare-dataset: {captions}: holds a NUL byte (byte offset "
+                   f"{offset}), so it is not UTF-8 text; if it is UTF-16 without a byte-order "
+                   f"mark, convert it: iconv -f {encoding} -t utf-8 {captions} > {converted}\n")
+    # The command it gives converts the file.
+    assert subprocess.run(["iconv", "-f", encoding, "-t", "utf-8", str(captions)],
+                          capture_output=True, check=True).stdout.decode() == text
 
 
 @pytest.mark.parametrize(
