@@ -411,3 +411,14 @@ def test_quick_demo_over_seeds_with_lambda_chosen_on_validation(tmp_path, capsys
         assert document["sd"][mapping]["CIDEr"] == pytest.approx(abs(cider[0] - cider[1]) / 2**0.5)
         assert (out / f"captions_{mapping}_seed4.json").is_file()
     assert "mean ± sd over seeds 3, 4" in printed and " ± " in printed
+
+
+def test_a_run_given_overwrite_and_stopped_says_to_go_on_without_it(tmp_path):
+    # "the same command goes on from there": with --overwrite, the same command started over.
+    from eval.commands.demo import _interrupted
+
+    (tmp_path / "trainings.json").write_text(json.dumps({"trainings": [
+        {"config": "x", "encoder_sha256": "a", "checkpoint": "c.ckpt", "val_CIDEr": 0.5}]}))
+    assert _interrupted(tmp_path, True) == (
+        f"interrupted; 1 captioner finished training ({tmp_path / 'trainings.json'}): the same "
+        "command without --overwrite goes on from there, --overwrite starts over")

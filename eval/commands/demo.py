@@ -156,7 +156,7 @@ def _demo_in(out: Path, args: argparse.Namespace, settings: DemoSettings,
         outcome = run_demo(out, data, settings, seeds, args.lam_grid)
     except KeyboardInterrupt:
         close_progress_bars()
-        print(f"captioner demo: {_interrupted(out)}", file=sys.stderr)
+        print(f"captioner demo: {_interrupted(out, args.overwrite)}", file=sys.stderr)
         return SIGINT_STATUS
     except ValueError as exc:
         return report_error("captioner demo", exc)
@@ -173,14 +173,15 @@ def _demo_in(out: Path, args: argparse.Namespace, settings: DemoSettings,
     return 0
 
 
-def _interrupted(out: Path) -> str:
-    """What an interrupted run into ``out`` kept, for its last line."""
+def _interrupted(out: Path, overwrite: bool) -> str:
+    """What an interrupted run into ``out`` kept, for its last line (``overwrite``: the run
+    was given --overwrite, which the command that goes on must leave out)."""
     try:
         count = len(TrainingRecord(out).trainings)
     except ValueError:  # a record damaged meanwhile: its next reading names it
         count = 0
     if not count:
         return "interrupted before a captioner finished training"
+    same = "the same command without --overwrite" if overwrite else "the same command"
     return (f"interrupted; {counted(count, 'captioner')} finished training "
-            f"({out / TRAININGS_FILE}): the same command goes on from there, --overwrite "
-            "starts over")
+            f"({out / TRAININGS_FILE}): {same} goes on from there, --overwrite starts over")
