@@ -82,8 +82,10 @@ def _stopped_as_by_ctrl_c() -> Iterator[None]:
     """SIGTERM and SIGHUP raise KeyboardInterrupt while a command runs, so that they stop it
     as Ctrl-C does (finished records kept, half results removed, one line, status 130): by
     default they end the process at once, leaving half-written folders and temporary files.
-    A signal ignored when the command starts stays ignored (``nohup``'s SIGHUP, a background
-    job's SIGINT). Lightning's fit adds its own SIGTERM handling in front of this one."""
+    SIGINT gets the same handler, so that every stop is noted for :func:`_unraisable`, the
+    ``sys.unraisablehook`` meanwhile. A signal ignored when the command starts stays ignored
+    (``nohup``'s SIGHUP, a background job's SIGINT). Lightning's fit adds its own SIGTERM
+    handling in front of this one."""
     global _stop_came
     if threading.current_thread() is not threading.main_thread():
         yield
