@@ -212,13 +212,9 @@ class CaptionerCLI(LightningCLI):
         except KeyboardInterrupt:
             raise Interrupted(self._after_interrupt(subcommand)) from None
         except RuntimeError as exc:
-            if not _peer_lost(exc):
+            told = _peer_loss(exc)
+            if told is None:
                 raise
-            # gloo's or NCCL's error names a socket or a collective, not the run: one line
-            # that says what happened and how to go on.
-            told = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            told = re.sub(r"^\[[^\]]*\]\s*", "", told)  # the C++ source file and line
-            told = told.split(". ")[0].rstrip(".")  # not gloo's advice to read the logs
             resume = self._resume_advice() if subcommand == "fit" else None
             raise PeerLost(f"another process of this {subcommand} stopped ({told})"
                            + (f"; {resume}" if resume else "")) from None
@@ -768,14 +764,21 @@ def _first_config(args: list[str]) -> str | None:
     return next((config for config in config_files(args) if Path(config).is_file()), None)
 
 
-def _peer_lost(exc: RuntimeError) -> bool:
-    """Whether ``exc`` is a collective of a distributed run that failed because a peer went
-    away: torch's DistError (NCCL), or gloo's plain RuntimeError, which names its transport."""
+def _peer_loss(exc: RuntimeError) -> str | None:
+    """What ``exc`` says, in a few words, when it is a collective of a distributed run that
+    failed because a peer went away (torch's DistError, from NCCL, or gloo's plain
+    RuntimeError, which names its transport); None for any other error. gloo's and NCCL's
+    messages name a socket or a collective, then their source file and advice."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return False
-    return isinstance(exc, dist.DistError) or "gloo" in str(exc)
+        return None
+    text = str(exc).strip()
+    if not (isinstance(exc, dist.DistError) or "gloo" in text):
+        return None
+    told = text.splitlines()[0] if text else type(exc).__name__
+    told = re.sub(r"^\[[^\]]*\]\s*", "", told)  # the C++ source file and line
+    return told.split(". ")[0].rstrip(".")  # not gloo's advice to read the logs
 
 
 def end_distributed() -> None:

@@ -175,8 +175,9 @@ class LastCheckpoint(Checkpoint):
         # An epoch that --trainer.max_steps or max_time ended early was saved at its last batch,
         # as a checkpoint inside the epoch: saved here, Lightning counts its epoch as done,
         # and a resume skips its other batches.
-        if _epoch_complete(trainer) or self._saved_step != trainer.global_step:
-            self._save(trainer, epoch_done=_epoch_complete(trainer))
+        complete = _epoch_complete(trainer)
+        if complete or self._saved_step != trainer.global_step:
+            self._save(trainer, epoch_done=complete)
 
     def _save(self, trainer: L.Trainer, *, epoch_done: bool) -> None:
         if trainer.sanity_checking or trainer.fast_dev_run:

@@ -223,9 +223,10 @@ def _load_trunk(resnet: nn.Module, arch: str, state_dict: dict[str, Tensor], sou
     layer, the stages after it untrained)."""
     trunk_state = {k: v for k, v in state_dict.items() if not k.startswith("fc.")}
     later = later_stages(layer)
-    expected = {k for k in _trunk_keys(resnet) if not k.startswith(later)}
+    trunk_keys = _trunk_keys(resnet)
+    expected = {k for k in trunk_keys if not k.startswith(later)}
     missing = sorted(expected - trunk_state.keys())
-    unexpected = sorted(trunk_state.keys() - _trunk_keys(resnet))
+    unexpected = sorted(trunk_state.keys() - trunk_keys)
     if missing and not unexpected and layer != LAYERS[0] and all(
             k.startswith(f"{layer}.") for k in missing):
         earlier = LAYERS[LAYERS.index(layer) - 1]
