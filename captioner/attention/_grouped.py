@@ -28,6 +28,7 @@ import numba
 import numpy as np
 import torch
 from numba import njit, prange
+from numba.core.options import DefaultOptions
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
@@ -37,6 +38,14 @@ from .sparsemax import sparsemax
 # With more than one numba thread, batches of at least this many cells go through the
 # parallel drivers.
 PARALLEL_MIN_CELLS = 1 << 10
+
+# njit options of the helpers below a row driver that allocate nothing and keep no array past
+# the call. numba's developer flag ``_nrt=False`` compiles them without reference counting
+# (allocating in one is then a compile error): their arrays are borrowed from the driver, which
+# holds them for the call. Counted, every array a helper takes from a workspace tuple costs an
+# atomic increment and decrement per call, 40% of TVmax's forward on N(0, 1) grids of 8 x 8
+# (2.8 against 1.7 us a grid on one core). A numba without the flag counts them as usual.
+BORROWING = {"cache": True, **({"_nrt": False} if hasattr(DefaultOptions, "_nrt") else {})}
 
 
 @njit(cache=True)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from numba import njit
 
+from ._grouped import BORROWING
 
-@njit(cache=True)
+
+@njit(**BORROWING)
 def _neighbours(active, H, W, nbr):
     """Fill nbr (n, 4) with the active 4-neighbours of each active cell (-1 where none)."""
     for i in range(H * W):
@@ -27,12 +29,12 @@ def _neighbours(active, H, W, nbr):
                 nbr[i, d] = -1
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **BORROWING)
 def _sign(x):
     return (x > 0.0) - (x < 0.0)
 
 
-@njit(cache=True)
+@njit(**BORROWING)
 def _heights(ws, order, lo, hi, sid, eps, stamp):
     """Global relabelling: height = the residual distance from each cell of the set to the
     nearest cell with a deficit, or m = hi - lo where none is reachable; then queue (a FIFO in
@@ -72,7 +74,7 @@ def _heights(ws, order, lo, hi, sid, eps, stamp):
     return stamp, qt
 
 
-@njit(cache=True)
+@njit(**BORROWING)
 def _push_relabel(ws, order, lo, hi, sid, eps, stamp):
     """Route the excess of the set setid == sid (cells order[lo:hi]) towards its deficits by
     push-relabel (Goldberg & Tarjan 1988), from the current preflow: FIFO selection, global
@@ -132,7 +134,7 @@ def _push_relabel(ws, order, lo, hi, sid, eps, stamp):
     return stamp
 
 
-@njit(cache=True)
+@njit(**BORROWING)
 def _min_cut(ws, order, lo, hi, sid, eps, stamp):
     """Complete the max-flow on the set setid == sid (cells order[lo:hi]) from its current preflow.
 
@@ -209,7 +211,7 @@ def _min_cut(ws, order, lo, hi, sid, eps, stamp):
             v = parent[v]
 
 
-@njit(cache=True)
+@njit(**BORROWING)
 def _tree_feasible(ws, r, lam, eps, stamp):
     """Route the residuals exc of group r (setid == r) to r along a BFS spanning tree.
 

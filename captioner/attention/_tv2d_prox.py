@@ -40,7 +40,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
-from ._grouped import capped_lam
+from ._grouped import BORROWING, capped_lam
 from ._tv2d_maxflow import _min_cut, _neighbours, _push_relabel, _sign, _tree_feasible
 
 # Relative rounding tolerance of the flow (per cell of the set, times the scores' magnitude).
@@ -107,7 +107,7 @@ def _workspace(n):
     )
 
 
-@njit(cache=True)
+@njit(**BORROWING)
 def _emit_groups(ws, z, lam, lo, hi, sid, w, label, dlam, ngroups):
     """Close the set setid == sid: one group per connected component, value by Eq. 8."""
     nbr, cnt, setid, order, queue = ws.nbr, ws.cnt, ws.setid, ws.order, ws.queue
@@ -143,7 +143,7 @@ def _emit_groups(ws, z, lam, lo, hi, sid, w, label, dlam, ngroups):
     return ngroups
 
 
-@njit(cache=True)
+@njit(**BORROWING)
 def _merge_groups(ws, a, b):
     """Merge groups a and b (roots); the merged value estimate is their size-weighted mean."""
     lab, head, nxt, size, zsum, nv = ws.lab, ws.head, ws.nxt, ws.size, ws.zsum, ws.nv
@@ -164,7 +164,7 @@ def _merge_groups(ws, a, b):
     gfixed[a] += gfixed[b]
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **BORROWING)
 def _singleton(ws, z, i, value):
     """Make cell i a group of its own (root i) with value estimate ``value``."""
     ws.lab[i] = i
@@ -176,7 +176,7 @@ def _singleton(ws, z, i, value):
     ws.val[i] = value
 
 
-@njit(cache=True)
+@njit(**BORROWING)
 def _split_group(ws, z, r, q, side_stamp, eps):
     """Split group r (cells members[:q]) into the connected parts of A (visited == side_stamp)
     and of the rest, with value estimates just above / below the group's for the next signs."""
@@ -212,7 +212,7 @@ def _split_group(ws, z, r, q, side_stamp, eps):
                 qt += 1
 
 
-@njit(cache=True)
+@njit(**BORROWING)
 def _guess_and_verify(ws, z, lam, m, n_edges, eps, max_rounds, w, label, dlam):
     """Fast path: guess the groups by merging and splitting, certify them by the optimality
     conditions, and write the result; False when no certified guess came within max_rounds.
@@ -337,7 +337,7 @@ def _guess_and_verify(ws, z, lam, m, n_edges, eps, max_rounds, w, label, dlam):
     return False
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **BORROWING)
 def _gather_active(ws, z, active, lam, n):
     """Put the active cells in ws.order; returns their count m and the flow's rounding
     tolerance eps: residuals at or below it count as saturated (and values closer as tied), so
@@ -352,7 +352,7 @@ def _gather_active(ws, z, active, lam, n):
     return m, _REL_TOL * m * (amax + lam * 4 * m)
 
 
-@njit(cache=True)
+@njit(**BORROWING)
 def _prox_grid(ws, z, active, lam, n, w, label, dlam, merge_rounds):
     """Exact prox of one grid z (float64, n cells; ``active`` False = absent cell) into w,
     with each cell's group index in label and d w / d lam in dlam: the fast path

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
-from ._grouped import capped_lam
+from ._grouped import BORROWING, capped_lam
 from ._tv2d_maxflow import _min_cut, _neighbours, _push_relabel
 from ._tv2d_prox import _REL_TOL, _gather_active, _prox_grid, _workspace
 
@@ -48,7 +48,7 @@ def _scratch(n):
                    np.empty(n, np.int32))
 
 
-@njit(cache=True)
+@njit(**BORROWING)
 def _sparsemax_threshold(sc, x, active, n):
     """(tau, xmax) with sparsemax(x) = max(x - xmax - tau, 0) over the active cells, exact, in
     float64; sc.insup marks the support.
@@ -89,7 +89,7 @@ def _sparsemax_threshold(sc, x, active, n):
     return tau, xmax
 
 
-@njit(cache=True)
+@njit(**BORROWING)
 def _sparsemax_grid(sc, x, active, n, p, b):
     """p[b] = sparsemax of x over the active cells (0 elsewhere); see _sparsemax_threshold.
     Returns the threshold xmax + tau: weights are max(x - threshold, 0)."""
@@ -99,7 +99,7 @@ def _sparsemax_grid(sc, x, active, n, p, b):
     return xmax + tau
 
 
-@njit(cache=True)
+@njit(**BORROWING)
 def _screen(ws, sc, z, active, lam, H, W):
     """Take out of ``active`` the cells whose TVmax weight is surely 0; fill ws.outer.
 
@@ -169,7 +169,7 @@ def _screen(ws, sc, z, active, lam, H, W):
     return cut, margin, k
 
 
-@njit(cache=True)
+@njit(**BORROWING)
 def _pin_below(ws, z, active, lam, order, m, stamp):
     """Pin the cells of order[:m] not in A (visited == stamp) at 0, as _screen pins: fold each
     edge from A to a pinned cell into ws.outer (and its sub-eps residual into the excess, as
@@ -195,7 +195,7 @@ def _pin_below(ws, z, active, lam, order, m, stamp):
     return kept, total
 
 
-@njit(cache=True)
+@njit(**BORROWING)
 def _screen_levels(ws, z, active, lam, n, level, margin):
     """Pin the cells below a level t <= tau* found by Newton steps; returns the last level used
     to pin (-inf if none). A working set for the prox: its cost grows faster than the cells.
