@@ -16,17 +16,16 @@ from ._grouped import BORROWING
 @njit(**BORROWING)
 def _neighbours(active, H, W, nbr):
     """Fill nbr (n, 4) with the active 4-neighbours of each active cell (-1 where none)."""
-    for i in range(H * W):
-        r = i // W
-        c = i - r * W
-        nbr[i, 0] = i - 1 if c > 0 else -1
-        nbr[i, 1] = i + 1 if c < W - 1 else -1
-        nbr[i, 2] = i - W if r > 0 else -1
-        nbr[i, 3] = i + W if r < H - 1 else -1
-        for d in range(4):
-            j = nbr[i, d]
-            if not active[i] or (j >= 0 and not active[j]):
-                nbr[i, d] = -1
+    for r in range(H):
+        for c in range(W):
+            i = r * W + c
+            nbr[i, 0] = i - 1 if c > 0 and active[i - 1] else -1
+            nbr[i, 1] = i + 1 if c < W - 1 and active[i + 1] else -1
+            nbr[i, 2] = i - W if r > 0 and active[i - W] else -1
+            nbr[i, 3] = i + W if r < H - 1 and active[i + W] else -1
+            if not active[i]:
+                for d in range(4):
+                    nbr[i, d] = -1
 
 
 @njit(inline="always", **BORROWING)
