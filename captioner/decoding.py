@@ -266,7 +266,7 @@ def beam_search(
         start_id, end_id: ids of the start and end tokens.
         beam_size: beams per image (1 = greedy search).
         max_length: most words per caption (end token excluded).
-        length_normalization: exponent a of the ranking score log_prob / n ** a (>= 0).
+        length_normalization: exponent a of the ranking score log_prob / n ** a (finite, >= 0).
         block_trigrams: never repeat a trigram within a hypothesis.
         banned_ids: words never generated.
         output_mapping: ``"softmax"``, ``"sparsemax"`` or ``"entmax15"``, as trained.
@@ -277,8 +277,9 @@ def beam_search(
     _check_arguments(decoder, start_id, end_id, max_length)
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-    if length_normalization < 0:
-        raise ValueError(f"length_normalization must be >= 0, got {length_normalization}")
+    if not 0 <= length_normalization < math.inf:
+        raise ValueError("length_normalization must be a finite number >= 0, got "
+                         f"{length_normalization}")
     vocab_size, beams = decoder.vocab_size, beam_size
     banned = _banned_mask(banned_ids, vocab_size, features.device)
     candidates = min(2 * beams, beams * vocab_size)

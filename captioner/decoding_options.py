@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
@@ -36,8 +37,10 @@ class DecodingOptions:
         check_integers([("decoding beam_size", self.beam_size, 1),
                         ("decoding max_length", self.max_length, 1)])
         value = self.length_normalization
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise ValueError(f"decoding length_normalization must be >= 0, got {value!r}")
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not 0 <= value < math.inf):
+            raise ValueError(f"decoding length_normalization must be a finite number >= 0, "
+                             f"got {value!r}")
         for name in ("block_trigrams", "allow_unk"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(

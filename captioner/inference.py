@@ -33,7 +33,7 @@ from captioner.checkpointing import (
 )
 from captioner.decoding_options import DecodingOptions
 from captioner.image_files import ImageResult, load_images
-from captioner.lightning_module import VOCABULARY_KEY, CaptioningModule
+from captioner.lightning_module import VOCABULARY_KEY, CaptioningModule, stored_vocabulary
 from data_prep.files import first_names
 from data_prep.images import imagenet_transform, load_image
 from data_prep.vocab import Vocabulary
@@ -137,26 +137,18 @@ class Captioner:
                 )
         try:
             hparams = CaptioningModule.hparams_from_checkpoint(checkpoint[_HPARAMS_KEY], path)
+            vocabulary = stored_vocabulary(checkpoint, hparams, path)
         except CheckpointError as exc:
             raise IncompatibleCheckpointError(str(exc)) from None
         # Every weight is in the state dict: do not fetch the pretrained encoder weights again
         # (they may be unavailable offline, or a local file on another machine).
         hparams["encoder_weights"] = None
         try:
-            vocabulary = Vocabulary.from_dict(checkpoint[VOCABULARY_KEY])
-        except ValueError as exc:
-            raise IncompatibleCheckpointError(f"{path}: its {exc}") from None
-        try:
             module = CaptioningModule(**hparams)
         except (TypeError, ValueError) as exc:
             raise IncompatibleCheckpointError(
                 f"{path}: its hyperparameters do not fit this version of captioner: {exc}"
             ) from exc
-        if len(vocabulary) != hparams.get("vocab_size"):
-            raise IncompatibleCheckpointError(
-                f"{path}: vocabulary has {len(vocabulary)} words but vocab_size is "
-                f"{hparams.get('vocab_size')}"
-            )
         problem = weights_mismatch(module.state_dict(), checkpoint["state_dict"])
         if problem is not None:
             raise IncompatibleCheckpointError(

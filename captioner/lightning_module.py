@@ -28,6 +28,7 @@ from torch import Tensor
 
 from captioner.attention import DeferredChecks
 from captioner.checkpointing import (
+    CheckpointError,
     constructor_arguments,
     optimizer_state_problem,
     weights_mismatch,
@@ -453,6 +454,27 @@ def corpus_scores(decoded: dict[int, str], references: dict[int, list[str]]) -> 
     bleu, _ = Bleu(4).compute_score(refs, hypotheses, verbose=0)
     cider, _ = cider_d(refs, hypotheses)
     return {"Bleu_4": float(bleu[3]), "CIDEr": float(cider)}
+
+
+def stored_vocabulary(checkpoint: Mapping[str, Any], hparams: Mapping[str, Any],
+                      path: Path) -> Vocabulary:
+    """The vocabulary that ``checkpoint`` (read from ``path``) stores, which must have the
+    ``vocab_size`` of its hyperparameters ``hparams``.
+
+    Raises:
+        CheckpointError: none stored, not a vocabulary, or of another size (one line).
+    """
+    if VOCABULARY_KEY not in checkpoint:
+        raise CheckpointError(f"{path}: no {VOCABULARY_KEY!r} entry; not a checkpoint written "
+                              "by captioner training")
+    try:
+        vocabulary = Vocabulary.from_dict(checkpoint[VOCABULARY_KEY])
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: its {exc}") from None
+    if len(vocabulary) != hparams.get("vocab_size"):
+        raise CheckpointError(f"{path}: vocabulary has {len(vocabulary)} words but vocab_size "
+                              f"is {hparams.get('vocab_size')}")
+    return vocabulary
 
 
 def _vocabulary_difference(stored: Vocabulary, built: Vocabulary) -> str:

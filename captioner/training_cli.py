@@ -44,6 +44,7 @@ from captioner.lightning_module import (
     LOGGED_METRICS,
     CaptioningModule,
     check_feature_cache,
+    stored_vocabulary,
 )
 from captioner.lightning_stops import stops_as_keyboard_interrupt
 from captioner.training_runs import (
@@ -298,9 +299,12 @@ class CaptionerCLI(LightningCLI):
         problem = restore_problem(checkpoint, resume=subcommand == "fit")
         if problem is not None:
             raise UserError(f"--ckpt_path {path}: {problem}")
+        if subcommand == "fit":
+            _refuse_a_finished_training(checkpoint, config.trainer, path)
         hparams = CaptioningModule.hparams_from_checkpoint(
             checkpoint.get(CaptioningModule.CHECKPOINT_HYPER_PARAMS_KEY, {}), path
         )
+        stored_vocabulary(checkpoint, hparams, path)  # as caption reads it
         self._checkpoint_step = int(checkpoint.get("global_step", 0))
         given = {key: (config[key], source)
                  for key, source in self._model_keys_given(subcommand).items()}
@@ -398,14 +402,6 @@ class CaptionerCLI(LightningCLI):
             )
         version, last = found
         if subcommand == "fit":
-            done = read_progress(last.parent).get("epochs_done", 0)
-            max_epochs = config.trainer.get("max_epochs")
-            if isinstance(max_epochs, int) and max_epochs >= 0 and done >= max_epochs:
-                raise UserError(
-                    f"--ckpt_path last: {last.parent.parent} has trained {done} epochs already, "
-                    f"and --trainer.max_epochs is {max_epochs}; give a larger max_epochs to "
-                    "train on"
-                )
             self._resume_version = version
             return last
         if which == "last":
@@ -729,6 +725,26 @@ def option_values(args: list[str], key: str) -> list[str]:
     """The values that ``args`` gives the option ``--key``, in order."""
     return [option.value for option in given_options(args)
             if option.key == key and option.value is not None]
+
+
+def _refuse_a_finished_training(checkpoint: dict, trainer, path: Path) -> None:
+    """Raise UserError when ``checkpoint`` (read from ``path``) has trained as far as
+    ``trainer``'s max_epochs or max_steps already: Lightning would restore it, train nothing
+    and end as if it had trained. Epochs count as Lightning counts them to stop (the fit loop's
+    ``epoch_progress.current.processed``: a checkpoint saved inside an epoch has not finished
+    it)."""
+    loop = checkpoint["loops"].get("fit_loop")
+    progress = loop.get("epoch_progress") if isinstance(loop, dict) else None
+    current = progress.get("current") if isinstance(progress, dict) else None
+    epochs = current.get("processed") if isinstance(current, dict) else None
+    steps = checkpoint.get("global_step")
+    for done, limit, what in ((epochs, trainer.get("max_epochs"), "epochs"),
+                              (steps, trainer.get("max_steps"), "steps")):
+        if (isinstance(done, int) and isinstance(limit, int) and limit >= 0
+                and done >= limit):
+            raise UserError(f"--ckpt_path {path}: it has trained {done} {what} already, and "
+                            f"--trainer.max_{what} is {limit}; give a larger max_{what} to "
+                            "train on")
 
 
 def _check_monitor(checkpoint) -> None:

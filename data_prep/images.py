@@ -198,6 +198,9 @@ def _opened(path: Path, max_pixels: int) -> Iterator[Image.Image]:
             f"{path}: refused as a decompression bomb ({one_line(exc)})"
         ) from exc
     except (OSError, SyntaxError, ValueError, EOFError, struct.error) as exc:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            # The file system's, not the image's: a loop of links, an I/O error.
+            raise ImageLoadError(f"{path}: cannot be read ({exc.strerror})") from exc
         # Pillow reports corrupt and truncated data as OSError ("image file is truncated"),
         # SyntaxError (broken headers) or ValueError/EOFError depending on the codec.
         raise ImageLoadError(f"{path}: corrupt or truncated image ({one_line(exc)})") from exc

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.files import agreeing, counted, first_names, parse_json, require_file
+from data_prep.karpathy import tokenize
 
 
 class CaptionFileError(ValueError):
@@ -107,10 +108,10 @@ def load_references(path: str | Path, split: str | None = None) -> dict[int, lis
             raise CaptionFileError(f"{path}: a Karpathy JSON needs --split (train, val or test)")
         from data_prep.karpathy import load_karpathy
 
-        return {
-            entry.image_id: list(entry.raws)
-            for entry in load_karpathy(path, path.parent).split(split)
-        }
+        entries = load_karpathy(path, path.parent).split(split)
+        if not entries:
+            raise CaptionFileError(f"{path}: split {split!r} holds no images")
+        return {entry.image_id: list(entry.raws) for entry in entries}
     raise CaptionFileError(
         f"{path}: neither a COCO captions file ('annotations') nor a Karpathy JSON ('images')"
     )
@@ -128,5 +129,7 @@ def splits_of(path: str | Path, image_ids: set[int]) -> dict[int, str]:
 
 
 def empty_caption_ids(captions: dict[int, str]) -> list[int]:
-    """Ids whose caption has no visible characters."""
-    return sorted(image_id for image_id, caption in captions.items() if not caption.strip())
+    """Ids whose caption has no words: no letter, number or mark, as ``prepare-dataset`` finds
+    a reference caption empty (:func:`data_prep.karpathy.tokenize`). Punctuation alone is a
+    token to coco-caption's tokenizer ("!!!"), which scores it as a one-word caption, REP 0."""
+    return sorted(image_id for image_id, caption in captions.items() if not tokenize(caption))

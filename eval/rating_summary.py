@@ -35,6 +35,7 @@ import numpy as np
 
 from data_prep.files import first_names, parse_json
 from eval.rating_kit import KEY_FORMAT, RATINGS_FORMAT, SCORES
+from eval.sanitize import printable
 
 KINDS = ("caption", "attention")
 BOOTSTRAP_SAMPLES = 10_000
@@ -355,7 +356,8 @@ def format_table(summary: dict, written_to: Path | None = None) -> str:
 
 def _problem(entry: dict) -> str:
     """One incomplete, missing or duplicate rating of the summary, in a few words."""
-    words = f"rater {entry['rater']}, image {entry['image']}, label {entry['label']}"
+    words = (f"rater {printable(entry['rater'])}, image {printable(str(entry['image']))}, "
+             f"label {printable(entry['label'])}")
     if "missing" in entry:
         words += f": no {' or '.join(entry['missing'])}"
     if "count" in entry:

@@ -27,3 +27,10 @@ def sanitize_caption(caption: str) -> str:
     if not isinstance(caption, str):
         raise TypeError(f"a caption must be a str, got {type(caption).__name__}: {caption!r}")
     return " ".join(_BREAKING.sub(" ", caption).split())
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters and line separators written as Python escapes
+    (``\\x1b``, ``\\n``, ``\\u2028``), for a terminal: a name read from a file that someone
+    else wrote cannot clear the screen or forge a line."""
+    return _BREAKING.sub(lambda match: match.group().encode("unicode_escape").decode(), text)

@@ -23,18 +23,20 @@ def format_table1(rows: Mapping[str, Mapping[str, float]]) -> str:
     """One line per model: ``rows[model][metric key]`` (raw pycocoevalcap values and REP);
     metrics not computed show as '-'."""
     name_width = max(8, *(len(name) for name in rows))
-    header = f"{'':<{name_width}}" + "".join(f"{title:>9}" for title, *_ in TABLE1_COLUMNS)
+    # A space before every cell, so that a value wider than its column (a REP of 300065.00)
+    # still stands apart from its neighbour.
+    header = f"{'':<{name_width}}" + "".join(f" {title:>8}" for title, *_ in TABLE1_COLUMNS)
     lines = [header]
     for name, metrics in rows.items():
         cells = []
         for _, key, scale, decimals in TABLE1_COLUMNS:
             value = metrics.get(key)
             if value is None:
-                cells.append(f"{'-':>9}")
+                cells.append(f" {'-':>8}")
             elif math.isnan(value):
-                cells.append(f"{'nan':>9}")
+                cells.append(f" {'nan':>8}")
             else:
-                cells.append(f"{value * scale:>9.{decimals}f}")
+                cells.append(f" {value * scale:>8.{decimals}f}")
         lines.append(f"{name:<{name_width}}" + "".join(cells))
     return "\n".join(lines)
 

@@ -246,6 +246,15 @@ def test_missing_file_and_directory(tmp_path):
         load_image(tmp_path)
 
 
+def test_a_loop_of_links_is_not_called_a_damaged_image(tmp_path):
+    (tmp_path / "a.jpg").symlink_to(tmp_path / "b.jpg")
+    (tmp_path / "b.jpg").symlink_to(tmp_path / "a.jpg")
+    with pytest.raises(ImageLoadError) as caught:
+        load_image(tmp_path / "a.jpg")
+    assert str(caught.value) == f"{tmp_path / 'a.jpg'}: cannot be read (Too many levels of " \
+                                "symbolic links)"
+
+
 def test_an_empty_file_is_named_alike_by_loading_and_by_checking(tmp_path):
     from data_prep.images import check_image
 

@@ -172,7 +172,7 @@ def test_length_normalization_and_stopping_rule():
         (dict(beam_size=0), "beam_size must be >= 1"),
         (dict(max_length=0), "max_length must be >= 1"),
         (dict(start_id=99), "start_id=99 is outside the vocabulary"),
-        (dict(length_normalization=-1.0), "length_normalization must be >= 0"),
+        (dict(length_normalization=-1.0), "length_normalization must be a finite number >= 0"),
         (dict(output_mapping="tvmax"), "unknown output_mapping"),
     ],
 )

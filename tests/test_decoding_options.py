@@ -54,7 +54,8 @@ def test_block_trigrams_reaches_the_search():
     [
         ({"beam_size": 0}, "beam_size must be an integer >= 1"),
         ({"max_length": 2.5}, "max_length must be an integer >= 1"),
-        ({"length_normalization": -1}, "length_normalization must be >= 0"),
+        ({"length_normalization": -1}, "length_normalization must be a finite number >= 0"),
+        ({"length_normalization": float("inf")}, "must be a finite number >= 0, got inf"),
         ({"block_trigrams": "yes"}, "block_trigrams must be true or false"),
         ({"beam": 3}, "unknown decoding option(s) beam"),
     ],

@@ -82,6 +82,27 @@ def test_allow_empty_names_the_empty_captions_it_scores(tmp_path, karpathy, caps
     assert "warning" not in stdout
 
 
+def test_an_empty_split_is_named_with_its_file(tmp_path, karpathy, capsys):
+    # It said "no hypotheses to score" with status 1, naming neither the file nor the split.
+    results = _write(tmp_path / "r.json", [{"image_id": 5, "caption": "a dog"}])
+    rc, _, err = _score(capsys, "--results", results, "--references", karpathy, "--split",
+                        "val", "--metrics", "Bleu")
+    assert (rc, err) == (2, f"captioner score: {karpathy}: split 'val' holds no images\n")
+
+
+def test_a_caption_of_punctuation_alone_is_empty(tmp_path, karpathy, capsys):
+    # coco-caption's tokenizer keeps "!!!" as a word, so it was scored as a real caption
+    # (REP 0, the best) with no word said; prepare-dataset drops such a reference as empty.
+    results = _write(tmp_path / "r.json", [{"image_id": 5, "caption": "!!! ... ,,,"},
+                                           {"image_id": 6, "caption": "a cat"}])
+    rc, _, err = _score(capsys, "--results", results, "--references", karpathy, "--split",
+                        "test", "--metrics", "REP")
+    assert rc == 2 and "1 caption in" in err and "is empty, without a word (image ids 5)" in err
+    rc, _, err = _score(capsys, "--results", results, "--references", karpathy, "--split",
+                        "test", "--metrics", "REP", "--allow-empty")
+    assert rc == 0 and err == "warning: scoring 1 empty caption (image ids 5)\n"
+
+
 def test_a_karpathy_split_scores_its_images_and_leaves_out_other_splits_captions(
         tmp_path, karpathy, capsys):
     """Captions of a whole folder (test and train images here) scored on --split test: the
@@ -137,7 +158,7 @@ def test_a_karpathy_split_scores_its_images_and_leaves_out_other_splits_captions
         ),
         (
             [{"image_id": 5, "caption": " "}, {"image_id": 6, "caption": "c"}],
-            r"1 caption in .* is empty \(image ids 5\); pass --allow-empty",
+            r"1 caption in .* is empty, without a word \(image ids 5\); pass --allow-empty",
         ),
         ([{"image_id": "5", "caption": "a"}], "entry 0: image_id must be an integer"),
         ({"image_id": 5}, "COCO results must be a list"),

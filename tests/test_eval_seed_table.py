@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from eval.metrics_figure import plot_seed_metrics
-from eval.table import format_seed_table, mean_and_sd, undefined_for_some_seeds
+from eval.table import format_seed_table, format_table1, mean_and_sd, undefined_for_some_seeds
 
 
 def _run(cider: float, recall: float) -> dict[str, float]:
@@ -20,6 +20,18 @@ PER_SEED = {
     1: {"softmax": _run(1.2, 0.94), "tvmax": _run(1.5, 0.84)},
     2: {"softmax": _run(1.4, 0.92), "tvmax": _run(1.8, math.nan)},
 }
+
+
+def test_table1_keeps_a_value_wider_than_its_column_apart_from_its_neighbour():
+    # A caption of "a " * 20000 has a REP of 300065: it ran into METEOR's '-' as "-300065.00".
+    table = format_table1({"long": {"Bleu_4": 0.0, "REP": 300065.0},
+                           "paper": {"SPICE": 0.184, "CIDEr": 0.967, "ROUGE_L": 0.529,
+                                     "Bleu_4": 0.299, "METEOR": 0.249, "REP": 3.76}})
+    header, long, paper = table.splitlines()
+    assert header.split() == ["SPICE", "CIDEr", "ROUGE_L", "BLEU4", "METEOR", "REP"]
+    assert long.split() == ["long", "-", "-", "-", "0.0", "-", "300065.00"]
+    assert paper.split() == ["paper", "18.4", "0.967", "52.9", "29.9", "24.9", "3.76"]
+    assert len(header) == len(paper)
 
 
 def test_mean_and_sd_by_hand():

@@ -200,6 +200,19 @@ def test_command_lists_the_problems_and_refuses_a_file_given_twice(
         "each ratings file once\n")
 
 
+def test_a_rater_id_cannot_send_control_characters_to_the_terminal(tmp_path, key_path,
+                                                                   capsys):
+    partial = dict(RATER_2)
+    del partial["3", "B"]
+    r1 = _write(tmp_path / "r1.json", _ratings("r1", RATER_1))
+    r2 = _write(tmp_path / "r2.json", _ratings("r\x1b[2J\x1b[31mED\u2028x", partial))
+    assert command.main([str(r1), str(r2), "--key", str(key_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "\x1b" not in printed and "\u2028" not in printed
+    assert printed.splitlines()[-1] == (
+        "missing: 1 (rater r\\x1b[2J\\x1b[31mED\\u2028x, image 3, label B)")
+
+
 def test_bootstrap_interval():
     same = [np.array([4.0, 4.0]), np.array([4.0])]
     assert bootstrap_ci(same) == (4.0, 4.0)

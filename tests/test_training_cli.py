@@ -556,6 +556,33 @@ def test_a_checkpoint_whose_weights_do_not_fit_is_one_line(synthetic_data, tiny_
     assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]
 
 
+@pytest.mark.parametrize("edit, extra, message", [
+    # Lightning restored it, trained nothing and ended as a fit does, with status 0, leaving a
+    # new run folder without checkpoints.
+    (None, ["--trainer.max_epochs", "1"],
+     "it has trained 1 epochs already, and --trainer.max_epochs is 1; give a larger"),
+    (None, ["--trainer.max_epochs", "3", "--trainer.max_steps", "2"],
+     "it has trained 2 steps already, and --trainer.max_steps is 2; give a larger"),
+    # caption refused it; fit trained on with the data's vocabulary size.
+    ({"vocab_size": 500}, ["--trainer.max_epochs", "2"], "but vocab_size is 500"),
+])
+def test_fit_refuses_a_checkpoint_file_caption_refuses_or_that_has_nothing_left_to_train(
+        synthetic_data, tiny_cache, tmp_path, edit, extra, message):
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    checkpoint = load_safely(tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints"
+                             / "last.ckpt")
+    checkpoint["hyper_parameters"].update(edit or {})
+    given = tmp_path / "given.ckpt"
+    save_atomically(checkpoint, given)
+    code, _, err = _run("fit", *args, "--run_name", "again", "--ckpt_path", str(given), *extra)
+    assert code == 2 and "Traceback" not in err, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
+    assert len(errors) == 1 and str(given) in errors[0], err[-3000:]
+    assert message in errors[0], errors[0]
+    assert not (tmp_path / "runs" / "again").exists()
+
+
 def test_a_refused_test_of_a_runs_checkpoint_leaves_no_test_folder(synthetic_data, tiny_cache,
                                                                    tmp_path):
     # A test that never scored leaves no version_N/test/ (its config.yaml naming the

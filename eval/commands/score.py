@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--allow-empty",
         action="store_true",
-        help="score empty captions (every metric gives them 0) instead of refusing them",
+        help="score empty captions (no words: punctuation alone counts as none; every metric "
+        "gives them 0) instead of refusing them",
     )
     return parser
 
@@ -96,7 +97,8 @@ def main(argv: list[str]) -> int:
     if empty and not args.allow_empty:
         problems.append(
             f"{counted(len(empty), 'caption')} in {args.results} "
-            f"{agreeing(len(empty), 'is', 'are')} empty (image ids {first_names(empty)}); "
+            f"{agreeing(len(empty), 'is', 'are')} empty, without a word (image ids "
+            f"{first_names(empty)}); "
             "pass --allow-empty to score them anyway"
         )
     if problems and elsewhere and not hypotheses:
