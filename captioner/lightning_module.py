@@ -219,13 +219,7 @@ class CaptioningModule(L.LightningModule):
         # refusal of a --ckpt_path does.
         path = self._trainer.ckpt_path if self._trainer is not None else None
         source = f"{path}: the checkpoint's" if path else "the checkpoint's"
-        if VOCABULARY_KEY not in checkpoint:
-            raise ValueError(f"{path or 'checkpoint'} has no vocabulary: it was not written by "
-                             "captioner")
-        try:
-            stored = Vocabulary.from_dict(checkpoint[VOCABULARY_KEY])
-        except ValueError as exc:
-            raise ValueError(f"{source} {exc}") from None
+        stored = stored_vocabulary(checkpoint, self.hparams, path or "checkpoint")
         if self.vocabulary is not None and stored != self.vocabulary:
             raise ValueError(
                 f"{source} vocabulary differs from the one built from the data "
@@ -457,7 +451,7 @@ def corpus_scores(decoded: dict[int, str], references: dict[int, list[str]]) -> 
 
 
 def stored_vocabulary(checkpoint: Mapping[str, Any], hparams: Mapping[str, Any],
-                      path: Path) -> Vocabulary:
+                      path: Path | str) -> Vocabulary:
     """The vocabulary that ``checkpoint`` (read from ``path``) stores, which must have the
     ``vocab_size`` of its hyperparameters ``hparams``.
 
