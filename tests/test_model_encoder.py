@@ -96,6 +96,13 @@ def test_bad_local_files_are_named(tmp_path):
     with pytest.raises(EncoderWeightsError, match="r18.pt do not fit the encoder arch resnet34 "
                        r"\(they are resnet18 weights: set the encoder arch to resnet18\)"):
         build_encoder("resnet34", weights=str(tmp_path / "r18.pt"))
+    # A pretrain-encoder file (a resnet18 up to layer3) given to another arch and layer.
+    torch.save({k: v for k, v in resnet18_state(seed=0).items() if not k.startswith("layer4.")},
+               tmp_path / "r18_layer3.pt")
+    with pytest.raises(EncoderWeightsError, match="r18_layer3.pt do not fit the encoder arch "
+                       r"resnet50 \(they are resnet18 weights up to layer3: set the encoder "
+                       r"arch to resnet18 and the layer to layer3\)"):
+        build_encoder("resnet50", weights=str(tmp_path / "r18_layer3.pt"))
     odd = {"conv1.weight": torch.zeros(1), "head.weight": torch.zeros(1)}  # no architecture's
     torch.save(odd, tmp_path / "odd.pt")
     with pytest.raises(EncoderWeightsError, match=(

@@ -216,6 +216,25 @@ def _trunk_keys(resnet: nn.Module) -> set[str]:
     return {k for k in resnet.state_dict() if not k.startswith("fc.")}
 
 
+def _fitting_encoder(trunk_state: dict[str, Tensor], layer: str) -> str:
+    """Which architecture, and layer, weights that do not fit are for, where their names tell
+    (the usual mistake: a pretrain-encoder file of a resnet18 up to layer3 given to the default
+    encoder): " (they are ...: set ...)", or "" when no ResNet has exactly their names."""
+    given = set(trunk_state)
+    for arch in ARCHITECTURES:
+        keys = _trunk_keys(torchvision.models.get_model(arch, weights=None))
+        if not given <= keys:
+            continue
+        # The deepest layer they hold whole: a file may hold the stages after it, untrained.
+        for held in reversed(LAYERS):
+            if {k for k in keys if not k.startswith(later_stages(held))} <= given:
+                if held == layer:
+                    return f" (they are {arch} weights: set the encoder arch to {arch})"
+                return (f" (they are {arch} weights up to {held}: set the encoder arch to "
+                        f"{arch} and the layer to {held})")
+    return ""
+
+
 def _load_trunk(resnet: nn.Module, arch: str, state_dict: dict[str, Tensor], source: str,
                 layer: str) -> None:
     """Load a torchvision ResNet state_dict up to ``layer``; the classifier (``fc.*``) and the
@@ -234,17 +253,10 @@ def _load_trunk(resnet: nn.Module, arch: str, state_dict: dict[str, Tensor], sou
             f"encoder weights from {source} hold the ResNet up to {earlier}, not {layer}: set "
             f"the encoder layer to {earlier}")
     if missing or unexpected:
-        # Which architecture they are for, where their names tell (the usual mistake).
-        given = {k for k in trunk_state if not k.startswith(later)}
-        fits = [other for other in ARCHITECTURES if other != arch and {
-            k for k in _trunk_keys(torchvision.models.get_model(other, weights=None))
-            if not k.startswith(later)} == given]
-        hint = f" (they are {fits[0]} weights: set the encoder arch to {fits[0]})" if fits else ""
         keys = "; ".join(f"{kind} {first_names(names, 5)}" for kind, names in
                          (("missing", missing), ("unexpected", unexpected)) if names)
-        raise EncoderWeightsError(
-            f"encoder weights from {source} do not fit the encoder arch {arch}{hint}: {keys}"
-        )
+        raise EncoderWeightsError(f"encoder weights from {source} do not fit the encoder arch "
+                                  f"{arch}{_fitting_encoder(trunk_state, layer)}: {keys}")
     try:
         resnet.load_state_dict(trunk_state, strict=False)
     except RuntimeError as exc:
