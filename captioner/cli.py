@@ -108,12 +108,12 @@ def _stopped_as_by_ctrl_c() -> Iterator[None]:
 
 def _allocation_refused(exc: BaseException) -> str | None:
     """What an allocation that failed asked for, when ``exc`` says one did: Python's
-    MemoryError, torch's CPU allocator ("can't allocate memory: you tried to allocate N bytes")
-    or torch.OutOfMemoryError on a GPU ("Tried to allocate 20.00 GiB"). None for any other
-    error."""
+    MemoryError (its message, when it has one), torch's CPU allocator ("can't allocate memory:
+    you tried to allocate N bytes") or torch.OutOfMemoryError on a GPU ("Tried to allocate
+    20.00 GiB"). None for any other error."""
     text = str(exc)
-    if isinstance(exc, MemoryError):
-        return "a Python allocation failed"
+    if isinstance(exc, MemoryError):  # one raised on purpose says what was asked
+        return str(exc) or "a Python allocation failed"
     if type(exc).__name__ == "OutOfMemoryError" or "can't allocate memory" in text:
         asked = re.search(r"allocate (\d+) bytes", text)
         if asked:

@@ -44,7 +44,8 @@ from torch import Tensor
 from captioner.attention import DeferredChecks
 from captioner.decoding_options import DEFAULT_LENGTH_NORMALIZATION
 from captioner.losses import word_log_probs
-from captioner.model.decoder import AttentionDecoder
+from captioner.model.decoder import AttentionDecoder, EncodedImages
+from data_prep.files import counted
 
 
 @dataclass
@@ -97,6 +98,40 @@ def _banned_mask(banned_ids: Sequence[int], vocab_size: int, device) -> Tensor:
             raise ValueError(f"banned id {index} is outside the vocabulary [0, {vocab_size})")
         mask[index] = True
     return mask.to(device)
+
+
+def _free_memory(device: torch.device) -> int | None:
+    """Bytes that ``device`` can still give: CUDA's free memory plus what torch's cache holds
+    unused; on Linux, MemAvailable of /proc/meminfo (free pages and reclaimable caches); None
+    where neither is known."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _check_search_memory(encoded: EncodedImages, images: int, beams: int,
+                         vocab_size: int) -> None:
+    """Raise MemoryError, naming the sizes, when the first step of a beam search surely needs
+    more memory than the device has free: each (image, beam) row's copy of the encoded images
+    and its scores over the vocabulary (twice: log-probabilities and the expanded beam scores),
+    a lower bound. Such a search would otherwise make many allocations that each fit, until
+    the machine runs out and Linux's OOM killer ends the process without a word."""
+    per_row = sum(t[0].numel() * t.element_size()
+                  for t in (encoded.values, encoded.input_keys, encoded.output_keys))
+    needed = images * beams * (per_row + 2 * vocab_size * encoded.values.element_size())
+    free = _free_memory(encoded.values.device)
+    if free is not None and needed > free:
+        raise MemoryError(f"a beam search of {beams:,} beams x {counted(images, 'image')} "
+                          f"needs {needed / 2**30:.2f} GiB or more, and {free / 2**30:.2f} GiB "
+                          "is free")
 
 
 def _checks_read_once(search):
@@ -287,6 +322,7 @@ def beam_search(
     if batch == 0:
         return []
     encoded = decoder.encode(features)
+    _check_search_memory(encoded, batch, beams, vocab_size)
     # Rows are (image, beam) pairs, image-major. Images still being searched are "active";
     # an image that is done leaves the tensors, so later steps only compute active rows.
     active = torch.arange(batch, device=device)

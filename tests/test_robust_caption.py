@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import robust_inputs as bad
+import torch
 
 FAST = ["--beam-size", "1", "--max-length", "4", "--no-progress", "--device", "cpu"]
 PREFIX = "captioner caption: "
@@ -153,8 +154,10 @@ def test_console_script_refuses_a_malicious_checkpoint_without_running_it(tmp_pa
 
 
 def test_a_beam_that_asks_for_more_memory_than_there_is_is_one_line(tiny_checkpoint, tmp_path):
-    # 10^10 beams ask for about 75 GiB at once; the address-space limit makes the refusal
-    # certain on any machine, as a smaller machine's allocator would refuse it.
+    # A search whose first step surely needs more than is free is refused before it starts:
+    # beams that each fit (3 million, 47 GiB in all, on a 24 GiB machine) were allocated one
+    # tensor after another until the OOM killer ended the process without a word. The
+    # address-space limit keeps any allocation that would still be tried from the machine.
     image = bad.write_png(tmp_path / "good.png")
     script = Path(sys.executable).with_name("captioner")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "captioner.cli"]
@@ -166,5 +169,15 @@ def test_a_beam_that_asks_for_more_memory_than_there_is_is_one_line(tiny_checkpo
     assert done.returncode == 1, done.stderr[-3000:]
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and re.fullmatch(
-        r"captioner caption: out of memory \(\d+\.\d\d GiB asked at once\); a smaller batch "
-        r"size, beam size or image size needs less", lines[0]), done.stderr[-3000:]
+        r"captioner caption: out of memory \(a beam search of 10,000,000,000 beams x 1 image "
+        r"needs \d+\.\d\d GiB or more, and \d+\.\d\d GiB is free\); a smaller batch size, beam "
+        r"size or image size needs less", lines[0]), done.stderr[-3000:]
+
+
+def test_an_allocation_torch_refuses_is_named_with_its_size():
+    from captioner.cli import _allocation_refused
+
+    with pytest.raises(RuntimeError) as caught:
+        torch.empty(2**62, dtype=torch.uint8)
+    assert _allocation_refused(caught.value) == "4294967296.00 GiB asked at once"
+    assert _allocation_refused(RuntimeError("another failure")) is None
