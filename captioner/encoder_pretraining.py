@@ -37,7 +37,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from captioner.lightning_stops import stops_as_keyboard_interrupt
-from captioner.model.encoder import GridEncoder, later_stages
+from captioner.model.encoder import GridEncoder, later_stages, pretraining_report_path
 from data_prep.cell_labels import CellLabeller
 from data_prep.files import atomic_write, check_output_file, write_json
 from data_prep.images import IMAGENET_MEAN, IMAGENET_STD, load_image
@@ -181,23 +181,19 @@ class CellClassifier(L.LightningModule):
         return [optimizer], [schedule]
 
 
-def report_path(weights_path: str | Path) -> Path:
-    """Where :func:`pretrain_encoder` writes its report (settings, classes, accuracy)."""
-    return Path(weights_path).with_suffix(".json")
-
-
 def pretrain_encoder(karpathy_json, image_root, instances: dict[str, Path], out: str | Path,
                      settings: PretrainingSettings, *, progress: bool = True) -> dict:
     """Train the encoder on the ``train`` split's cells, measure per-cell accuracy on ``val``,
-    and write the ResNet ``state_dict`` to ``out`` and the report to :func:`report_path`
-    (both atomically). ``instances``: split -> COCO instances file. Returns the report.
+    and write the ResNet ``state_dict`` to ``out`` and the report to
+    :func:`~captioner.model.encoder.pretraining_report_path` (both atomically).
+    ``instances``: split -> COCO instances file. Returns the report.
 
     Raises ValueError / KeyError / OSError naming the bad setting, file or image, before any
     training when they can be known then (an unwritable ``out`` included)."""
     settings.check()
     reads = [("dataset file", karpathy_json),
              *((f"{split} instances file", path) for split, path in instances.items())]
-    for path in (out, report_path(out)):
+    for path in (out, pretraining_report_path(out)):
         check_output_file(path, reads)
     karpathy = load_karpathy(karpathy_json, image_root)
     splits = {split: karpathy.split(split) for split in ("train", "val")}
@@ -237,7 +233,7 @@ def pretrain_encoder(karpathy_json, image_root, instances: dict[str, Path], out:
     }
     with atomic_write(out, "wb") as handle:
         torch.save(model.resnet_state_dict(), handle)
-    write_json(report_path(out), report, indent=2)
+    write_json(pretraining_report_path(out), report, indent=2)
     return report
 
 

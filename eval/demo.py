@@ -97,9 +97,13 @@ def prepare_data(out: Path, settings: DemoSettings) -> DemoData:
         ValueError: a dataset file of an earlier run that cannot be read, naming it and the
             folder to remove so that the data is made again.
     """
-    from captioner.encoder_pretraining import describe_accuracy, pretrain_encoder, report_path
+    from captioner.encoder_pretraining import describe_accuracy, pretrain_encoder
     from captioner.feature_extraction import extract_features
-    from captioner.model.encoder import EncoderWeightsError, build_encoder
+    from captioner.model.encoder import (
+        EncoderWeightsError,
+        build_encoder,
+        pretraining_report_path,
+    )
     from data_prep.features import partial_cache_path
     from data_prep.karpathy import KarpathyFormatError, load_karpathy
     from data_prep.synthetic import generate
@@ -119,7 +123,7 @@ def prepare_data(out: Path, settings: DemoSettings) -> DemoData:
         )
     weights, cache = encoder_path(out, settings), feature_cache_path(out, settings)
     pretraining = replace(settings.pretraining, seed=settings.seed)
-    report = _read_report(report_path(weights))
+    report = _read_report(pretraining_report_path(weights))
     remake = not weights.is_file() or {k: report.get(k) for k in asdict(pretraining)} != asdict(
         pretraining)
     if not remake:

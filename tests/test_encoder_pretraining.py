@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
+import torchvision
 from PIL import Image
 from pycocotools import mask as mask_utils
 from turned_photo import turned_photo
 
 from captioner.encoder_pretraining import CellLabelledImages, PretrainingSettings
-from captioner.model.encoder import build_encoder
+from captioner.model.encoder import EncoderWeightsError, build_encoder
 from data_prep.cell_labels import MIN_COVER, CellLabeller, downsample_mask
 from data_prep.features import FeatureCache
 
@@ -256,6 +258,19 @@ def test_pretrain_encoder_then_prepare_features_through_the_cli(synthetic_data, 
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert FeatureCache(tmp_path / "features.h5").encoder["weights"] == "encoder.pt"
+
+    # A file written before d815c3e held the untrained layer4 too, and loaded for layer4
+    # without a word: its report beside it says which layer was trained.
+    old = {**state, **{k: v for k, v in torchvision.models.resnet18().state_dict().items()
+                       if k.startswith("layer4.")}}
+    torch.save(old, tmp_path / "old.pt")
+    (tmp_path / "old.json").write_text(json.dumps(report))
+    with pytest.raises(EncoderWeightsError, match=re.escape(
+            f"encoder weights from {tmp_path / 'old.pt'} were pretrained up to layer3 "
+            f"({tmp_path / 'old.json'}), not layer4: the stages after layer3 are untrained; set "
+            "the encoder layer to layer3")):
+        build_encoder("resnet18", tmp_path / "old.pt", layer="layer4")
+    build_encoder("resnet18", tmp_path / "old.pt", layer="layer3")
 
 
 def test_pretrain_encoder_bad_input_is_one_line(synthetic_data, tmp_path):

@@ -21,7 +21,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from captioner.commands.options import add_overwrite_argument, command_parser
-from captioner.encoder_pretraining import PretrainingSettings, describe_accuracy, report_path
+from captioner.encoder_pretraining import PretrainingSettings, describe_accuracy
+from captioner.model.encoder import pretraining_report_path
 
 HELP = "pretrain a ResNet grid encoder on per-cell labels from COCO instance masks"
 PROG = "captioner pretrain-encoder"
@@ -60,7 +61,7 @@ def main(argv: list[str]) -> int:
     from data_prep.files import check_output_file
 
     try:
-        for path in (args.out, report_path(args.out)):
+        for path in (args.out, pretraining_report_path(args.out)):
             # Before the training: weights that caches and checkpoints were made with are
             # replaced only when asked to.
             check_output_file(path, overwrite=args.overwrite)
@@ -73,6 +74,6 @@ def main(argv: list[str]) -> int:
         print(f"{PROG}: {message}", file=sys.stderr)
         return 2
     print(describe_accuracy(report))
-    print(f"wrote {args.out} and {report_path(args.out)}")
+    print(f"wrote {args.out} and {pretraining_report_path(args.out)}")
     return 0
 

@@ -13,6 +13,7 @@ put the file.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -107,11 +108,14 @@ def build_encoder(
     _check_layer(layer)
     resnet = torchvision.models.get_model(arch, weights=None)
     if weights is not None:
-        if _looks_like_path(weights):
+        local = _looks_like_path(weights)
+        if local:
             state_dict, source = _read_state_dict(Path(weights)), str(weights)
         else:
             state_dict, source = _named_state_dict(arch, str(weights))
         _load_trunk(resnet, arch, state_dict, source, layer)
+        if local:
+            _check_pretrained_layer(Path(weights), layer)
     return GridEncoder(resnet, arch, trainable, layer)
 
 
@@ -152,6 +156,31 @@ def _read_state_dict(path: Path) -> dict[str, Tensor]:
             f"encoder weights file {path} does not hold a state_dict (a dict of tensors)"
         )
     return state_dict
+
+
+def pretraining_report_path(weights_path: str | Path) -> Path:
+    """Where ``pretrain-encoder`` writes the report of the weights it writes to
+    ``weights_path`` (its settings, classes and accuracy)."""
+    return Path(weights_path).with_suffix(".json")
+
+
+def _check_pretrained_layer(path: Path, layer: str) -> None:
+    """Refuse weights that ``pretrain-encoder`` trained up to an earlier stage than ``layer``,
+    as its report beside them says. Files written before d815c3e hold the stages after that
+    one too, untrained: their keys fit, and the features would come from random weights.
+    A file beside them that is not such a report is not read as one."""
+    report = pretraining_report_path(path)
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not (isinstance(data, dict) and "val_cell_accuracy" in data):
+        return
+    held = data.get("layer")
+    if held in LAYERS and LAYERS.index(held) < LAYERS.index(layer):
+        raise EncoderWeightsError(
+            f"encoder weights from {path} were pretrained up to {held} ({report}), not "
+            f"{layer}: the stages after {held} are untrained; set the encoder layer to {held}")
 
 
 def _named_state_dict(arch: str, name: str) -> tuple[dict[str, Tensor], str]:
