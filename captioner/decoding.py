@@ -117,10 +117,11 @@ def _free_memory(device: torch.device) -> int | None:
     return None
 
 
-def _check_search_memory(encoded: EncodedImages, images: int, beams: int,
-                         vocab_size: int) -> None:
-    """Raise MemoryError, naming the sizes, when the first step of a beam search surely needs
-    more memory than the device has free: each (image, beam) row's copy of the encoded images
+def check_search_memory(encoded: EncodedImages, images: int, beams: int,
+                        vocab_size: int) -> None:
+    """Raise MemoryError, naming the sizes, when the first step of a beam search of ``images``
+    images (``encoded``: at least one of them) surely needs more memory than the device has
+    free: each (image, beam) row's copy of the encoded images
     and its scores over the vocabulary (twice: log-probabilities and the expanded beam scores),
     a lower bound. Such a search would otherwise make many allocations that each fit, until
     the machine runs out and Linux's OOM killer ends the process without a word."""
@@ -322,7 +323,7 @@ def beam_search(
     if batch == 0:
         return []
     encoded = decoder.encode(features)
-    _check_search_memory(encoded, batch, beams, vocab_size)
+    check_search_memory(encoded, batch, beams, vocab_size)
     # Rows are (image, beam) pairs, image-major. Images still being searched are "active";
     # an image that is done leaves the tensors, so later steps only compute active rows.
     active = torch.arange(batch, device=device)

@@ -107,10 +107,7 @@ class Captioner:
     @property
     def grid(self) -> tuple[int, int]:
         """(h, w) of the attention maps for the training image size."""
-        size = self.module.hparams.image_size
-        probe = torch.zeros(1, 3, size, size, device=self.module.device)
-        with torch.no_grad():
-            return tuple(self.module.model.encoder(probe).shape[1:3])
+        return self.module.grid()
 
     @property
     def decoding(self) -> DecodingOptions:

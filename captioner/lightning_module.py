@@ -34,7 +34,7 @@ from captioner.checkpointing import (
     weights_mismatch,
 )
 from captioner.cider import cider_d
-from captioner.decoding import Hypothesis, beam_search
+from captioner.decoding import Hypothesis, beam_search, check_search_memory
 from captioner.decoding_options import DecodingOptions
 from captioner.losses import check_output_mapping, teacher_forced_loss
 from captioner.model import CaptionModel
@@ -265,6 +265,31 @@ class CaptioningModule(L.LightningModule):
             banned_ids=banned,
             output_mapping=self.hparams.output_mapping,
         )
+
+    def grid(self) -> tuple[int, int]:
+        """(h, w) of the attention maps at the training image size."""
+        size = self.hparams.image_size
+        probe = torch.zeros(1, 3, size, size, device=self.device)
+        with torch.no_grad():
+            return tuple(self.model.encoder(probe).shape[1:3])
+
+    def on_fit_start(self) -> None:
+        # Validation decodes with beam search after the first epoch's training: a beam that
+        # cannot fit would fail only then, the epoch lost with no checkpoint written.
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if (datamodule is None or "val" not in datamodule.datasets
+                or not self.trainer.limit_val_batches):
+            return
+        images = min(datamodule.hparams.eval_batch_size, len(datamodule.datasets["val"]))
+        features = torch.zeros(1, *self.grid(), self.model.decoder.feature_channels,
+                               device=self.device)
+        with torch.no_grad():
+            encoded = self.model.decoder.encode(features)
+        try:
+            check_search_memory(encoded, images, self.decoding.beam_size, self.hparams.vocab_size)
+        except MemoryError as exc:
+            raise MemoryError(f"validation: {exc} (--data.eval_batch_size and "
+                              "--model.decoding.beam_size)") from None
 
     def words(self, token_ids) -> list[str]:
         """The words of a decoded hypothesis, one per id (so they align with its attention)."""

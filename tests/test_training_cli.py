@@ -583,6 +583,22 @@ def test_fit_refuses_a_checkpoint_file_caption_refuses_or_that_has_nothing_left_
     assert not (tmp_path / "runs" / "again").exists()
 
 
+def test_a_beam_validation_cannot_fit_in_memory_is_refused_before_training(
+        synthetic_data, tiny_cache, tmp_path):
+    # It trained the epoch, then failed at validation's first beam search with no checkpoint.
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    code, out, err = _run("fit", *args, "--trainer.max_epochs", "1",
+                          "--model.decoding.beam_size", str(10**10))
+    assert code == 1 and "Traceback" not in err, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
+    assert len(errors) == 1 and re.fullmatch(
+        r"captioner fit: out of memory \(validation: a beam search of 10,000,000,000 beams x "
+        r"\d+ images needs .* GiB is free \(--data.eval_batch_size and "
+        r"--model.decoding.beam_size\)\); .*", errors[0]), errors
+    assert "Epoch 0" not in err + out
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_refused_test_of_a_runs_checkpoint_leaves_no_test_folder(synthetic_data, tiny_cache,
                                                                    tmp_path):
     # A test that never scored leaves no version_N/test/ (its config.yaml naming the
