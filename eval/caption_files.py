@@ -108,7 +108,10 @@ def load_references(path: str | Path, split: str | None = None) -> dict[int, lis
             raise CaptionFileError(f"{path}: a Karpathy JSON needs --split (train, val or test)")
         from data_prep.karpathy import load_karpathy
 
-        entries = load_karpathy(path, path.parent).split(split)
+        try:
+            entries = load_karpathy(path, path.parent).split(split)
+        except KeyError as exc:  # an unknown split, named with the dataset's own
+            raise CaptionFileError(f"{path}: {exc.args[0]}") from None
         if not entries:
             raise CaptionFileError(f"{path}: split {split!r} holds no images")
         return {entry.image_id: list(entry.raws) for entry in entries}

@@ -14,6 +14,7 @@ separator; pycocoevalcap strips it from hypotheses only, so it is removed from e
 from __future__ import annotations
 
 import re
+import unicodedata
 
 # C0 and C1 control characters (tab, line feed, ..., NEL) and the Unicode line/paragraph
 # separators: none of them belongs inside a caption and several end a line for Java.
@@ -30,7 +31,11 @@ def sanitize_caption(caption: str) -> str:
 
 
 def printable(text: str) -> str:
-    """``text`` with its control characters and line separators written as Python escapes
-    (``\\x1b``, ``\\n``, ``\\u2028``), for a terminal: a name read from a file that someone
-    else wrote cannot clear the screen or forge a line."""
-    return _BREAKING.sub(lambda match: match.group().encode("unicode_escape").decode(), text)
+    """``text`` with its backslashes, control characters, line separators and format
+    characters (a right-to-left override, a zero-width space) written as Python escapes
+    (``\\\\``, ``\\x1b``, ``\\u202e``), for a terminal: a name read from a file that someone
+    else wrote cannot clear the screen, forge a line or reorder it, and reads back unambiguously."""
+    return "".join(
+        char.encode("unicode_escape").decode()
+        if char == "\\" or _BREAKING.match(char) or unicodedata.category(char) == "Cf" else char
+        for char in text)

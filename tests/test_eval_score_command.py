@@ -88,6 +88,9 @@ def test_an_empty_split_is_named_with_its_file(tmp_path, karpathy, capsys):
     rc, _, err = _score(capsys, "--results", results, "--references", karpathy, "--split",
                         "val", "--metrics", "Bleu")
     assert (rc, err) == (2, f"captioner score: {karpathy}: split 'val' holds no images\n")
+    rc, _, err = _score(capsys, "--results", results, "--references", karpathy, "--split",
+                        "tset", "--metrics", "Bleu")
+    assert rc == 2 and err.startswith(f"captioner score: {karpathy}: unknown split 'tset'"), err
 
 
 def test_a_caption_of_punctuation_alone_is_empty(tmp_path, karpathy, capsys):

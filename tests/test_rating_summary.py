@@ -205,12 +205,15 @@ def test_a_rater_id_cannot_send_control_characters_to_the_terminal(tmp_path, key
     partial = dict(RATER_2)
     del partial["3", "B"]
     r1 = _write(tmp_path / "r1.json", _ratings("r1", RATER_1))
-    r2 = _write(tmp_path / "r2.json", _ratings("r\x1b[2J\x1b[31mED\u2028x", partial))
+    # An escape sequence, a line separator, a right-to-left override, and a backslash that
+    # would read as an escape written by us.
+    r2 = _write(tmp_path / "r2.json",
+                _ratings("r\x1b[2J\x1b[31mED\u2028x\u202ey\\x1b", partial))
     assert command.main([str(r1), str(r2), "--key", str(key_path)]) == 0
     printed = capsys.readouterr().out
-    assert "\x1b" not in printed and "\u2028" not in printed
+    assert not {"\x1b", "\u2028", "\u202e"} & set(printed)
     assert printed.splitlines()[-1] == (
-        "missing: 1 (rater r\\x1b[2J\\x1b[31mED\\u2028x, image 3, label B)")
+        "missing: 1 (rater r\\x1b[2J\\x1b[31mED\\u2028x\\u202ey\\\\x1b, image 3, label B)")
 
 
 def test_bootstrap_interval():
