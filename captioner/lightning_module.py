@@ -219,7 +219,8 @@ class CaptioningModule(L.LightningModule):
         # refusal of a --ckpt_path does.
         path = self._trainer.ckpt_path if self._trainer is not None else None
         source = f"{path}: the checkpoint's" if path else "the checkpoint's"
-        stored = stored_vocabulary(checkpoint, self.hparams, path or "checkpoint")
+        stored = stored_vocabulary(checkpoint, checkpoint.get(self.CHECKPOINT_HYPER_PARAMS_KEY)
+                                   or {}, path or "checkpoint")
         if self.vocabulary is not None and stored != self.vocabulary:
             raise ValueError(
                 f"{source} vocabulary differs from the one built from the data "
