@@ -1,5 +1,7 @@
 """1.5-entmax and alpha-entmax against the entmax package and their optimality conditions."""
 
+import math
+
 import entmax
 import pytest
 import torch
@@ -171,6 +173,21 @@ def test_alpha_validation():
         entmax_bisect(z, torch.full((3,), 1.5))
     with pytest.raises(ValueError, match="alpha must be finite and > 1"):
         Entmax(alpha=1.0)
+    # 1 + 1e-8 is 1.0 in float32: uniform weights, or NaN beside a masked cell.
+    masked = torch.tensor([[2.0, 1.0, -math.inf, -1.0]])
+    with pytest.raises(ValueError, match=r"alpha rounds to 1 in the scores' dtype torch.float32"):
+        entmax_bisect(masked, 1 + 1e-8)
+    torch.testing.assert_close(entmax_bisect(masked.double(), 1 + 1e-8),
+                               torch.softmax(masked.double(), dim=-1), atol=1e-7, rtol=0)
+
+
+def test_a_large_learned_alpha_starts_where_it_is_asked():
+    # The inverse softplus overflowed (math range error) from alpha = 711.
+    for alpha in (1.01, 800.0):
+        torch.testing.assert_close(build("entmax", alpha=alpha, learn_alpha=True).alpha.detach(),
+                                   torch.tensor(alpha))
+    torch.testing.assert_close(build("tvmax", lam=1e4, learn_lam=True).lam.detach(),
+                               torch.tensor(1e4))
 
 
 def test_entmax_module_learns_alpha_and_keeps_it_above_one():

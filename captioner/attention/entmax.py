@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from ._checks import apply_mask, check_alpha, check_scores, checked_max
+from ._checks import apply_mask, check_alpha, check_scores, checked_max, fail_if
 from ._flat import FlatGridMapping
+from ._softplus import inverse_softplus
 from .sparsemax import ranks_along, sparsemax
 
 
@@ -207,6 +208,11 @@ def entmax_bisect(
     elif not isinstance(n_iter, int) or n_iter < 1:
         raise ValueError(f"entmax_bisect: n_iter must be a positive int, got {n_iter!r}")
     alpha = _alpha_along(alpha, z, dim)
+    # In the scores' dtype: an alpha of 1 + 1e-8 is 1 in float32, where (alpha - 1) = 0 gave
+    # uniform weights, or NaN beside a masked cell.
+    fail_if((alpha <= 1).any(), lambda: (
+        f"entmax_bisect: alpha rounds to 1 in the scores' dtype {z.dtype}: use softmax, or "
+        "float64 scores"))
     return EntmaxBisectFunction.apply(z, checked_max(z, dim, "entmax_bisect"), alpha, dim, n_iter)
 
 
@@ -239,8 +245,7 @@ class Entmax(FlatGridMapping):
         check_alpha(alpha, "Entmax")
         self.learn_alpha = bool(learn_alpha)
         if self.learn_alpha:
-            # inverse of softplus at alpha - 1
-            self.alpha_param = nn.Parameter(torch.tensor(math.log(math.expm1(alpha - 1))))
+            self.alpha_param = nn.Parameter(torch.tensor(inverse_softplus(alpha - 1)))
         else:
             self.fixed_alpha = float(alpha)
 

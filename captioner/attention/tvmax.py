@@ -13,7 +13,6 @@ in lam is each group's signed boundary count over its size (Eq. 8), so lam can b
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -36,6 +35,7 @@ from ._checks import (
     rows_are_grids,
 )
 from ._grouped import by_size, grouped_prox, is_zero
+from ._softplus import inverse_softplus
 from ._triton import triton_installed
 from ._tv2d_prox import MAX_MERGE_ROUNDS, tv2d_prox_rows_parallel, tv2d_prox_rows_serial
 from ._tvmax_kernels import (
@@ -430,9 +430,8 @@ class TVMax(nn.Module):
         if self.learn_lam:
             if lam <= 0:
                 raise ValueError(f"TVMax: a learnable lam must start > 0, got lam={lam}")
-            # Inverse softplus, written to stay accurate for large lam.
-            raw = lam + math.log(-math.expm1(-lam))
-            self.raw_lam = nn.Parameter(torch.tensor(raw, dtype=torch.get_default_dtype()))
+            self.raw_lam = nn.Parameter(torch.tensor(inverse_softplus(lam),
+                                                     dtype=torch.get_default_dtype()))
         else:
             self.fixed_lam = lam
 
