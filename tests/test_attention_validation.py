@@ -109,9 +109,10 @@ def test_bad_lam_rejected(func):
         func(z, "0.1")
 
 
-def test_bisect_n_iter_validated():
+@pytest.mark.parametrize("n_iter", [0, True, 2.5])
+def test_bisect_n_iter_validated(n_iter):
     with pytest.raises(ValueError, match="n_iter must be a positive int"):
-        att.entmax_bisect(torch.zeros(3), 1.5, n_iter=0)
+        att.entmax_bisect(torch.zeros(3), 1.5, n_iter=n_iter)
 
 
 def test_deferred_checks_raise_the_first_failure_when_read():

@@ -205,7 +205,7 @@ def entmax_bisect(
     z = apply_mask(z, mask, "entmax_bisect")
     if n_iter is None:
         n_iter = round(-math.log2(torch.finfo(z.dtype).eps)) + 2
-    elif not isinstance(n_iter, int) or n_iter < 1:
+    elif isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1:
         raise ValueError(f"entmax_bisect: n_iter must be a positive int, got {n_iter!r}")
     alpha = _alpha_along(alpha, z, dim)
     # In the scores' dtype: an alpha of 1 + 1e-8 is 1 in float32, where (alpha - 1) = 0 gave
