@@ -135,6 +135,11 @@ for _message in (
     # A resume writes into its own checkpoints, as it should; a new fit into a folder of
     # checkpoints is refused before this.
     r"Checkpoint directory .* exists and is not empty",
+    # The monitor is checked against the metrics the model logs before a fit (_check_monitor),
+    # and Lightning raises where validation has run: this warning only says that a fit that
+    # max_steps or max_time stopped before its first validation has no score to pick a best
+    # checkpoint by, and none is due.
+    r"`ModelCheckpoint\(monitor=.*\)` could not find the monitored key",
     # Lightning's own use of a torch API, nothing a user can act on.
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
     # validate/test on several devices: the DistributedSampler repeats a few images to even

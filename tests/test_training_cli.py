@@ -265,6 +265,16 @@ def test_a_fit_stopped_by_max_steps_inside_an_epoch_resumes_the_rest_of_it(
     assert read_epochs_done(checkpoints.parent) == 2
 
 
+def test_a_fit_stopped_before_its_first_validation_does_not_blame_the_monitor(
+        synthetic_data, tiny_cache, tmp_path):
+    # No score to pick a best checkpoint by yet: Lightning warned as if the monitor were
+    # misspelt ("could not find the monitored key ... Did you call log('val/CIDEr')?").
+    args = [*_cli_args(synthetic_data, tiny_cache, tmp_path), "--trainer.max_epochs", "1"]
+    code, _, err = _run("fit", *args, "--trainer.max_steps", "1")
+    assert code == 0, err[-2000:]
+    assert "could not find the monitored key" not in err
+
+
 def test_a_runs_own_config_with_ckpt_path_last_resumes_that_run(synthetic_data, tiny_cache,
                                                                 tmp_path):
     # The saved config.yaml names the run through its logger, not through its own file name.
