@@ -271,8 +271,16 @@ class CaptioningModule(L.LightningModule):
         """(h, w) of the attention maps at the training image size."""
         size = self.hparams.image_size
         probe = torch.zeros(1, 3, size, size, device=self.device)
-        with torch.no_grad():
-            return tuple(self.model.encoder(probe).shape[1:3])
+        encoder = self.model.encoder
+        training = encoder.training
+        # In eval mode: a trainable encoder in train mode would fold the probe into its
+        # batch-norm statistics.
+        encoder.eval()
+        try:
+            with torch.no_grad():
+                return tuple(encoder(probe).shape[1:3])
+        finally:
+            encoder.train(training)
 
     def on_fit_start(self) -> None:
         # Validation decodes with beam search after the first epoch's training: a beam that

@@ -33,6 +33,22 @@ def test_tvmax_checkpoint_holds_everything_needed(tiny_checkpoint, synthetic_dat
     assert any(key.startswith("model.encoder.") for key in checkpoint["state_dict"])
 
 
+def test_the_grid_probe_leaves_a_trainable_encoders_statistics_alone():
+    # fit probes the grid at its start (to check validation's beam search against memory),
+    # with the module in train mode: a trainable encoder folded the zero image into its
+    # batch-norm running statistics.
+    from conftest import TINY_IMAGE_SIZE, tiny_model_kwargs
+
+    from captioner.lightning_module import CaptioningModule
+
+    module = CaptioningModule(vocab_size=10, **tiny_model_kwargs(encoder_trainable=True)).train()
+    before = {k: v.clone() for k, v in module.model.encoder.state_dict().items()}
+    assert module.grid() == (TINY_IMAGE_SIZE // 32, TINY_IMAGE_SIZE // 32)
+    assert module.model.encoder.training
+    for name, value in module.model.encoder.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
 def test_vocabulary_counts_training_tokens_only(synthetic_data):
     raw = json.loads(synthetic_data.karpathy_json.read_text())
     counts = Counter(
