@@ -31,12 +31,9 @@ def format_table1(rows: Mapping[str, Mapping[str, float]]) -> str:
         cells = []
         for _, key, scale, decimals in TABLE1_COLUMNS:
             value = metrics.get(key)
-            if value is None:
-                cells.append(f" {'-':>8}")
-            elif math.isnan(value):
-                cells.append(f" {'nan':>8}")
-            else:
-                cells.append(f" {value * scale:>8.{decimals}f}")
+            text = ("-" if value is None else "nan" if math.isnan(value)
+                    else f"{value * scale:.{decimals}f}")
+            cells.append(f" {text:>8}")
         lines.append(f"{name:<{name_width}}" + "".join(cells))
     return "\n".join(lines)
 
