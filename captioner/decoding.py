@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from captioner.attention import DeferredChecks
-from captioner.decoding_options import DEFAULT_LENGTH_NORMALIZATION
+from captioner.decoding_options import DEFAULT_LENGTH_NORMALIZATION, check_length_normalization
 from captioner.losses import word_log_probs
 from captioner.model.decoder import AttentionDecoder, EncodedImages
 from data_prep.files import counted
@@ -313,9 +313,7 @@ def beam_search(
     _check_arguments(decoder, start_id, end_id, max_length)
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-    if not 0 <= length_normalization < math.inf:
-        raise ValueError("length_normalization must be a finite number >= 0, got "
-                         f"{length_normalization}")
+    check_length_normalization(length_normalization)
     vocab_size, beams = decoder.vocab_size, beam_size
     banned = _banned_mask(banned_ids, vocab_size, features.device)
     candidates = min(2 * beams, beams * vocab_size)

@@ -14,6 +14,13 @@ from data_prep.files import check_integers
 DEFAULT_LENGTH_NORMALIZATION = 0.7
 
 
+def check_length_normalization(value: object, name: str = "length_normalization") -> None:
+    """ValueError, naming ``name``, unless ``value`` is a finite number >= 0 (a bool is not
+    one): the exponent a of the beam ranking score log_prob / n ** a."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
 @dataclass(frozen=True)
 class DecodingOptions:
     """How captions are decoded, in validation, test and every captioning command: the one
@@ -36,11 +43,7 @@ class DecodingOptions:
     def __post_init__(self) -> None:
         check_integers([("decoding beam_size", self.beam_size, 1),
                         ("decoding max_length", self.max_length, 1)])
-        value = self.length_normalization
-        if (isinstance(value, bool) or not isinstance(value, (int, float))
-                or not 0 <= value < math.inf):
-            raise ValueError(f"decoding length_normalization must be a finite number >= 0, "
-                             f"got {value!r}")
+        check_length_normalization(self.length_normalization, "decoding length_normalization")
         for name in ("block_trigrams", "allow_unk"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
