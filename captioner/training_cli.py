@@ -743,13 +743,13 @@ def _refuse_a_finished_training(checkpoint: dict, trainer, path: Path) -> None:
     current = progress.get("current") if isinstance(progress, dict) else None
     epochs = current.get("processed") if isinstance(current, dict) else None
     steps = checkpoint.get("global_step")
-    for done, limit, what in ((epochs, trainer.get("max_epochs"), "epochs"),
-                              (steps, trainer.get("max_steps"), "steps")):
+    for done, limit, what in ((epochs, trainer.get("max_epochs"), "epoch"),
+                              (steps, trainer.get("max_steps"), "step")):
         if (isinstance(done, int) and isinstance(limit, int) and limit >= 0
                 and done >= limit):
-            raise UserError(f"--ckpt_path {path}: it has trained {done} {what} already, and "
-                            f"--trainer.max_{what} is {limit}; give a larger max_{what} to "
-                            "train on")
+            raise UserError(f"--ckpt_path {path}: it has trained {counted(done, what)} already, "
+                            f"and --trainer.max_{what}s is {limit}; give a larger max_{what}s "
+                            "to train on")
 
 
 def _check_monitor(checkpoint) -> None:

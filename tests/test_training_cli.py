@@ -570,7 +570,7 @@ def test_a_checkpoint_whose_weights_do_not_fit_is_one_line(synthetic_data, tiny_
     # Lightning restored it, trained nothing and ended as a fit does, with status 0, leaving a
     # new run folder without checkpoints.
     (None, ["--trainer.max_epochs", "1"],
-     "it has trained 1 epochs already, and --trainer.max_epochs is 1; give a larger"),
+     "it has trained 1 epoch already, and --trainer.max_epochs is 1; give a larger"),
     (None, ["--trainer.max_epochs", "3", "--trainer.max_steps", "2"],
      "it has trained 2 steps already, and --trainer.max_steps is 2; give a larger"),
     # caption refused it; fit trained on with the data's vocabulary size.
