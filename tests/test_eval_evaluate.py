@@ -224,14 +224,30 @@ def test_an_earlier_evaluation_in_out_is_kept_unless_overwrite(synthetic_data, t
     # Another split goes beside it.
     assert evaluate.main([*argv, "--split", "val"]) == 0
     assert (out / "metrics_val.json").is_file() and metrics.read_bytes() == earlier[1]
-    # With --overwrite the new captions replace the old, and the old metrics never stay
-    # beside them, even when the new metrics fail.
+    # With --overwrite, new metrics that fail leave the earlier evaluation whole, and the new
+    # captions beside it, with the command that scores them.
     def fail(*args, **kwargs):
         raise ValueError("SPICE stopped")
 
     monkeypatch.setattr(eval.scoring, "compute_metrics", fail)
     assert evaluate.main([*argv, "--beam-size", "2", "--overwrite"]) == 1
-    assert results.is_file() and not metrics.exists()
+    staged = out / "results_test.new.json"
+    assert capsys.readouterr().err.strip() == (
+        f"captioner evaluate: SPICE stopped (the new captions are kept in {staged}, and the "
+        f"earlier evaluation in {out} is unchanged; captioner score --results {staged} "
+        f"--references {synthetic_data.karpathy_json} --split test --out "
+        f"{out / 'metrics_test.new.json'} --metrics Bleu scores them; the attention statistics "
+        "need a new evaluation: --overwrite)")
+    assert (results.read_bytes(), metrics.read_bytes()) == earlier
+    new_captions = json.loads(staged.read_text())
+    assert len(new_captions) == 4
+    # Once its metrics are made, the new evaluation replaces the earlier one wholly.
+    monkeypatch.undo()
+    assert evaluate.main([*argv, "--beam-size", "2", "--overwrite"]) == 0
+    assert not staged.exists()
+    assert (results.read_bytes(), metrics.read_bytes()) != earlier
+    assert json.loads(results.read_text()) == new_captions  # beam 2 again: the same
+    assert json.loads(metrics.read_text())["Bleu_4"] >= 0
 
 
 def test_empty_captions_are_scored_with_a_warning_and_the_resume_line_scores_them(

@@ -69,6 +69,11 @@ def main(argv: list[str]) -> int:
             raise OutputPathError(f"{earlier}: holds an earlier evaluation of split "
                                   f"{args.split!r}; choose another --out, or pass --overwrite "
                                   "to replace it")
+        # An earlier evaluation is replaced only once the new one is whole: until then its
+        # captions wait beside it, so a metric that fails (or Ctrl-C) loses neither.
+        staged = (results.with_name(f"results_{args.split}.new.json") if earlier is not None
+                  else results)
+        check_output_file(staged, reads)
         metrics = parse_metrics(args.metrics)
         if "SPICE" in metrics:
             from eval.spice_jars import locate_spice
@@ -81,9 +86,8 @@ def main(argv: list[str]) -> int:
     written, empty = [], []
 
     def keep(captions: list[dict]) -> None:  # before the metrics, which may fail
-        write_json(results, captions)
-        written.append(results)
-        metrics_file.unlink(missing_ok=True)  # an earlier run's, never beside these captions
+        write_json(staged, captions)
+        written.append(staged)
         # An under-trained model writes empty captions; they are scored (every metric gives
         # them 0), as `captioner score --allow-empty` scores them, and said so.
         empty.extend(empty_caption_ids({c["image_id"]: c["caption"] for c in captions}))
@@ -103,28 +107,42 @@ def main(argv: list[str]) -> int:
         if not written:  # the inputs: a user error
             return report_error("captioner evaluate", exc)
         # The metrics failed (SPICE stopped, say): the work's failure, as in `score`.
-        kept = f"(the captions are kept in {results}; {_rescore(args, results, empty)})"
+        kept = f"({_kept(staged, earlier)}; {_rescore(args, staged, empty)})"
         return report_error("captioner evaluate", exc, after=kept, status=1)
     except KeyboardInterrupt:
         if not written:
             raise  # nothing kept: captioner.cli's one line
         # Ctrl-C in the metrics (SPICE takes longest): the captions need not be made again.
-        print(f"captioner evaluate: interrupted; the captions are kept in {results} "
-              f"({_rescore(args, results, empty)})", file=sys.stderr)
+        print(f"captioner evaluate: interrupted; {_kept(staged, earlier)} "
+              f"({_rescore(args, staged, empty)})", file=sys.stderr)
         return SIGINT_STATUS
+    if staged != results:
+        # Never the earlier metrics beside the new captions, even for an instant.
+        metrics_file.unlink(missing_ok=True)
+        staged.replace(results)
     write_json(metrics_file, report.to_dict(), indent=2)
     print(report.summary())
     print(f"\nwrote {results} and {metrics_file}")
     return 0
 
 
-def _rescore(args: argparse.Namespace, results: Path, empty: list) -> str:
-    """How to go on once the captions are in ``results`` and their metrics failed or were
-    stopped: the score command that scores them into the evaluation's metrics file (the same
-    evaluate command is refused now that they are in --out; ``empty``: the ids of empty
+def _kept(staged: Path, earlier: Path | None) -> str:
+    """Where the captions of an evaluation whose metrics failed or were stopped are kept."""
+    if earlier is None:
+        return f"the captions are kept in {staged}"
+    return (f"the new captions are kept in {staged}, and the earlier evaluation in "
+            f"{staged.parent} is unchanged")
+
+
+def _rescore(args: argparse.Namespace, staged: Path, empty: list) -> str:
+    """How to go on once the captions are in ``staged`` and their metrics failed or were
+    stopped: the score command that scores them into a metrics file beside them
+    (``metrics_SPLIT.json``, or ``metrics_SPLIT.new.json`` beside staged new captions; the
+    same evaluate command is refused now that they are in --out; ``empty``: the ids of empty
     captions, which it must allow)."""
-    command = ["captioner", "score", "--results", str(results), "--references", str(args.data),
-               "--split", args.split, "--out", str(results.with_name(f"metrics_{args.split}.json"))]
+    metrics = staged.with_name(staged.name.replace("results_", "metrics_", 1))
+    command = ["captioner", "score", "--results", str(staged), "--references", str(args.data),
+               "--split", args.split, "--out", str(metrics)]
     if args.metrics != ",".join(ALL_METRICS):
         command += ["--metrics", args.metrics]
     if args.spice_timeout is not None:
