@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from ._checks import apply_mask, check_alpha, check_scores, checked_max, fail_if
+from ._checks import apply_mask, check_alpha, check_scores, checked_max, fail_if, half_in_float32
 from ._flat import FlatGridMapping
 from ._softplus import inverse_softplus
 from .sparsemax import ranks_along, sparsemax
@@ -62,12 +62,13 @@ class Entmax15Function(torch.autograd.Function):
         return _support_jvp(torch.sqrt(p), grad, ctx.dim), None, None
 
 
+@half_in_float32
 def entmax15(z: Tensor, dim: int = -1, mask: Tensor | None = None) -> Tensor:
     """1.5-entmax along ``dim``, exact (sort-based, Peters et al. 2019, Alg. 2).
 
     Args:
-        z: scores, any shape, float32 or float64, any device (runs natively on CUDA);
-            ``-inf`` = masked.
+        z: scores, any shape, float32 or float64 (float16 and bfloat16 in float32), any
+            device (runs natively on CUDA); ``-inf`` = masked.
         dim: dimension to normalize over.
         mask: optional bool tensor broadcastable to ``z``; False cells get exactly 0 weight
             and 0 gradient (equivalent to ``-inf`` scores).
@@ -171,6 +172,7 @@ def _alpha_along(alpha: float | Tensor, z: Tensor, dim: int) -> Tensor:
     )
 
 
+@half_in_float32
 def entmax_bisect(
     z: Tensor,
     alpha: float | Tensor,
@@ -185,8 +187,8 @@ def entmax_bisect(
     iterations are not unrolled.
 
     Args:
-        z: scores, any shape, float32 or float64, any device (runs natively on CUDA);
-            ``-inf`` = masked.
+        z: scores, any shape, float32 or float64 (float16 and bfloat16 in float32), any
+            device (runs natively on CUDA); ``-inf`` = masked.
         alpha: a float, or a tensor broadcastable to ``z``'s shape without ``dim`` (one
             alpha per row), or of ``z``'s rank with size 1 along ``dim``. Must be > 1.
         dim: dimension to normalize over.

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from ._checks import half_in_float32
 from ._flat import LamFlatGridMapping
 from ._grouped import sparsemax_of_prox
 from .tv1d import tv1d_rows
 
 
+@half_in_float32
 def fusedmax(
     z: Tensor, lam: float | Tensor, dim: int = -1, mask: Tensor | None = None
 ) -> Tensor:
@@ -19,8 +21,9 @@ def fusedmax(
     over each fused segment of the prox, in closed form; differentiable in ``lam`` too.
 
     Args:
-        z: scores, any shape, float32 or float64. The TV prox runs on the CPU (numba) in
-            float64, so CUDA tensors make a host round trip for it.
+        z: scores, any shape, float32 or float64 (float16 and bfloat16 in float32). The TV
+            prox runs on the CPU (numba) in float64, so CUDA tensors make a host round trip
+            for it.
         lam: TV strength >= 0 (float or 0-dim tensor); lam = 0 is exactly sparsemax.
         dim: the dimension along which cells form a chain.
         mask: optional bool tensor broadcastable to ``z``. False cells (and ``-inf``

@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit, prange
 from torch import Tensor
 
+from ._checks import half_in_float32
 from ._flat import LamFlatGridMapping
 from ._grouped import by_size, grouped_prox, sparsemax_of_prox
 
@@ -108,6 +109,7 @@ def oscar_prox(
     return grouped_prox(z, lam, dim, mask, "oscar_prox", oscar_rows)
 
 
+@half_in_float32
 def oscarmax(
     z: Tensor, lam: float | Tensor, dim: int = -1, mask: Tensor | None = None
 ) -> Tensor:
@@ -119,7 +121,8 @@ def oscarmax(
     to permutations. Backward: sparsemax JVP, then the signed average over each cluster.
 
     Args:
-        z: scores, any shape, float32 or float64 (CUDA: host round trip for the prox).
+        z: scores, any shape, float32 or float64 (float16 and bfloat16 in float32; CUDA:
+            host round trip for the prox).
         lam: OSCAR strength >= 0 (float or 0-dim tensor); lam = 0 is exactly sparsemax.
             The paper's default for oscarmax is 0.01.
         dim: dimension to normalize over.

@@ -5,15 +5,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import apply_mask, check_distributions, check_scores
+from ._checks import apply_mask, check_distributions, check_scores, half_in_float32
 from ._flat import FlatGridMapping
 
 
+@half_in_float32
 def softmax(z: Tensor, dim: int = -1, mask: Tensor | None = None) -> Tensor:
     """softmax(z)_i = exp(z_i) / sum_j exp(z_j) along ``dim`` (dense: no exact zeros).
 
     Args:
-        z: scores, any shape, float32 or float64, any device; ``-inf`` = masked.
+        z: scores, any shape, float32 or float64 (float16 and bfloat16 in float32), any
+            device; ``-inf`` = masked.
         dim: dimension to normalize over.
         mask: optional bool tensor broadcastable to ``z``; False cells get exactly 0 weight
             and 0 gradient (same as ``-inf`` scores).

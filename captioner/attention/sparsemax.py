@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import apply_mask, check_scores, checked_max
+from ._checks import apply_mask, check_scores, checked_max, half_in_float32
 from ._flat import FlatGridMapping
 from ._triton import triton_installed
 
@@ -65,6 +65,7 @@ class SparsemaxFunction(torch.autograd.Function):
         return sparsemax_jvp(grad, p > 0, ctx.dim), None, None
 
 
+@half_in_float32
 def sparsemax(z: Tensor, dim: int = -1, mask: Tensor | None = None) -> Tensor:
     """sparsemax(z) = argmin_{p in simplex} ||p - z||^2 along ``dim`` (exact, sort-based).
 
@@ -74,8 +75,8 @@ def sparsemax(z: Tensor, dim: int = -1, mask: Tensor | None = None) -> Tensor:
     Michelot's algorithm, same result up to the order of the sums).
 
     Args:
-        z: scores, any shape, float32 or float64, any device (runs natively on CUDA);
-            ``-inf`` = masked.
+        z: scores, any shape, float32 or float64 (float16 and bfloat16 in float32), any
+            device (runs natively on CUDA); ``-inf`` = masked.
         dim: dimension to normalize over.
         mask: optional bool tensor broadcastable to ``z``; False cells get exactly 0 weight
             and 0 gradient (equivalent to ``-inf`` scores).

@@ -32,6 +32,7 @@ from ._checks import (
     check_mask,
     check_scores,
     checked_max,
+    half_in_float32,
     rows_are_grids,
 )
 from ._grouped import by_size, grouped_prox, is_zero
@@ -295,6 +296,7 @@ def _round_trip(rows: Tensor, lam: float | Tensor, z: Tensor, grid_shape: torch.
                  for result in (results if backward else results[:1]))
 
 
+@half_in_float32
 def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
     """TVmax(z) = sparsemax over the H*W cells of prox_{lam TV2D}(z) (Proposition 1).
 
@@ -303,7 +305,7 @@ def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
     group (Proposition 2, Algorithm 1); differentiable in ``lam`` (Eq. 8).
 
     Args:
-        z: scores (..., H, W), float32 or float64 (others are computed in float64). On the
+        z: scores (..., H, W), float32 or float64 (float16 and bfloat16 in float32). On the
             CPU the prox and the sparsemax run in one numba kernel (float64 inside). CUDA
             tensors make a host round trip for the forward pass, or with
             CAPTIONER_TVMAX_SOLVER=device run one Triton kernel (certified Dykstra, float64
