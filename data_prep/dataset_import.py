@@ -552,14 +552,15 @@ def _read_coco(path: Path, log: ProblemLog) -> list[CaptionRecord]:
         where, order = f"{path.name} annotations[{index}]", len(data["images"]) + index
         image_id = annotation.get("image_id") if isinstance(annotation, dict) else None
         caption = annotation.get("caption") if isinstance(annotation, dict) else None
-        if image_id in by_id and isinstance(caption, str):
-            by_id[image_id].captions.append(Caption(caption, where, order))
-        elif image_id in left_out:
-            continue
-        elif not _is_int(image_id) or not isinstance(caption, str):
+        # The type first: True and 1.0 are equal to the key 1 of a dict.
+        if not _is_int(image_id) or not isinstance(caption, str):
             log.add("malformed_record", where, f"{path}: annotations[{index}] needs an integer "
                     f"'image_id' and a string 'caption', got {annotation!r}",
                     where=where, order=order)
+        elif image_id in by_id:
+            by_id[image_id].captions.append(Caption(caption, where, order))
+        elif image_id in left_out:
+            continue
         else:
             log.add("malformed_record", where, f"{path}: annotations[{index}] refers to image_id "
                     f"{image_id}, which is not in 'images'", where=where, order=order)

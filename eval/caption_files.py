@@ -35,9 +35,10 @@ def _read_json(path: Path, what: str) -> Any:
         raise CaptionFileError(f"{path}: not valid JSON ({exc})") from exc
 
 
-def _image_id(value: Any, path: Path, index: int) -> int:
+def _image_id(value: Any, where: str) -> int:
+    """``value`` if it is an integer image id, else a CaptionFileError naming ``where``."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise CaptionFileError(f"{path}: entry {index}: image_id must be an integer, got {value!r}")
+        raise CaptionFileError(f"{where}: image_id must be an integer, got {value!r}")
     return value
 
 
@@ -65,7 +66,8 @@ def load_results(path: str | Path) -> dict[int, str]:
             raise CaptionFileError(
                 f"{path}: entry {index}: caption must be a string, got {entry['caption']!r:.200}"
             )
-        results.setdefault(_image_id(entry["image_id"], path, index), entry["caption"])
+        results.setdefault(_image_id(entry["image_id"], f"{path}: entry {index}"),
+                           entry["caption"])
     counts = Counter(entry["image_id"] for entry in data)
     duplicates = sorted(image_id for image_id, n in counts.items() if n > 1)
     if duplicates:
@@ -78,6 +80,9 @@ def load_results(path: str | Path) -> dict[int, str]:
 
 
 def _coco_references(path: Path, data: dict[str, Any]) -> dict[int, list[str]]:
+    if not isinstance(data["annotations"], list):
+        raise CaptionFileError(f"{path}: field 'annotations' must be a list of {{'image_id', "
+                               f"'caption'}} objects, got {type(data['annotations']).__name__}")
     references: dict[int, list[str]] = {}
     for index, ann in enumerate(data["annotations"]):
         if not isinstance(ann, dict) or "image_id" not in ann or "caption" not in ann:
@@ -86,7 +91,8 @@ def _coco_references(path: Path, data: dict[str, Any]) -> dict[int, list[str]]:
             )
         if not isinstance(ann["caption"], str):
             raise CaptionFileError(f"{path}: annotations[{index}]: caption must be a string")
-        references.setdefault(_image_id(ann["image_id"], path, index), []).append(ann["caption"])
+        image_id = _image_id(ann["image_id"], f"{path}: annotations[{index}]")
+        references.setdefault(image_id, []).append(ann["caption"])
     return references
 
 
@@ -103,6 +109,9 @@ def load_references(path: str | Path, split: str | None = None) -> dict[int, lis
                 f"{path}: a COCO captions file has no splits; drop --split {split}"
             )
         return _coco_references(path, data)
+    if isinstance(data, dict) and "images" in data and "dataset" not in data:
+        raise CaptionFileError(f"{path}: neither a COCO captions file (it has no field "
+                               "'annotations') nor a Karpathy JSON (no field 'dataset')")
     if isinstance(data, dict) and "images" in data:
         if split is None:
             raise CaptionFileError(f"{path}: a Karpathy JSON needs --split (train, val or test)")

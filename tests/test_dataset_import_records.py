@@ -225,6 +225,23 @@ def test_duplicate_captions_of_an_image_are_dropped_and_listed(
     assert not (tmp_path / "f.json").exists()
 
 
+@pytest.mark.parametrize("image_id", [True, 1.0, "1"])
+def test_a_coco_caption_whose_image_id_is_not_an_integer_is_a_malformed_record(
+        image_id, tmp_path, photos, capsys):
+    # True and 1.0 are equal to the id 1 as dict keys: they were added to image 1 silently.
+    coco = json.loads(_duplicate_coco(tmp_path).read_text())
+    coco["annotations"][-1] = {"id": 30, "image_id": image_id, "caption": "a stray caption"}
+    captions = tmp_path / "captions_ids.json"
+    captions.write_text(json.dumps(coco), encoding="utf-8")
+    code, _, err = run(capsys, captions, photos, tmp_path / "d.json")
+    assert code == 0, err
+    assert "skipped 1 (malformed record): captions_ids.json annotations[30]" in err
+    assert raws_by_image(tmp_path / "d.json", photos)["img_001.jpg"] == (
+        "A photo of scene number 1",)
+    code, _, err = run(capsys, captions, photos, tmp_path / "f.json", "--on-error", "fail")
+    assert code == 2 and "annotations[30] needs an integer 'image_id'" in err
+
+
 # --- --on-error fail ---------------------------------------------------------------------------
 
 

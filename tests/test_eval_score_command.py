@@ -185,6 +185,27 @@ def test_bad_results_are_reported(tmp_path, karpathy, capsys, results, message):
     assert re.search(message, line), err
 
 
+@pytest.mark.parametrize(
+    ("references", "message"),
+    [
+        # A COCO captions file without its annotations was taken for a Karpathy JSON.
+        ({"images": [{"id": 5, "file_name": "a.jpg"}]}, "neither a COCO captions file (it has "
+         "no field 'annotations') nor a Karpathy JSON (no field 'dataset')"),
+        # An object in place of the list was read as no references at all.
+        ({"images": [], "annotations": {"image_id": 5, "caption": "a"}}, "field 'annotations' "
+         "must be a list of {'image_id', 'caption'} objects, got dict"),
+        ({"annotations": [{"image_id": 5, "caption": "a"}, {"image_id": True, "caption": "b"}]},
+         "annotations[1]: image_id must be an integer, got True"),
+    ],
+)  # fmt: skip
+def test_a_coco_references_file_names_its_faulty_field(tmp_path, capsys, references, message):
+    results = _write(tmp_path / "r.json", [{"image_id": 5, "caption": "a"}])
+    refs = _write(tmp_path / "refs.json", references)
+    rc, _, err = _score(capsys, "--results", results, "--references", refs, "--metrics", "Bleu")
+    assert rc == 2
+    assert err == f"captioner score: {refs}: {message}\n"
+
+
 def test_reference_and_option_errors(tmp_path, karpathy, capsys):
     results = _write(tmp_path / "r.json", [{"image_id": 5, "caption": "a"}])
     rc, _, err = _score(capsys, "--results", results, "--references", karpathy)
