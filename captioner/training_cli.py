@@ -59,6 +59,7 @@ from captioner.training_runs import (
     SaveConfigOnceRestored,
     claim_evaluation_folder,
     hold_metrics_for_resume,
+    last_checkpoint,
     latest_resumable,
     new_version,
     read_progress,
@@ -397,7 +398,11 @@ class CaptionerCLI(LightningCLI):
         root, name = self._run_root(config), self._run_folder_name(config)
         if subcommand == "fit" and which == "best":
             raise UserError("--ckpt_path best: fit resumes from 'last' or a checkpoint file")
-        found = self._config_run(root, name) or latest_resumable(root, name)
+        version = _logger_version(config)
+        if version is not None:  # --trainer.logger.init_args.version: that run, not the newest
+            found = self._config_run(root, name) or _version_run(root, name, version, which)
+        else:
+            found = self._config_run(root, name) or latest_resumable(root, name)
         if found is None:
             # 'best' is read from the progress.json beside the newest run's last.ckpt.
             what = LAST_NAME if which == "last" else f"best checkpoint (nor a {LAST_NAME})"
@@ -674,6 +679,25 @@ def _refuse_earlier_checkpoints(folder: Path) -> None:
             f"{folder}: holds checkpoints of an earlier run ({first_names(checkpoints, 2)}), "
             f"which a new fit would overwrite; resume it with --ckpt_path "
             f"{quote(str(folder / LAST_NAME))}, or give the new run another checkpoint folder")
+
+
+def _logger_version(config) -> int | str | None:
+    """The run version the command names (``--trainer.logger.init_args.version``), if any."""
+    init_args = getattr(config.trainer.get("logger"), "init_args", None)
+    return init_args.get("version") if init_args is not None else None
+
+
+def _version_run(root: Path, name: str, version: int | str, which: str) -> tuple[int | str, Path]:
+    """``(version, its last.ckpt)`` of the run version ``ROOT/NAME/version_N`` (an int N) or
+    ``ROOT/NAME/V`` (a named version V) that ``--ckpt_path last|best`` is to read."""
+    folder = root / name / (f"version_{version}" if isinstance(version, int) else version)
+    if not folder.is_dir():
+        raise UserError(f"--ckpt_path {which}: --trainer.logger.init_args.version {version} "
+                        f"names no run: {folder} does not exist")
+    last = last_checkpoint(folder)
+    if last is None:
+        raise UserError(f"--ckpt_path {which}: {folder} has no checkpoints/{LAST_NAME} yet")
+    return version, last
 
 
 def _log_beside_the_run(init_args, checkpoint: Path, subcommand: str) -> Path | None:

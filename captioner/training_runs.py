@@ -422,17 +422,24 @@ def claim_evaluation_folder(run: Path, subcommand: str) -> tuple[str, int | None
 
 
 def latest_resumable(root: Path, name: str) -> tuple[int, Path] | None:
-    """The newest version of run NAME that has a ``last.ckpt``, and that file: in the run's
-    ``checkpoints/``, or where the ``progress.json`` there says it keeps its checkpoints
-    (``--checkpoint.dirpath``)."""
+    """The newest numbered version of run NAME that has a ``last.ckpt``, and that file
+    (:func:`last_checkpoint`)."""
     for version, folder in reversed(version_folders(root, name)):
-        last = folder / "checkpoints" / LAST_NAME
-        if not last.is_file():
-            kept = read_progress(folder / "checkpoints").get("last_checkpoint")
-            last = Path(kept) if kept else last
-        if last.is_file():
+        last = last_checkpoint(folder)
+        if last is not None:
             return version, last
     return None
+
+
+def last_checkpoint(run: Path) -> Path | None:
+    """The ``last.ckpt`` of the run folder ``run``: in its ``checkpoints/``, or where the
+    ``progress.json`` there says it keeps its checkpoints (``--checkpoint.dirpath``); None
+    when it has none."""
+    last = run / "checkpoints" / LAST_NAME
+    if not last.is_file():
+        kept = read_progress(run / "checkpoints").get("last_checkpoint")
+        last = Path(kept) if kept else last
+    return last if last.is_file() else None
 
 
 # The fields of progress.json (write_progress) and the types each may have.

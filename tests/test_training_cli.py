@@ -946,6 +946,33 @@ def test_a_named_versions_own_config_resumes_it_with_its_metrics(synthetic_data,
     assert "is a run's folder, not a folder of runs" in capsys.readouterr().err
 
 
+def test_ckpt_path_last_and_best_read_the_version_the_command_names(synthetic_data, tiny_cache,
+                                                                    tmp_path, capsys):
+    """--trainer.logger.init_args.version mine with --ckpt_path last or best: mine, not the
+    newest version_N (which was resumed instead, and mine's checkpoints were reported missing
+    when it was the run's only version)."""
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.max_epochs", "1")
+    mine = [*args, "--trainer.logger.init_args.version", "mine"]
+    assert lightning_main(["fit", *mine]) == 0
+    runs = tmp_path / "runs" / "demo_softmax"
+    assert lightning_main(["test", *mine, "--ckpt_path", "best"]) == 0
+    assert (runs / "mine" / "test" / "metrics.csv").is_file()
+    assert lightning_main(["fit", *args]) == 0  # version_0, now the newest numbered one
+    assert lightning_main(["fit", *mine, "--ckpt_path", "last",
+                           "--trainer.max_epochs", "2"]) == 0, capsys.readouterr().err
+    assert read_epochs_done(runs / "mine") == 2 and read_epochs_done(runs / "version_0") == 1
+    assert sorted(path.name for path in runs.iterdir()) == ["mine", "version_0"]
+    capsys.readouterr()
+    other = [*args, "--trainer.logger.init_args.version", "other"]
+    assert lightning_main(["fit", *other, "--ckpt_path", "last"]) == 2
+    assert capsys.readouterr().err == (
+        "captioner fit: --ckpt_path last: --trainer.logger.init_args.version other names no "
+        f"run: {runs / 'other'} does not exist\n")
+    assert lightning_main(["fit", *args, "--trainer.logger.init_args.version", "0",
+                           "--ckpt_path", "last", "--trainer.max_epochs", "2"]) == 0
+    assert read_epochs_done(runs / "version_0") == 2
+
+
 def _wait_a_minute(started) -> None:
     started.set()
     time.sleep(60)
