@@ -1,6 +1,7 @@
 """How a Lightning run stopped by Ctrl-C (or by SIGTERM / SIGHUP, which ``captioner.cli``
 turns into Ctrl-C) ends in captioner's commands: as :class:`KeyboardInterrupt`, which each
-command answers with its one line and status 130.
+command answers with its one line and status 130; and how a DDP run ends whose process
+started here is lost (:func:`lost_processes_told`).
 
 Lightning catches the KeyboardInterrupt of a running fit, shuts the run down and then calls
 ``exit(1)``: a command would end with status 1 and no line of its own. Its notes on the stop
@@ -11,7 +12,8 @@ printed either: the command's line says what was kept and how to go on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import signal
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import lightning as L
@@ -40,3 +42,47 @@ def stops_as_keyboard_interrupt(trainer: L.Trainer) -> Iterator[None]:
         if trainer.interrupted:
             raise KeyboardInterrupt from None
         raise
+
+
+@contextmanager
+def lost_processes_told(trainer: L.Trainer, tell: Callable[[str], None]) -> Iterator[None]:
+    """Inside, a process that Lightning's DDP launcher started here and that ends with an error
+    (killed, out of memory) is told to ``tell``, as "local rank R, pid P, was killed by
+    SIGKILL", once the other started processes are stopped; ``tell`` should end this process.
+
+    Lightning's observer of those processes polls them every 5 s and, at the first that
+    failed, sends SIGKILL to the others and to this process: status 137 and no line, unless a
+    collective here failed first (it may wait for the lost process instead). Not during a stop
+    of this process (Ctrl-C to the whole group): that ends as a stop.
+    """
+    from lightning.fabric.strategies.launchers import subprocess_script as launcher
+
+    observer = launcher._ChildProcessObserver
+
+    class TellingObserver(observer):
+        def _terminate_all(self) -> None:
+            if trainer.interrupted:
+                return  # stopping already, with its own line
+            rank, process = next((rank, process) for rank, process
+                                 in enumerate(self._child_processes, 1) if process.returncode)
+            for other in self._child_processes:
+                if other.poll() is None:
+                    other.kill()
+            tell(f"local rank {rank}, pid {process.pid}, {_how_it_ended(process.returncode)}")
+            super()._terminate_all()
+
+    launcher._ChildProcessObserver = TellingObserver
+    try:
+        yield
+    finally:
+        launcher._ChildProcessObserver = observer
+
+
+def _how_it_ended(returncode: int) -> str:
+    """'was killed by SIGKILL' for a Popen return code of -9, 'exited with status 1' for 1."""
+    if returncode >= 0:
+        return f"exited with status {returncode}"
+    try:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"was killed by signal {-returncode}"

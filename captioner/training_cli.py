@@ -24,6 +24,7 @@ import re
 import sys
 import warnings
 from argparse import ArgumentError
+from collections.abc import Callable
 from pathlib import Path
 from shlex import quote
 from typing import NamedTuple
@@ -46,7 +47,7 @@ from captioner.lightning_module import (
     check_feature_cache,
     stored_vocabulary,
 )
-from captioner.lightning_stops import stops_as_keyboard_interrupt
+from captioner.lightning_stops import lost_processes_told, stops_as_keyboard_interrupt
 from captioner.training_runs import (
     LAST_NAME,
     PROGRESS_NAME,
@@ -187,7 +188,11 @@ class PeerLost(Exception):
 class CaptionerCLI(LightningCLI):
     """LightningCLI with named run folders, safe ``--ckpt_path`` and ``last``/``best``."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, on_lost_process: Callable[[str], None] | None = None,
+                 **kwargs) -> None:
+        # A DDP process started here that ends with an error, told "another process of this
+        # fit stopped (...); how to resume" (lightning_stops.lost_processes_told).
+        self._on_lost_process = on_lost_process
         # The run name comes from the first --config of the command line, which the parsed
         # config no longer tells apart from the configs it includes.
         given = kwargs.get("args")
@@ -213,8 +218,12 @@ class CaptionerCLI(LightningCLI):
 
     # LightningCLI hook (Lightning 2.6): runs the sub-command.
     def _run_subcommand(self, subcommand: str) -> None:
+        def tell(told: str) -> None:
+            if self._on_lost_process is not None:
+                self._on_lost_process(self._lost_process(subcommand, told))
+
         try:
-            with stops_as_keyboard_interrupt(self.trainer):
+            with stops_as_keyboard_interrupt(self.trainer), lost_processes_told(self.trainer, tell):
                 super()._run_subcommand(subcommand)
         except KeyboardInterrupt:
             raise Interrupted(self._after_interrupt(subcommand)) from None
@@ -222,9 +231,7 @@ class CaptionerCLI(LightningCLI):
             told = _peer_loss(exc)
             if told is None:
                 raise
-            resume = self._resume_advice() if subcommand == "fit" else None
-            raise PeerLost(f"another process of this {subcommand} stopped ({told})"
-                           + (f"; {resume}" if resume else "")) from None
+            raise PeerLost(self._lost_process(subcommand, told)) from None
         finally:
             # Here, not at the trainer's teardown: Lightning calls no teardown hook when a fit
             # stops on an exception (Ctrl-C too), and the callbacks' on_exception, which still
@@ -233,6 +240,13 @@ class CaptionerCLI(LightningCLI):
                 self._run_lock.release()
             if self._evaluation_hold is not None:
                 let_go(self._evaluation_hold)
+
+    def _lost_process(self, subcommand: str, told: str) -> str:
+        """What a process of a DDP run says when another went away, ``told`` saying how it
+        learnt it, with the command that resumes a fit."""
+        resume = self._resume_advice() if subcommand == "fit" else None
+        return (f"another process of this {subcommand} stopped ({told})"
+                + (f"; {resume}" if resume else ""))
 
     def _after_interrupt(self, subcommand: str) -> str:
         if subcommand != "fit":
@@ -837,13 +851,16 @@ def end_distributed() -> None:
         dist.destroy_process_group()
 
 
-def build_cli(args: list[str] | None, *, run: bool = True) -> CaptionerCLI:
-    """The CLI for ``args`` (sub-command first when ``run``; None: sys.argv)."""
+def build_cli(args: list[str] | None, *, run: bool = True,
+              on_lost_process: Callable[[str], None] | None = None) -> CaptionerCLI:
+    """The CLI for ``args`` (sub-command first when ``run``; None: sys.argv); a DDP process
+    it starts that is lost is told to ``on_lost_process``, which should end this process."""
     return CaptionerCLI(
         CaptioningModule,
         CaptionDataModule,
         trainer_class=Trainer,
         args=args,
+        on_lost_process=on_lost_process,
         run=run,
         trainer_defaults=TRAINER_DEFAULTS,
         seed_everything_default=0,

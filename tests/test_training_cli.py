@@ -1704,6 +1704,47 @@ def test_a_ddp_process_lost_is_told_in_one_line_with_the_resume(synthetic_data, 
     assert read_epochs_done(run_folder) == 1
 
 
+KILL_RANK_ONE = """
+import os
+import signal
+import time
+from lightning.pytorch.callbacks import Callback
+
+
+class KillRankOne(Callback):
+    \"\"\"At the start of epoch 1 the second process is killed while the first works on its own
+    (in no collective that would fail), as a node's out-of-memory killer would.\"\"\"
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if trainer.current_epoch == 1:
+            if trainer.global_rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(12)  # Lightning's observer of the processes looks every 5 s
+"""
+
+
+def test_a_ddp_process_killed_while_the_first_waits_is_told_by_the_first(
+        synthetic_data, tiny_cache, tmp_path):
+    # Lightning's observer sent SIGKILL to the first process: status 137 and no line at all.
+    (tmp_path / "kill_rank_one.py").write_text(KILL_RANK_ONE)
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, *DDP_ON_TWO_CPUS,
+                     "--trainer.max_epochs", "3",
+                     "--trainer.callbacks+=kill_rank_one.KillRankOne")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PL_DISABLE_FORK": "1",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    run = subprocess.run([sys.executable, "-m", "captioner.cli", "fit", *args], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 1, run.stderr[-3000:]
+    line = run.stderr.strip().splitlines()[-1]
+    run_folder = tmp_path / "runs" / "demo_softmax" / "version_0"
+    assert re.fullmatch(
+        r"captioner fit: another process of this fit stopped \(local rank 1, pid \d+, was "
+        r"killed by SIGKILL\); captioner fit --config " + re.escape(
+            f"{run_folder / 'config.yaml'} --ckpt_path last resumes from "
+            f"{run_folder / 'checkpoints' / 'last.ckpt'} (epochs done: 1)"), line), line
+    assert "Traceback" not in run.stderr
+
+
 def test_fit_validate_and_test_each_have_their_own_help_line(capsys):
     from captioner.cli import main as cli_main
 

@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
     # script they are the same words, so let it read sys.argv itself.
     args = None if list(argv) == sys.argv[1:] else list(argv)
     try:
-        cli = build_cli(args)
+        cli = build_cli(args, on_lost_process=_end_told(f"captioner {argv[0]}"))
     except Interrupted as exc:
         if _first_process():
             close_progress_bars()
@@ -97,6 +97,22 @@ def main(argv: list[str]) -> int:
         print(summary)
     end_distributed()
     return 0
+
+
+def _end_told(command: str):
+    """What ends this process when a DDP process it started is lost: the line that says so and
+    how to resume, status 1. Called from Lightning's observer thread while the main thread
+    may wait in a collective for the lost process, so the process ends from there."""
+    import os
+
+    from captioner.commands.options import close_progress_bars
+
+    def end(message: str) -> None:
+        close_progress_bars()
+        print(f"{command}: {message}", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    return end
 
 
 def _first_process() -> bool:
