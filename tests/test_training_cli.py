@@ -1684,16 +1684,23 @@ class StopRankOne(Callback):
 """
 
 
-def test_a_ddp_process_lost_is_told_in_one_line_with_the_resume(synthetic_data, tiny_cache,
-                                                                 tmp_path):
-    (tmp_path / "stop_rank_one.py").write_text(STOP_RANK_ONE)
+def _ddp_fit_losing_a_process(synthetic_data, tiny_cache, tmp_path: Path,
+                              callback: str) -> subprocess.CompletedProcess:
+    """A 3-epoch DDP fit in ``tmp_path`` with the callback class whose source is ``callback``
+    (its one class, which ends a process), run as ``captioner fit`` in a subprocess."""
+    name = re.search(r"^class (\w+)", callback, re.MULTILINE).group(1)
+    (tmp_path / "losing.py").write_text(callback)
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, *DDP_ON_TWO_CPUS,
-                     "--trainer.max_epochs", "3",
-                     "--trainer.callbacks+=stop_rank_one.StopRankOne")
+                     "--trainer.max_epochs", "3", f"--trainer.callbacks+=losing.{name}")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PL_DISABLE_FORK": "1",
            "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
-    run = subprocess.run([sys.executable, "-m", "captioner.cli", "fit", *args], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=240)
+    return subprocess.run([sys.executable, "-m", "captioner.cli", "fit", *args], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_a_ddp_process_lost_is_told_in_one_line_with_the_resume(synthetic_data, tiny_cache,
+                                                                 tmp_path):
+    run = _ddp_fit_losing_a_process(synthetic_data, tiny_cache, tmp_path, STOP_RANK_ONE)
     assert run.returncode == 1, run.stderr[-3000:]
     assert "Traceback" not in run.stderr, run.stderr[-3000:]
     line = run.stderr.strip().splitlines()[-1]
@@ -1726,14 +1733,7 @@ class KillRankOne(Callback):
 def test_a_ddp_process_killed_while_the_first_waits_is_told_by_the_first(
         synthetic_data, tiny_cache, tmp_path):
     # Lightning's observer sent SIGKILL to the first process: status 137 and no line at all.
-    (tmp_path / "kill_rank_one.py").write_text(KILL_RANK_ONE)
-    args = _cli_args(synthetic_data, tiny_cache, tmp_path, *DDP_ON_TWO_CPUS,
-                     "--trainer.max_epochs", "3",
-                     "--trainer.callbacks+=kill_rank_one.KillRankOne")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PL_DISABLE_FORK": "1",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
-    run = subprocess.run([sys.executable, "-m", "captioner.cli", "fit", *args], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=240)
+    run = _ddp_fit_losing_a_process(synthetic_data, tiny_cache, tmp_path, KILL_RANK_ONE)
     assert run.returncode == 1, run.stderr[-3000:]
     line = run.stderr.strip().splitlines()[-1]
     run_folder = tmp_path / "runs" / "demo_softmax" / "version_0"
