@@ -412,11 +412,14 @@ class CaptionerCLI(LightningCLI):
         root, name = self._run_root(config), self._run_folder_name(config)
         if subcommand == "fit" and which == "best":
             raise UserError("--ckpt_path best: fit resumes from 'last' or a checkpoint file")
+        # The version the command line names, or else the one a run's config.yaml names (the
+        # fit's own run saves it), or else the run whose config.yaml it is (the demo's save
+        # none): that run, not the newest of NAME.
         version = _logger_version(config)
-        if version is not None:  # --trainer.logger.init_args.version: that run, not the newest
-            found = self._config_run(root, name) or _version_run(root, name, version, which)
+        if version is not None:
+            found = _version_run(root, name, version, which)
         else:
-            found = self._config_run(root, name) or latest_resumable(root, name)
+            found = self._config_run(root, name, which) or latest_resumable(root, name)
         if found is None:
             # 'best' is read from the progress.json beside the newest run's last.ckpt.
             what = LAST_NAME if which == "last" else f"best checkpoint (nor a {LAST_NAME})"
@@ -435,7 +438,7 @@ class CaptionerCLI(LightningCLI):
             raise UserError(f"--ckpt_path best: {last.parent} names no existing best checkpoint")
         return Path(best)
 
-    def _config_run(self, root: Path, name: str) -> tuple[int | str, Path] | None:
+    def _config_run(self, root: Path, name: str, which: str) -> tuple[int | str, Path] | None:
         """``(its version, its last.ckpt)`` when the first config is a run's own
         ``ROOT/NAME/version_N/config.yaml`` (version N) or ``ROOT/NAME/V/config.yaml`` of a
         version the fit named (version "V"): that run, not the newest of NAME, is the one
@@ -445,15 +448,8 @@ class CaptionerCLI(LightningCLI):
         folder = Path(self._first_config).resolve().parent
         if folder.parent != (root / name).resolve():
             return None
-        last = folder / "checkpoints" / LAST_NAME
-        if not last.is_file():
-            try:
-                RunLock(folder).release()
-            except RunInUse as exc:  # a fit in its first epoch there: no last.ckpt yet
-                raise UserError(f"--ckpt_path last: {exc}") from None
-            raise UserError(f"--ckpt_path last: {folder} has no checkpoints/{LAST_NAME} yet")
         version = version_number(folder)
-        return (folder.name if version is None else version), last
+        return (folder.name if version is None else version), _run_last(folder, which)
 
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
@@ -708,10 +704,20 @@ def _version_run(root: Path, name: str, version: int | str, which: str) -> tuple
     if not folder.is_dir():
         raise UserError(f"--ckpt_path {which}: --trainer.logger.init_args.version {version} "
                         f"names no run: {folder} does not exist")
+    return version, _run_last(folder, which)
+
+
+def _run_last(folder: Path, which: str) -> Path:
+    """The last.ckpt of the run ``folder`` that ``--ckpt_path last|best`` names; refused when
+    it has none yet, naming the fit that trains there in its first epoch if one does."""
     last = last_checkpoint(folder)
     if last is None:
+        try:
+            RunLock(folder).release()
+        except RunInUse as exc:
+            raise UserError(f"--ckpt_path {which}: {exc}") from None
         raise UserError(f"--ckpt_path {which}: {folder} has no checkpoints/{LAST_NAME} yet")
-    return version, last
+    return last
 
 
 def _log_beside_the_run(init_args, checkpoint: Path, subcommand: str) -> Path | None:

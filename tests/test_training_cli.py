@@ -971,6 +971,11 @@ def test_ckpt_path_last_and_best_read_the_version_the_command_names(synthetic_da
     assert lightning_main(["fit", *args, "--trainer.logger.init_args.version", "0",
                            "--ckpt_path", "last", "--trainer.max_epochs", "2"]) == 0
     assert read_epochs_done(runs / "version_0") == 2
+    # The version named on the command line wins over the one of the run's config.yaml given.
+    assert lightning_main(["fit", "--config", str(runs / "version_0" / "config.yaml"),
+                           "--trainer.logger.init_args.version", "mine", "--ckpt_path", "last",
+                           "--trainer.max_epochs", "3"]) == 0
+    assert read_epochs_done(runs / "mine") == 3 and read_epochs_done(runs / "version_0") == 2
 
 
 def _wait_a_minute(started) -> None:
