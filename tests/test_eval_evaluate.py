@@ -241,6 +241,12 @@ def test_an_earlier_evaluation_in_out_is_kept_unless_overwrite(synthetic_data, t
     assert (results.read_bytes(), metrics.read_bytes()) == earlier
     new_captions = json.loads(staged.read_text())
     assert len(new_captions) == 4
+    # The scores of those staged captions, as the command above writes them; a later
+    # --overwrite replaces the staged captions, and with them these scores.
+    (out / "metrics_test.new.json").write_text("{}")
+    assert evaluate.main([*argv, "--beam-size", "2", "--overwrite"]) == 1
+    capsys.readouterr()
+    assert not (out / "metrics_test.new.json").exists()
     # Once its metrics are made, the new evaluation replaces the earlier one wholly.
     monkeypatch.undo()
     assert evaluate.main([*argv, "--beam-size", "2", "--overwrite"]) == 0

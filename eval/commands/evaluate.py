@@ -88,6 +88,10 @@ def main(argv: list[str]) -> int:
     def keep(captions: list[dict]) -> None:  # before the metrics, which may fail
         write_json(staged, captions)
         written.append(staged)
+        if staged != results:
+            # The scores of earlier staged captions, which these replace (and which would
+            # stop the score command a failure below gives).
+            _metrics_of(staged).unlink(missing_ok=True)
         # An under-trained model writes empty captions; they are scored (every metric gives
         # them 0), as `captioner score --allow-empty` scores them, and said so.
         empty.extend(empty_caption_ids({c["image_id"]: c["caption"] for c in captions}))
@@ -126,6 +130,11 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _metrics_of(results: Path) -> Path:
+    """The metrics file beside the captions file ``results``: ``metrics_SPLIT[.new].json``."""
+    return results.with_name(results.name.replace("results_", "metrics_", 1))
+
+
 def _kept(staged: Path, earlier: Path | None) -> str:
     """Where the captions of an evaluation whose metrics failed or were stopped are kept."""
     if earlier is None:
@@ -140,9 +149,8 @@ def _rescore(args: argparse.Namespace, staged: Path, empty: list) -> str:
     (``metrics_SPLIT.json``, or ``metrics_SPLIT.new.json`` beside staged new captions; the
     same evaluate command is refused now that they are in --out; ``empty``: the ids of empty
     captions, which it must allow)."""
-    metrics = staged.with_name(staged.name.replace("results_", "metrics_", 1))
     command = ["captioner", "score", "--results", str(staged), "--references", str(args.data),
-               "--split", args.split, "--out", str(metrics)]
+               "--split", args.split, "--out", str(_metrics_of(staged))]
     if args.metrics != ",".join(ALL_METRICS):
         command += ["--metrics", args.metrics]
     if args.spice_timeout is not None:
