@@ -187,20 +187,36 @@ class LastCheckpoint(Checkpoint):
         folder = Path(best.dirpath) if best is not None and best.dirpath else beside_the_log
         self.path = folder / LAST_NAME
         self._states_by_rank = _gather(_rng_states(), trainer.world_size)
-        trainer.save_checkpoint(self.path, weights_only=False)  # full state
+        epochs = trainer.current_epoch + int(epoch_done)
+        written_before = _file_identity(self.path)
+        try:
+            trainer.save_checkpoint(self.path, weights_only=False)  # full state
+        except BaseException:
+            # Under DDP the save ends at a barrier, which fails when another process is lost
+            # after the first wrote the file (atomically: a new file is a whole one); the
+            # progress, which the resume line and ``captioner runs`` read, must say so.
+            if trainer.is_global_zero and _file_identity(self.path) != written_before:
+                self._write_progress(trainer, folder, beside_the_log, epochs)
+            raise
         self._saved_step = trainer.global_step
-        self.epochs_done = epochs = trainer.current_epoch + int(epoch_done)
+        self.epochs_done = epochs
         # Other checkpoints (the best ones) store no stale states: only "rng", current.
         self._states_by_rank = []
         if trainer.is_global_zero:
-            write_progress(folder, trainer, self.path, epochs_done=epochs)
-            if trainer.loggers and beside_the_log.resolve() != folder.resolve():
-                # Checkpoints kept elsewhere (--checkpoint.dirpath): the run's own folder,
-                # where ``captioner runs`` looks, still says where they are.
-                beside_the_log.mkdir(parents=True, exist_ok=True)
-                write_progress(beside_the_log, trainer, self.path, epochs_done=epochs)
+            self._write_progress(trainer, folder, beside_the_log, epochs)
         if isinstance(best, BestCheckpoint):
             best.remove_superseded(trainer)
+
+    def _write_progress(self, trainer: L.Trainer, folder: Path, beside_the_log: Path,
+                        epochs: int) -> None:
+        """progress.json of the last.ckpt just written into ``folder``, and beside the log
+        when the checkpoints are kept elsewhere (first process only)."""
+        write_progress(folder, trainer, self.path, epochs_done=epochs)
+        if trainer.loggers and beside_the_log.resolve() != folder.resolve():
+            # Checkpoints kept elsewhere (--checkpoint.dirpath): the run's own folder, where
+            # ``captioner runs`` looks, still says where they are.
+            beside_the_log.mkdir(parents=True, exist_ok=True)
+            write_progress(beside_the_log, trainer, self.path, epochs_done=epochs)
 
     def state_dict(self) -> dict[str, Any]:
         # Called while the checkpoint is written, so these are the states at the save; "rng"
@@ -214,6 +230,16 @@ class LastCheckpoint(Checkpoint):
             _set_rng_states(by_rank[self._rank])
         elif "rng" in state_dict:
             _set_rng_states(state_dict["rng"])
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """(inode, modification time in ns) of ``path``, None when it does not exist: an atomic
+    write replaces the file, which changes both."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns
 
 
 def _epoch_complete(trainer: L.Trainer) -> bool:

@@ -352,6 +352,35 @@ def test_last_checkpoint_every_n_steps_when_asked(synthetic_data, tiny_cache, tm
     assert (progress["epochs_done"], progress["global_step"]) == (2, 6)
 
 
+def test_a_stop_after_last_ckpt_is_written_still_records_its_progress(
+        synthetic_data, tiny_cache, tmp_path, monkeypatch, capsys):
+    # Under DDP the save ends at a barrier, which fails when another process is lost after the
+    # file was written: progress.json and the resume line named the epoch before.
+    import signal
+
+    from captioner.training_cli import Trainer
+
+    save = Trainer.save_checkpoint
+
+    def stopped_after_the_second_last_ckpt(self, path, *args, **kwargs):
+        save(self, path, *args, **kwargs)
+        if Path(path).name == "last.ckpt" and self.current_epoch == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "save_checkpoint", stopped_after_the_second_last_ckpt)
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.max_epochs", "3")
+    handler = signal.getsignal(signal.SIGINT)  # Lightning ignores Ctrl-C while it stops
+    try:
+        assert lightning_main(["fit", *args]) == 130
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    run = tmp_path / "runs" / "demo_softmax" / "version_0"
+    assert load_safely(run / "checkpoints" / "last.ckpt")["epoch"] == 1
+    assert read_epochs_done(run) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"resumes from {run / 'checkpoints' / 'last.ckpt'} (epochs done: 2)")
+
+
 def test_fit_prints_the_run_folder_and_checkpoints_and_runs_lists_them(
     synthetic_data, tiny_cache, tmp_path
 ):
