@@ -16,21 +16,25 @@ keys that LightningCLI adds (``_instantiator``, ``_class_path``), which are drop
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import pickle
-import signal
-import threading
 import warnings
 import zipfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from data_prep.files import atomic_write, check_input_file, counted, first_names, shown
+from data_prep.files import (
+    atomic_write,
+    check_input_file,
+    counted,
+    first_names,
+    shown,
+    stops_held,
+)
 
 # Keys that LightningCLI stores beside a module's own hyperparameters (Lightning >= 2.3).
 LIGHTNING_HPARAM_KEYS = frozenset({"_instantiator", "_class_path"})
@@ -45,29 +49,12 @@ class CheckpointError(ValueError):
 
 def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
     """``torch.save`` to ``path`` through :func:`data_prep.files.atomic_write`, with Ctrl-C
-    held back until the file is in place (:func:`_ctrl_c_after`)."""
-    with _ctrl_c_after(), atomic_write(path, "wb") as handle:
+    (and the other stops) held back until the file is in place: torch.save's zip writer turns
+    a KeyboardInterrupt raised inside it into a RuntimeError, which Lightning's graceful
+    shutdown does not recognize, so a fit stopped while writing a checkpoint would end with a
+    traceback and without that checkpoint (:func:`data_prep.files.stops_held`)."""
+    with stops_held(), atomic_write(path, "wb") as handle:
         torch.save(checkpoint, handle)
-
-
-@contextlib.contextmanager
-def _ctrl_c_after() -> Iterator[None]:
-    """Deliver a SIGINT that arrives inside the block once the block has ended. torch.save's
-    zip writer turns a KeyboardInterrupt raised inside it into a RuntimeError, which Lightning's
-    graceful shutdown does not recognize: a fit stopped while writing a checkpoint would end
-    with a traceback and without that checkpoint. Signal handlers belong to the main thread;
-    elsewhere the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if received:
-            signal.raise_signal(signal.SIGINT)
 
 
 def load_safely(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:

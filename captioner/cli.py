@@ -21,11 +21,11 @@ from contextlib import contextmanager
 from functools import partial
 from importlib.metadata import entry_points
 
+from data_prep.files import STOP_SIGNALS
+
 GROUP = "captioner.commands"
 SIGPIPE_STATUS = 141  # 128 + SIGPIPE, as a shell reports a process that signal ended
 SIGINT_STATUS = 130  # 128 + SIGINT
-# Signals that stop a command as Ctrl-C does: `kill`, `timeout`, a closed terminal.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def _commands() -> dict[str, str]:
@@ -66,7 +66,7 @@ def _unraisable(previous, unraisable) -> None:
         # Sent again as a signal whose handler raises it (SIGINT is ignored in a background
         # job), from another thread a moment later: raised from here, inside the hook, it
         # would be swallowed again.
-        number = next((number for number in (signal.SIGINT, *STOP_SIGNALS)
+        number = next((number for number in STOP_SIGNALS
                        if callable(signal.getsignal(number))), None)
         if number is not None:
             again = threading.Timer(0.05, signal.pthread_kill,
@@ -91,7 +91,7 @@ def _stopped_as_by_ctrl_c() -> Iterator[None]:
         yield
         return
     _stop_came = False
-    previous = {number: signal.getsignal(number) for number in (signal.SIGINT, *STOP_SIGNALS)}
+    previous = {number: signal.getsignal(number) for number in STOP_SIGNALS}
     for number, handler in previous.items():
         if handler is not signal.SIG_IGN:
             signal.signal(number, _raise_keyboard_interrupt)

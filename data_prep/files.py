@@ -22,8 +22,10 @@ import math
 import os
 import re
 import shutil
+import signal
 import stat
 import tempfile
+import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
@@ -543,6 +545,35 @@ def _holds(path: Path, tag: str) -> bool:
         return False
 
 
+# The signals that stop a command: Ctrl-C, and those that captioner.cli turns into Ctrl-C
+# (`kill`, `timeout`, a closed terminal).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def stops_held() -> Iterator[None]:
+    """Hold the stop signals (Ctrl-C, SIGTERM, SIGHUP) that arrive inside the block and deliver
+    them once it has ended: writes that must all happen or none (a result and its key, renames
+    that replace an earlier result, torch.save's zip writer, which turns a KeyboardInterrupt
+    into a RuntimeError) are not cut midway (kill -9 still can). Signal handlers belong to the
+    main thread; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    # A handler installed outside Python (getsignal gives None) cannot be put back: not held.
+    held = [number for number in STOP_SIGNALS if signal.getsignal(number) is not None]
+    previous = {number: signal.signal(number, lambda number, frame: received.append(number))
+                for number in held}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for number in dict.fromkeys(received):
+            signal.raise_signal(number)
+
+
 @contextmanager
 def result_folder(folder: Path, earlier: bool) -> Iterator[Path]:
     """The folder that a command writing a whole result (heatmaps, gallery, rating kit) fills,
@@ -569,10 +600,11 @@ def result_folder(folder: Path, earlier: bool) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    clear_folder(folder, [entry.name for entry in folder.iterdir() if entry != staging])
-    for entry in staging.iterdir():
-        entry.rename(folder / entry.name)
-    staging.rmdir()
+    with stops_held():  # never half the earlier result and half the new one
+        clear_folder(folder, [entry.name for entry in folder.iterdir() if entry != staging])
+        for entry in staging.iterdir():
+            entry.rename(folder / entry.name)
+        staging.rmdir()
 
 
 def clear_folder(folder: Path, names: Iterable[str] | None = None) -> None:

@@ -256,6 +256,36 @@ def test_an_earlier_evaluation_in_out_is_kept_unless_overwrite(synthetic_data, t
     assert json.loads(metrics.read_text())["Bleu_4"] >= 0
 
 
+def test_a_stop_while_the_evaluation_is_put_in_place_waits_for_it(synthetic_data,
+                                                                   tiny_checkpoint, tmp_path,
+                                                                   monkeypatch):
+    """Ctrl-C between the removal of the earlier metrics and the write of the new ones left
+    the new captions alone, the earlier metrics and the new ones both lost."""
+    import os
+    import signal
+
+    import data_prep.files
+
+    out = tmp_path / "evaluation"
+    argv = ["--ckpt", str(tiny_checkpoint), "--data", str(synthetic_data.karpathy_json),
+            "--images", str(synthetic_data.image_root), "--metrics", "Bleu", "--beam-size", "1",
+            "--no-progress", "--out", str(out)]
+    assert evaluate.main(argv) == 0
+    write_json = data_prep.files.write_json
+
+    def stopped_while_writing(path, *args, **kwargs):
+        if Path(path).name == "metrics_test.json":
+            os.kill(os.getpid(), signal.SIGINT)
+        write_json(path, *args, **kwargs)
+
+    monkeypatch.setattr(data_prep.files, "write_json", stopped_while_writing)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate.main([*argv, "--beam-size", "2", "--overwrite"])
+    assert sorted(path.name for path in out.iterdir()) == ["metrics_test.json",
+                                                           "results_test.json"]
+    assert json.loads((out / "metrics_test.json").read_text())["Bleu_4"] >= 0
+
+
 def test_empty_captions_are_scored_with_a_warning_and_the_resume_line_scores_them(
         synthetic_data, tiny_checkpoint, tmp_path, capsys, monkeypatch):
     """An under-trained model's empty captions: evaluate scores them (and says so), so the

@@ -309,6 +309,61 @@ def test_a_killed_replacements_staging_folder_is_removed_by_the_next_one(tmp_pat
     assert (out / "index.json").read_text() == "new marker"
 
 
+def test_a_stop_while_an_earlier_result_is_replaced_waits_for_the_replacement(tmp_path,
+                                                                            monkeypatch):
+    """Ctrl-C between the removal of the earlier result and the move of the new one left
+    neither whole."""
+    import os
+    import signal
+
+    import data_prep.files
+    from data_prep.files import result_folder
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "index.json").write_text("earlier marker")
+    (out / "a.png").write_bytes(b"earlier")
+    clear = data_prep.files.clear_folder
+
+    def stopped_while_clearing(folder, names=None):
+        clear(folder, names)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(data_prep.files, "clear_folder", stopped_while_clearing)
+    with pytest.raises(KeyboardInterrupt):
+        with result_folder(out, earlier=True) as staging:
+            (staging / "index.json").write_text("new marker")
+            (staging / "b.png").write_bytes(b"new")
+    assert sorted(p.name for p in out.iterdir()) == ["b.png", "index.json"]
+    assert (out / "index.json").read_text() == "new marker"
+
+
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_stops_held_delivers_a_stop_once_its_block_has_ended(stop):
+    import os
+    import signal
+
+    from data_prep.files import stops_held
+
+    def stop_command(number, frame):  # as captioner.cli stops a command on SIGTERM, SIGHUP
+        raise KeyboardInterrupt
+
+    previous = {number: signal.signal(number, stop_command)
+                for number in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        done = []
+        with pytest.raises(KeyboardInterrupt):
+            with stops_held():
+                os.kill(os.getpid(), getattr(signal, stop))
+                done.append("the rest of the block")
+        assert done == ["the rest of the block"]
+        assert signal.getsignal(signal.SIGTERM) is stop_command
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
 @pytest.mark.parametrize("stop", ["SIGTERM", "SIGHUP"])
 def test_kill_stops_a_command_as_ctrl_c_does(stop, tiny_checkpoint, tmp_path, capsys,
                                              monkeypatch):

@@ -73,6 +73,41 @@ def test_an_existing_key_or_kit_is_never_replaced_silently(tiny_checkpoint, synt
     assert len(list((out / "images").iterdir())) == 2
 
 
+def test_a_stop_while_the_key_is_written_leaves_kit_and_key_together(
+        tiny_checkpoint, synthetic_data, tmp_path, monkeypatch):
+    """A stop after the new kit was in place, before its key was written, left a kit that
+    could never be unblinded; a key that cannot be written keeps the earlier kit and key."""
+    import os
+    import signal
+
+    import eval.rating_kit
+
+    out, key_path = tmp_path / "kit", tmp_path / "kit-key.json"
+    args = ["--ckpt", str(tiny_checkpoint), str(synthetic_data.image_root / "test"), "--n", "2",
+            "--out", str(out), *FAST]
+    assert command.main(args) == 0
+    earlier = (key_path.read_text(), (out / "index.html").read_text())
+    write_key = eval.rating_kit.write_key
+
+    def unwritable(key, path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(eval.rating_kit, "write_key", unwritable)
+    assert command.main([*args, "--seed", "1", "--overwrite"]) != 0
+    assert (key_path.read_text(), (out / "index.html").read_text()) == earlier
+
+    def stopped_while_writing(key, path):
+        os.kill(os.getpid(), signal.SIGINT)
+        write_key(key, path)
+
+    monkeypatch.setattr(eval.rating_kit, "write_key", stopped_while_writing)
+    with pytest.raises(KeyboardInterrupt):
+        command.main([*args, "--seed", "1", "--overwrite"])
+    kit_id = json.loads(key_path.read_text())["kit_id"]
+    assert kit_id != json.loads(earlier[0])["kit_id"]
+    assert kit_id in (out / "index.html").read_text()
+
+
 def test_a_checkpoint_given_twice_is_refused(tiny_checkpoint, synthetic_data, tmp_path, capsys):
     code = command.main(["--ckpt", str(tiny_checkpoint), "--ckpt", str(tiny_checkpoint),
                          str(synthetic_data.image_root / "test"), "--n", "2",

@@ -47,6 +47,7 @@ def main(argv: list[str]) -> int:
         check_output_file,
         counted,
         first_names,
+        stops_held,
         write_json,
     )
     from eval.caption_files import empty_caption_ids
@@ -120,11 +121,12 @@ def main(argv: list[str]) -> int:
         print(f"captioner evaluate: interrupted; {_kept(staged, earlier)} "
               f"({_rescore(args, staged, empty)})", file=sys.stderr)
         return SIGINT_STATUS
-    if staged != results:
-        # Never the earlier metrics beside the new captions, even for an instant.
-        metrics_file.unlink(missing_ok=True)
-        staged.replace(results)
-    write_json(metrics_file, report.to_dict(), indent=2)
+    with stops_held():  # the captions and their metrics in place together, or neither
+        if staged != results:
+            # Never the earlier metrics beside the new captions, even for an instant.
+            metrics_file.unlink(missing_ok=True)
+            staged.replace(results)
+        write_json(metrics_file, report.to_dict(), indent=2)
     print(report.summary())
     print(f"\nwrote {results} and {metrics_file}")
     return 0

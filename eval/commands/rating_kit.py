@@ -17,6 +17,7 @@ IMAGE_DIR. A checkpoint given twice is refused.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 from pathlib import Path
@@ -120,16 +121,19 @@ def _write_kit(args: argparse.Namespace, images, models, key_path: Path, earlier
     """Write the kit into --out and its key to ``key_path``, replacing the ``earlier`` kit
     (--overwrite) only once the new one is whole, so that it is never replaced by none (one
     stopped half-way, or of only empty captions). Returns the `RatingKit`."""
-    from data_prep.files import result_folder
+    from data_prep.files import result_folder, stops_held
     from eval.rating_kit import build_kit, kit_scale, write_key
 
     vmax = kit_scale(images, models)
-    with result_folder(args.out, earlier) as out:
-        kit = build_kit(out, images, models, seed=args.seed, title=args.title,
-                        upsample=args.upsample, max_side=args.size, vmax=vmax)
-    # Once the kit is in place: a run stopped before keeps the earlier kit with its own key.
-    # The kit's id, in both, tells a key of another kit apart (rating-summary refuses it).
-    write_key(kit.key, key_path)
+    with contextlib.ExitStack() as kit_and_key:
+        with result_folder(args.out, earlier) as out:
+            kit = build_kit(out, images, models, seed=args.seed, title=args.title,
+                            upsample=args.upsample, max_side=args.size, vmax=vmax)
+            # From the key's write until the kit is in place, a stop waits: a kit without its
+            # key could never be unblinded. A failed write keeps the earlier kit and key.
+            # The kit's id, in both, tells a key of another kit apart (rating-summary refuses it).
+            kit_and_key.enter_context(stops_held())
+            write_key(kit.key, key_path)
     return dataclasses.replace(kit, html=args.out / kit.html.relative_to(out))
 
 
