@@ -113,7 +113,8 @@ def _allocation_refused(exc: BaseException) -> str | None:
     20.00 GiB"). None for any other error."""
     text = str(exc)
     if isinstance(exc, MemoryError):  # one raised on purpose says what was asked
-        return str(exc) or "a Python allocation failed"
+        asked = re.match(r"Unable to allocate ([\d.]+ [KMGTPE]?i?B)", text)  # numpy's
+        return f"{asked.group(1)} asked at once" if asked else text or "an allocation failed"
     if type(exc).__name__ == "OutOfMemoryError" or "can't allocate memory" in text:
         asked = re.search(r"allocate (\d+) bytes", text)
         if asked:

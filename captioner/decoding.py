@@ -46,6 +46,7 @@ from captioner.decoding_options import DEFAULT_LENGTH_NORMALIZATION, check_lengt
 from captioner.losses import word_log_probs
 from captioner.model.decoder import AttentionDecoder, EncodedImages
 from data_prep.files import counted
+from data_prep.machine import available_memory
 
 
 @dataclass
@@ -107,14 +108,7 @@ def _free_memory(device: torch.device) -> int | None:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    return available_memory()
 
 
 def check_search_memory(encoded: EncodedImages, images: int, beams: int,

@@ -37,11 +37,17 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from captioner.lightning_stops import stops_as_keyboard_interrupt
-from captioner.model.encoder import GridEncoder, later_stages, pretraining_report_path
+from captioner.model.encoder import (
+    ARCHITECTURES,
+    GridEncoder,
+    later_stages,
+    pretraining_report_path,
+)
 from data_prep.cell_labels import CellLabeller
 from data_prep.files import atomic_write, check_output_file, write_json
 from data_prep.images import IMAGENET_MEAN, IMAGENET_STD, load_image
 from data_prep.karpathy import ImageEntry, load_karpathy
+from data_prep.machine import available_memory
 
 STRIDES = {"layer3": 16, "layer4": 32}
 
@@ -65,6 +71,9 @@ class PretrainingSettings:
 
     def check(self) -> None:
         """ValueError naming the first inconsistent setting."""
+        if self.arch not in ARCHITECTURES:
+            raise ValueError(f"unknown encoder arch {self.arch!r}; valid: "
+                             f"{', '.join(ARCHITECTURES)}")
         if self.layer not in STRIDES:
             raise ValueError(f"layer must be one of {sorted(STRIDES)}, got {self.layer!r}")
         stride = STRIDES[self.layer]
@@ -78,8 +87,8 @@ class PretrainingSettings:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', ' ')} must be at least 1, got "
                                  f"{getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
+        if not 0 < self.lr < math.inf:
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
 
 
 class CellLabelledImages(Dataset):
@@ -97,6 +106,11 @@ class CellLabelledImages(Dataset):
         them); image errors name the file."""
         size, stride = settings.image_size, STRIDES[settings.layer]
         grid = (size // stride, size // stride)
+        needed, free = len(entries) * size * size * 3, available_memory()
+        if free is not None and needed > free:  # else the kernel's OOM killer, without a word
+            raise MemoryError(f"{len(entries):,} images of {size} px need {needed / 2**30:.2f} "
+                              f"GiB in memory, and {free / 2**30:.2f} GiB is free; a smaller "
+                              "image size needs less")
         # Bilinear, as data_prep.images.imagenet_transform resizes for the feature cache.
         images = torch.from_numpy(np.stack([
             np.asarray(load_image(e.path).resize((size, size), Image.BILINEAR), dtype=np.uint8)

@@ -55,6 +55,9 @@ DEFAULT_MAX_SIDE = 384
 # The smallest longer side a figure may be given: a 16x16 grid (a ResNet's at 512 px) at two
 # pixels a cell; smaller figures cannot show the cells a word attends to.
 MIN_MAX_SIDE = 32
+# The largest: past it a figure is larger than any screen or page shows, and its pixels, with
+# the attention maps upsampled to them, no longer fit in memory (100,000 px: 30 GB an image).
+MAX_MAX_SIDE = 4096
 # The label of an empty caption's strip, which shows the image alone.
 EMPTY_CAPTION = "(empty caption)"
 # Longest displayed side over shortest: beyond it the short side is stretched (see above).

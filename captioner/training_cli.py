@@ -64,6 +64,7 @@ from captioner.training_runs import (
     latest_resumable,
     new_version,
     read_progress,
+    recorded_checkpoint,
     remove_interrupted_writes,
     version_number,
 )
@@ -433,10 +434,10 @@ class CaptionerCLI(LightningCLI):
             return last
         if which == "last":
             return last
-        best = read_progress(last.parent).get("best_checkpoint")
-        if not best or not Path(best).is_file():
+        best = recorded_checkpoint(last.parent, read_progress(last.parent).get("best_checkpoint"))
+        if best is None or not best.is_file():
             raise UserError(f"--ckpt_path best: {last.parent} names no existing best checkpoint")
-        return Path(best)
+        return best
 
     def _config_run(self, root: Path, name: str, which: str) -> tuple[int | str, Path] | None:
         """``(its version, its last.ckpt)`` when the first config is a run's own

@@ -468,6 +468,17 @@ def last_checkpoint(run: Path) -> Path | None:
     return last if last.is_file() else None
 
 
+def recorded_checkpoint(checkpoints: Path, recorded: str | None) -> Path | None:
+    """The checkpoint that the progress.json in ``checkpoints`` records as ``recorded`` (an
+    absolute path), where it is now: the file of that name in ``checkpoints`` when there is
+    one (a runs folder moved or copied keeps it there, and the recorded path names the first
+    place), else the recorded path (``--checkpoint.dirpath``); None when none is recorded."""
+    if not recorded:
+        return None
+    here = checkpoints / Path(recorded).name
+    return here if here.is_file() else Path(recorded)
+
+
 # The fields of progress.json (write_progress) and the types each may have.
 _PROGRESS_FIELDS = {
     "epochs_done": (int,), "global_step": (int,), "monitor": (str, type(None)),

@@ -68,6 +68,8 @@ _COCO_CATEGORIES = [
 ]
 KARPATHY_FILENAME = "dataset_synthetic.json"
 MIN_IMAGE_SIZE = 64
+# Each image is drawn from float32 layers of its size: 100,000 px would ask 37 GiB a layer.
+MAX_IMAGE_SIZE = 4096
 
 _OBJECT_COUNT_PROBABILITIES = (0.3, 0.4, 0.3)  # of 1, 2, 3 objects
 _GAP_FRACTION = 0.025  # minimum empty space between object boxes, as a fraction of the side
@@ -128,6 +130,8 @@ def generate(
                              ("image_size", image_size, MIN_IMAGE_SIZE)]:
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an integer of at least {low}, got {value!r}")
+    if image_size > MAX_IMAGE_SIZE:
+        raise ValueError(f"image_size must be at most {MAX_IMAGE_SIZE}, got {image_size}")
     if sum(counts.values()) == 0:
         raise ValueError("n_train + n_val + n_test must be at least 1")
 

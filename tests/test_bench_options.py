@@ -54,6 +54,10 @@ REFUSED = [
     (fit, ["--mappings", "softmax,nope"], "argument --mappings: no config "),
     (fit, ["--data", "/proc/nope"], "--data /proc/nope: cannot write to the folder /proc"),
     (fit, ["--data", "{tmp}/file"], "--data {tmp}/file: exists and is not a folder"),
+    # torch's generators take a C long long: a larger seed ended in a traceback.
+    *((module, ["--seed", str(2**64)], f"argument --seed: must be between 0 and {2**63 - 1}, "
+       f"got {2**64}") for module in (attention, bench_model, fit)),
+    (attention, ["--seed", "-1"], f"argument --seed: must be between 0 and {2**63 - 1}, got -1"),
 ]
 if not torch.cuda.is_available():
     REFUSED += [

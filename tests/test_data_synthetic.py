@@ -213,11 +213,16 @@ def test_category_words_cover_the_categories():
         ({"n_train": 1, "n_val": 0, "n_test": 0, "image_size": -3},
          "image_size must be an integer of at least 64, got -3"),
         ({"n_train": 1.5, "n_val": 0, "n_test": 0}, "n_train"),
+        # 100,000 px asked 37 GiB at once, after the earlier dataset's file was removed.
+        ({"n_train": 1, "n_val": 0, "n_test": 0, "image_size": 100_000},
+         "image_size must be at most 4096, got 100000"),
     ],
 )
 def test_bad_arguments(tmp_path, kwargs, message):
+    (tmp_path / "dataset_synthetic.json").write_text("an earlier dataset's")
     with pytest.raises(ValueError, match=message):
         generate(tmp_path, **kwargs, progress=False)
+    assert (tmp_path / "dataset_synthetic.json").read_text() == "an earlier dataset's"
 
 
 def test_prepare_synthetic_command(tmp_path, capsys):

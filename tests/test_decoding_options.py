@@ -97,6 +97,8 @@ def test_validation_and_test_decode_with_the_models_options(tiny_checkpoint):
     ("argv", "message"),
     [
         (["--size", "3"], "argument --size: must be >= 32, got 3"),
+        # 100,000 px drew figures of 30 GB each, until the kernel's OOM killer ended it.
+        (["--size", "100000"], "argument --size: must be at most 4096, got 100000"),
         (["--vmax", "0"], "argument --vmax: must be a finite number > 0, got 0"),
         (["--vmax", "x"], "argument --vmax: not a number: 'x'"),
         (["--vmax", "nan"], "argument --vmax: must be a finite number > 0, got nan"),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -211,6 +212,26 @@ def test_settings_are_checked():
         PretrainingSettings(layer="layer4", image_size=200, crop=64).check()
     with pytest.raises(ValueError, match="epochs must be at least 1"):
         PretrainingSettings(epochs=0).check()
+    # An infinite rate trained an encoder of NaN weights; an arch without ResNet stages
+    # ended in an AttributeError.
+    for lr in (math.inf, math.nan, 0.0):
+        with pytest.raises(ValueError, match=f"lr must be a finite number > 0, got {lr}"):
+            PretrainingSettings(lr=lr).check()
+    with pytest.raises(ValueError, match="unknown encoder arch 'vgg16'; valid: resnet18, "):
+        PretrainingSettings(arch="vgg16").check()
+
+
+def test_images_that_cannot_fit_in_memory_are_refused_before_they_are_read(
+        synthetic_data, monkeypatch):
+    import captioner.encoder_pretraining as pretraining
+    from data_prep.karpathy import load_karpathy
+
+    entries = load_karpathy(synthetic_data.karpathy_json, synthetic_data.image_root).split("val")
+    monkeypatch.setattr(pretraining, "available_memory", lambda: 2**10)
+    monkeypatch.setattr(pretraining, "load_image", None)  # nothing may be read
+    with pytest.raises(MemoryError, match=rf"^{len(entries)} images of 256 px need 0\.00 GiB in "
+                       r"memory, and 0\.00 GiB is free; a smaller image size needs less$"):
+        CellLabelledImages.load(entries, None, PretrainingSettings(), crop=None)
 
 
 def _captioner(*argv, cwd):
@@ -301,6 +322,19 @@ def test_pretrain_encoder_bad_input_is_one_line(synthetic_data, tmp_path):
     )
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
     assert "a_folder.pt" in run.stderr and "Traceback" not in run.stderr
+    # An --out among the images it reads replaced that image, with --overwrite.
+    image = next((data.image_root / "train").iterdir())
+    before = image.read_bytes()
+    run = _captioner(
+        "pretrain-encoder", "--data", str(data.karpathy_json), "--images", str(data.image_root),
+        "--train-instances", str(data.instances["train"]),
+        "--val-instances", str(data.instances["val"]), "--out", str(image), "--overwrite",
+        cwd=tmp_path,
+    )
+    assert run.returncode == 2 and run.stderr == (
+        f"captioner pretrain-encoder: {image}: lies inside the image folder {data.image_root} "
+        "this command reads, where it could replace an image; write it elsewhere\n")
+    assert image.read_bytes() == before
 
 
 def test_no_validation_cell_on_an_object_is_reported_as_undefined(synthetic_data, tmp_path):

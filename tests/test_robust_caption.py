@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import robust_inputs as bad
 import torch
@@ -181,3 +182,6 @@ def test_an_allocation_torch_refuses_is_named_with_its_size():
         torch.empty(2**62, dtype=torch.uint8)
     assert _allocation_refused(caught.value) == "4294967296.00 GiB asked at once"
     assert _allocation_refused(RuntimeError("another failure")) is None
+    with pytest.raises(MemoryError) as caught:  # numpy's words for it
+        np.empty((2**40, 2**20), dtype=np.float32)
+    assert _allocation_refused(caught.value) == "4.00 EiB asked at once"

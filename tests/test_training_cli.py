@@ -398,6 +398,13 @@ def test_fit_prints_the_run_folder_and_checkpoints_and_runs_lists_them(
     assert code == 0, err
     row = next(line for line in out.splitlines() if line.startswith("tiny"))
     assert "version_0" in row and str(best) in row and " 1 " in row
+    # A moved runs folder: its checkpoints where they are now, not where they were written.
+    moved = tmp_path / "moved"
+    (tmp_path / "runs").rename(moved)
+    code, out, err = _run("runs", "--root", str(moved))
+    row = next(line for line in out.splitlines() if line.startswith("tiny"))
+    here = moved / "tiny" / "version_0" / "checkpoints"
+    assert f"best {here / best.name}  last {here / 'last.ckpt'}" in row, row
 
 
 def test_validate_and_test_take_a_cli_checkpoint_and_best(synthetic_data, tiny_cache, tmp_path,

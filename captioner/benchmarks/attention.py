@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 
 from captioner.benchmarks import refuse_more_threads_than_numba_has, torch_device, use_threads
-from captioner.commands.options import at_least, command_parser
+from captioner.commands.options import at_least, command_parser, torch_seed
 
 PROG = "captioner bench attention"
 HELP = "time forward+backward of softmax, sparsemax, entmax15 and TVmax (ratios printed)"
@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="timed rounds per mapping (default: %(default)s)")
     parser.add_argument("--threads", type=at_least(1, int), default=None,
                         help="torch and numba threads (default: as is)")
-    parser.add_argument("--seed", type=int, default=0,
+    parser.add_argument("--seed", type=torch_seed, default=0,
                         help="random seed of the scores (default: %(default)s)")
     parser.add_argument(
         "--scores",

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from captioner import CONFIGS
 from captioner.benchmarks import PhaseClock, refuse_unwritable, torch_device
-from captioner.commands.options import at_least, command_parser, names
+from captioner.commands.options import at_least, command_parser, names, torch_seed
 from data_prep.files import check_output_dir
 from data_prep.machine import usable_cpus
 
@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--data", type=Path, default=None,
                         help="folder for the generated data, kept and reused (default: a "
                         "temporary folder, deleted at the end)")
-    parser.add_argument("--seed", type=int, default=0,
+    parser.add_argument("--seed", type=torch_seed, default=0,
                         help="seed of the generated data and of the model step's batch "
                         "(default: %(default)s)")
     return parser

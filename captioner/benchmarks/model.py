@@ -38,7 +38,7 @@ from captioner.benchmarks import (
     torch_device,
     use_threads,
 )
-from captioner.commands.options import at_least, command_parser, names
+from captioner.commands.options import at_least, command_parser, names, torch_seed
 from data_prep.files import check_output_file, write_json
 
 PROG = "captioner bench model"
@@ -97,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
         "than wall time on a machine shared with other work, CPU devices only "
         "(default: %(default)s)",
     )
-    parser.add_argument("--seed", type=int, default=0,
+    parser.add_argument("--seed", type=torch_seed, default=0,
                         help="seed of the batch and the decoders (default: %(default)s)")
     parser.add_argument("--json", type=Path, default=None,
                         help="also write the results here (checked before anything is timed)")

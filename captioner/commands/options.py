@@ -140,13 +140,20 @@ def add_figure_arguments(parser: argparse.ArgumentParser, *,
     """``--upsample`` and ``--size`` of the attention figures (see :mod:`captioner.heatmaps`);
     with ``vmax_default``, what the colour scale's maximum is without ``--vmax`` (e.g. "run
     maximum"), also ``--zero-style`` and ``--vmax`` (a float, None when not given)."""
-    from captioner.heatmaps import DEFAULT_MAX_SIDE, MIN_MAX_SIDE, UPSAMPLE_MODES, ZERO_STYLES
+    from captioner.heatmaps import (
+        DEFAULT_MAX_SIDE,
+        MAX_MAX_SIDE,
+        MIN_MAX_SIDE,
+        UPSAMPLE_MODES,
+        ZERO_STYLES,
+    )
 
     parser.add_argument("--upsample", choices=UPSAMPLE_MODES, default="nearest",
                         help="attention cells drawn as blocks or smoothed (default: %(default)s)")
-    parser.add_argument("--size", type=at_least(MIN_MAX_SIDE, int), default=DEFAULT_MAX_SIDE,
-                        help=f"longer image side in pixels, at least {MIN_MAX_SIDE} (default: "
-                             "%(default)s)")
+    parser.add_argument("--size", type=at_least(MIN_MAX_SIDE, int, at_most=MAX_MAX_SIDE),
+                        default=DEFAULT_MAX_SIDE,
+                        help=f"longer image side in pixels, {MIN_MAX_SIDE} to {MAX_MAX_SIDE} "
+                             "(default: %(default)s)")
     if vmax_default is not None:
         parser.add_argument("--zero-style", choices=ZERO_STYLES, default="transparent",
                             help="zero attention fully transparent or a white mask "
@@ -180,9 +187,9 @@ def check_sample_arguments(
         parser.error("--data needs --images (the image root)")
 
 
-def at_least(low: float, kind: type, *, strictly: bool = False):
-    """An argparse ``type``: finite ``kind`` values >= ``low`` (> with ``strictly``); anything
-    else (nan and inf too) is a usage error naming the value."""
+def at_least(low: float, kind: type, *, strictly: bool = False, at_most: float = math.inf):
+    """An argparse ``type``: finite ``kind`` values >= ``low`` (> with ``strictly``) and <=
+    ``at_most``; anything else (nan and inf too) is a usage error naming the value."""
 
     def parse(text: str):
         try:
@@ -195,9 +202,26 @@ def at_least(low: float, kind: type, *, strictly: bool = False):
             raise argparse.ArgumentTypeError(
                 f"must be {finite}{'>' if strictly else '>='} {low}, got {text}"
             )
+        if value > at_most:
+            raise argparse.ArgumentTypeError(f"must be at most {at_most}, got {text}")
         return value
 
     return parse
+
+
+# The largest seed torch.Generator.manual_seed takes (a C long long).
+TORCH_MAX_SEED = 2**63 - 1
+
+
+def torch_seed(text: str) -> int:
+    """An argparse ``type``: a seed of torch's generators, 0 to TORCH_MAX_SEED."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 0 <= value <= TORCH_MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {TORCH_MAX_SEED}, got {text}")
+    return value
 
 
 def names(what: str, check: Callable[[str], None] | None = None

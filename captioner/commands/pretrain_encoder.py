@@ -58,13 +58,19 @@ def main(argv: list[str]) -> int:
     settings = PretrainingSettings(**{f.name: getattr(args, f.name) for f in fields(defaults)})
 
     from captioner.encoder_pretraining import pretrain_encoder
-    from data_prep.files import check_output_file
+    from data_prep.files import OutputPathError, check_output_file
 
+    reads = [("dataset file", args.data), ("instances file", args.train_instances),
+             ("instances file", args.val_instances)]
     try:
         for path in (args.out, pretraining_report_path(args.out)):
             # Before the training: weights that caches and checkpoints were made with are
             # replaced only when asked to.
-            check_output_file(path, overwrite=args.overwrite)
+            check_output_file(path, reads, overwrite=args.overwrite)
+            if path.resolve().is_relative_to(args.images.resolve()):
+                raise OutputPathError(f"{path}: lies inside the image folder {args.images} this "
+                                      "command reads, where it could replace an image; write "
+                                      "it elsewhere")
         report = pretrain_encoder(
             args.data, args.images, {"train": args.train_instances, "val": args.val_instances},
             args.out, settings, progress=not args.no_progress,

@@ -72,10 +72,23 @@ def main(argv: list[str]) -> int:
             print(f"{run.name:<24} {run.folder.name:<10} {'-':>6} {'-':>8} {best:<{width}}  "
                   f"{note}")
             continue
+        best_file, last_file = (_where(run.folder, progress.get(key))
+                                for key in ("best_checkpoint", "last_checkpoint"))
         print(f"{run.name:<24} {run.folder.name:<10} {progress['epochs_done']:>6} "
-              f"{progress['global_step']:>8} {best:<{width}}  "
-              f"best {progress.get('best_checkpoint') or '-'}  last {progress['last_checkpoint']}")
+              f"{progress['global_step']:>8} {best:<{width}}  best {best_file}  last {last_file}")
     return 0
+
+
+def _where(run: Path, recorded: str | None) -> str:
+    """A checkpoint that the run's progress.json records, where it is now (its own
+    checkpoints/ folder for a moved or copied run); ``-`` for none, ``(missing)`` after a
+    file that is not there."""
+    from captioner.training_runs import recorded_checkpoint
+
+    path = recorded_checkpoint(run / "checkpoints", recorded)
+    if path is None:
+        return "-"
+    return str(path) if path.is_file() else f"{path} (missing)"
 
 
 def _best(progress: dict | None) -> str:
