@@ -51,6 +51,10 @@ REFUSED = [
     (fit, ["--images", "1", "--batch-size", "5"],
      "--images 1 give 5 training captions, one batch of --batch-size 5; "),
     (fit, ["--mappings", ""], "argument --mappings: '' names no mapping"),
+    (bench_model, ["--tvmax-overlap", "--mappings", "softmax"], "--tvmax-overlap times TVmax a "
+     "second way: give --mappings with tvmax"),
+    (bench_model, ["--mappings", "softmax,tvmax,softmax"],
+     "argument --mappings: 'softmax,tvmax,softmax' names mapping 'softmax' twice"),
     (fit, ["--mappings", "softmax,nope"], "argument --mappings: no config "),
     (fit, ["--data", "/proc/nope"], "--data /proc/nope: cannot write to the folder /proc"),
     (fit, ["--data", "{tmp}/file"], "--data {tmp}/file: exists and is not a folder"),

@@ -111,7 +111,7 @@ def _sizes(parser: argparse.ArgumentParser) -> None:
     for flag, low, default, what in (
         ("--batch-size", 1, 64, "images per batch"),
         ("--grid", 1, 8, "feature grid side"),
-        ("--channels", 1, 2048, "feature channels: 2048 (ResNet-50/101/152) or 512 "
+        ("--channels", 1, 2048, "feature channels, such as 2048 (ResNet-50/101/152) or 512 "
          "(ResNet-18/34)"),
         ("--vocab-size", 5, 10000, "words, the 4 special tokens and at least one word"),
         ("--caption-length", 2, 16, "teacher-forced caption length, start token included"),
@@ -129,6 +129,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.clock == "cpu" and args.device.type != "cpu":
         parser.error(f"--clock cpu only measures CPU devices, not --device {args.device}")
+    if args.tvmax_overlap and "tvmax" not in args.mappings:
+        parser.error("--tvmax-overlap times TVmax a second way: give --mappings with tvmax")
     refuse_unwritable(parser, "--json", args.json, check_output_file)
     refuse_more_threads_than_numba_has(parser, args.threads)
     return args

@@ -236,6 +236,9 @@ def names(what: str, check: Callable[[str], None] | None = None
             raise argparse.ArgumentTypeError(f"{text!r} names no {what}")
         if not all(listed):  # a stray comma, or a name lost from the list
             raise argparse.ArgumentTypeError(f"{text!r} holds an empty {what} name (a stray comma)")
+        twice = [name for name in dict.fromkeys(listed) if listed.count(name) > 1]
+        if twice:  # one row each would drop one silently
+            raise argparse.ArgumentTypeError(f"{text!r} names {what} {twice[0]!r} twice")
         try:
             for name in listed if check else ():
                 check(name)
