@@ -413,6 +413,10 @@ class CaptionerCLI(LightningCLI):
         root, name = self._run_root(config), self._run_folder_name(config)
         if subcommand == "fit" and which == "best":
             raise UserError("--ckpt_path best: fit resumes from 'last' or a checkpoint file")
+        init_args = getattr(config.trainer.get("logger"), "init_args", None)
+        moved = self._moved_runs_folder(root, name) if init_args is not None else None
+        if moved is not None:  # resume, and log, where the run is now
+            root, init_args["save_dir"] = moved, str(moved)
         # The version the command line names, or else the one a run's config.yaml names (the
         # fit's own run saves it), or else the run whose config.yaml it is (the demo's save
         # none): that run, not the newest of NAME.
@@ -438,6 +442,21 @@ class CaptionerCLI(LightningCLI):
         if best is None or not best.is_file():
             raise UserError(f"--ckpt_path best: {last.parent} names no existing best checkpoint")
         return best
+
+    def _moved_runs_folder(self, root: Path, name: str) -> Path | None:
+        """The runs folder that holds the run whose own config.yaml is the first --config,
+        when it is not ``root``, the one that config.yaml names: the runs folder was moved or
+        copied (to or from a GPU machine, say), and the run meant is the one beside the
+        config. None otherwise, and when the command line gives the save_dir itself."""
+        if not self._first_config or any(option.key.startswith("trainer.logger")
+                                          and option.key.endswith("save_dir")
+                                          for option in given_options(self._args)):
+            return None
+        run = Path(self._first_config).resolve().parent
+        if (run.parent.name != name or not (run / "checkpoints").is_dir()
+                or run.parent.parent == root.resolve()):
+            return None
+        return run.parent.parent
 
     def _config_run(self, root: Path, name: str, which: str) -> tuple[int | str, Path] | None:
         """``(its version, its last.ckpt)`` when the first config is a run's own

@@ -1014,6 +1014,26 @@ def test_ckpt_path_last_and_best_read_the_version_the_command_names(synthetic_da
     assert read_epochs_done(runs / "mine") == 3 and read_epochs_done(runs / "version_0") == 2
 
 
+def test_a_copied_runs_folder_resumes_and_tests_its_own_run(synthetic_data, tiny_cache,
+                                                             tmp_path, capsys):
+    """A run's config.yaml names the runs folder it was written in: a copy's config.yaml with
+    --ckpt_path last resumed the original run (or found none once it was gone)."""
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.max_epochs", "1")
+    assert lightning_main(["fit", *args]) == 0
+    shutil.copytree(tmp_path / "runs", tmp_path / "copy")
+    copy = tmp_path / "copy" / "demo_softmax" / "version_0"
+    assert lightning_main(["fit", "--config", str(copy / "config.yaml"), "--ckpt_path", "last",
+                           "--trainer.max_epochs", "2"]) == 0, capsys.readouterr().err
+    assert read_epochs_done(copy) == 2
+    assert read_epochs_done(tmp_path / "runs" / "demo_softmax" / "version_0") == 1
+    assert lightning_main(["test", "--config", str(copy / "config.yaml"),
+                           "--ckpt_path", "best"]) == 0
+    assert (copy / "test" / "metrics.csv").is_file()
+    assert not (tmp_path / "runs" / "demo_softmax" / "version_0" / "test").exists()
+    assert sorted(path.name for path in (tmp_path / "runs" / "demo_softmax").iterdir()) == [
+        "version_0"]
+
+
 def _wait_a_minute(started) -> None:
     started.set()
     time.sleep(60)
