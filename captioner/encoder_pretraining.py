@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
+from captioner.checkpointing import save_atomically
 from captioner.lightning_stops import stops_as_keyboard_interrupt
 from captioner.model.encoder import (
     ARCHITECTURES,
@@ -44,7 +45,7 @@ from captioner.model.encoder import (
     pretraining_report_path,
 )
 from data_prep.cell_labels import CellLabeller
-from data_prep.files import atomic_write, check_output_file, write_json
+from data_prep.files import check_output_file, stops_held, write_json
 from data_prep.images import IMAGENET_MEAN, IMAGENET_STD, load_image
 from data_prep.karpathy import ImageEntry, load_karpathy
 from data_prep.machine import available_memory
@@ -109,13 +110,14 @@ class CellLabelledImages(Dataset):
         needed, free = len(entries) * size * size * 3, available_memory()
         if free is not None and needed > free:  # else the kernel's OOM killer, without a word
             raise MemoryError(f"{len(entries):,} images of {size} px need {needed / 2**30:.2f} "
-                              f"GiB in memory, and {free / 2**30:.2f} GiB is free; a smaller "
-                              "image size needs less")
+                              f"GiB in memory, and {free / 2**30:.2f} GiB is free")
         # Bilinear, as data_prep.images.imagenet_transform resizes for the feature cache.
-        images = torch.from_numpy(np.stack([
-            np.asarray(load_image(e.path).resize((size, size), Image.BILINEAR), dtype=np.uint8)
-            for e in entries
-        ])).permute(0, 3, 1, 2).contiguous()
+        # Filled in place: a stack of the resized images, or a permuted copy, would hold them
+        # twice at once.
+        images = torch.empty((len(entries), 3, size, size), dtype=torch.uint8)
+        for row, entry in zip(images, entries, strict=True):
+            resized = load_image(entry.path).resize((size, size), Image.BILINEAR)
+            row.copy_(torch.from_numpy(np.asarray(resized, dtype=np.uint8)).permute(2, 0, 1))
         labels = torch.from_numpy(np.stack([labeller.labels(e.image_id, grid) for e in entries]))
         return cls(images, labels, stride, crop)
 
@@ -245,9 +247,9 @@ def pretrain_encoder(karpathy_json, image_root, instances: dict[str, Path], out:
         "images": {split: len(d) for split, d in data.items()},
         "val_cell_accuracy": accuracy,
     }
-    with atomic_write(out, "wb") as handle:
-        torch.save(model.resnet_state_dict(), handle)
-    write_json(pretraining_report_path(out), report, indent=2)
+    with stops_held():  # the weights and the report that describes them, or neither
+        save_atomically(model.resnet_state_dict(), out)
+        write_json(pretraining_report_path(out), report, indent=2)
     return report
 
 

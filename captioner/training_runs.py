@@ -461,22 +461,26 @@ def last_checkpoint(run: Path) -> Path | None:
     """The ``last.ckpt`` of the run folder ``run``: in its ``checkpoints/``, or where the
     ``progress.json`` there says it keeps its checkpoints (``--checkpoint.dirpath``); None
     when it has none."""
-    last = run / "checkpoints" / LAST_NAME
-    if not last.is_file():
-        kept = read_progress(run / "checkpoints").get("last_checkpoint")
-        last = Path(kept) if kept else last
+    checkpoints = run / "checkpoints"
+    last = recorded_checkpoint(checkpoints, read_progress(checkpoints).get("last_checkpoint"))
+    last = checkpoints / LAST_NAME if last is None else last
     return last if last.is_file() else None
 
 
 def recorded_checkpoint(checkpoints: Path, recorded: str | None) -> Path | None:
     """The checkpoint that the progress.json in ``checkpoints`` records as ``recorded`` (an
-    absolute path), where it is now: the file of that name in ``checkpoints`` when there is
-    one (a runs folder moved or copied keeps it there, and the recorded path names the first
-    place), else the recorded path (``--checkpoint.dirpath``); None when none is recorded."""
+    absolute path), where it is now: in ``checkpoints`` when it was written in a folder laid
+    out as that one (``VERSION/checkpoints/FILE``; a runs folder moved or copied keeps its
+    checkpoints there, and the recorded path names the first place, or the original's file),
+    whether the file is there or not; else the recorded path (``--checkpoint.dirpath``);
+    None when none is recorded."""
     if not recorded:
         return None
-    here = checkpoints / Path(recorded).name
-    return here if here.is_file() else Path(recorded)
+    recorded = Path(recorded)
+    here = checkpoints / recorded.name
+    if here.is_file() or recorded.parent.parts[-2:] == checkpoints.parts[-2:]:
+        return here
+    return recorded
 
 
 # The fields of progress.json (write_progress) and the types each may have.

@@ -230,7 +230,7 @@ def test_images_that_cannot_fit_in_memory_are_refused_before_they_are_read(
     monkeypatch.setattr(pretraining, "available_memory", lambda: 2**10)
     monkeypatch.setattr(pretraining, "load_image", None)  # nothing may be read
     with pytest.raises(MemoryError, match=rf"^{len(entries)} images of 256 px need 0\.00 GiB in "
-                       r"memory, and 0\.00 GiB is free; a smaller image size needs less$"):
+                       r"memory, and 0\.00 GiB is free$"):
         CellLabelledImages.load(entries, None, PretrainingSettings(), crop=None)
 
 
@@ -335,6 +335,15 @@ def test_pretrain_encoder_bad_input_is_one_line(synthetic_data, tmp_path):
         f"captioner pretrain-encoder: {image}: lies inside the image folder {data.image_root} "
         "this command reads, where it could replace an image; write it elsewhere\n")
     assert image.read_bytes() == before
+    # NAME.json is where the report goes: the weights were replaced by it, silently.
+    run = _captioner(
+        "pretrain-encoder", "--data", str(data.karpathy_json), "--images", str(data.image_root),
+        "--train-instances", str(data.instances["train"]),
+        "--val-instances", str(data.instances["val"]), "--out", "weights.json", cwd=tmp_path,
+    )
+    assert run.returncode == 2 and run.stderr == (
+        "captioner pretrain-encoder: --out weights.json: the report is written beside the "
+        "weights as NAME.json; give the weights another name, such as weights.pt\n")
 
 
 def test_no_validation_cell_on_an_object_is_reported_as_undefined(synthetic_data, tmp_path):

@@ -405,6 +405,13 @@ def test_fit_prints_the_run_folder_and_checkpoints_and_runs_lists_them(
     row = next(line for line in out.splitlines() if line.startswith("tiny"))
     here = moved / "tiny" / "version_0" / "checkpoints"
     assert f"best {here / best.name}  last {here / 'last.ckpt'}" in row, row
+    # A copy whose file is gone: that file marked missing, not the original's listed.
+    shutil.copytree(moved, tmp_path / "copy")
+    (tmp_path / "copy" / "tiny" / "version_0" / "checkpoints" / "last.ckpt").unlink()
+    code, out, err = _run("runs", "--root", str(tmp_path / "copy"))
+    row = next(line for line in out.splitlines() if line.startswith("tiny"))
+    copied = tmp_path / "copy" / "tiny" / "version_0" / "checkpoints"
+    assert f"best {copied / best.name}  last {copied / 'last.ckpt'} (missing)" in row, row
 
 
 def test_validate_and_test_take_a_cli_checkpoint_and_best(synthetic_data, tiny_cache, tmp_path,

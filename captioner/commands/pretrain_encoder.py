@@ -60,6 +60,11 @@ def main(argv: list[str]) -> int:
     from captioner.encoder_pretraining import pretrain_encoder
     from data_prep.files import OutputPathError, check_output_file
 
+    if pretraining_report_path(args.out) == args.out:
+        print(f"{PROG}: --out {args.out}: the report is written beside the weights as "
+              f"NAME.json; give the weights another name, such as "
+              f"{args.out.with_suffix('.pt').name}", file=sys.stderr)
+        return 2
     reads = [("dataset file", args.data), ("instances file", args.train_instances),
              ("instances file", args.val_instances)]
     try:

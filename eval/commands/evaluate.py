@@ -87,8 +87,9 @@ def main(argv: list[str]) -> int:
     written, empty = [], []
 
     def keep(captions: list[dict]) -> None:  # before the metrics, which may fail
-        write_json(staged, captions)
-        written.append(staged)
+        with stops_held():  # a stop once they are written says where they are
+            write_json(staged, captions)
+            written.append(staged)
         if staged != results:
             # The scores of earlier staged captions, which these replace (and which would
             # stop the score command a failure below gives).
