@@ -8,6 +8,7 @@ import math
 import os
 import shutil
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -464,18 +465,21 @@ def test_an_existing_out_file_is_replaced_only_with_overwrite(
         (prepare_dataset.main, ["--captions", str(captions), "--images",
                                 str(synthetic_data.image_root), "--out", str(out),
                                 "--no-progress"], False),
+        # Its report goes beside the weights as NAME.json: weights of another name.
         (pretrain_encoder.main, ["--data", missing, "--images", missing, "--train-instances",
-                                 missing, "--val-instances", missing, "--out", str(out)], False),
+                                 missing, "--val-instances", missing, "--out",
+                                 str(out.with_suffix(".pt"))], False),
     ]
     for main, argv, writes in cases:
-        out.write_text("finished work")
+        target = Path(argv[argv.index("--out") + 1])
+        target.write_text("finished work")
         assert main(argv) == 2
         assert capsys.readouterr().err.endswith(
-            f": {out}: exists; choose another --out, or pass --overwrite to replace it\n")
-        assert out.read_text() == "finished work"
+            f": {target}: exists; choose another --out, or pass --overwrite to replace it\n")
+        assert target.read_text() == "finished work"
         if writes:
             assert main([*argv, "--overwrite"]) == 0, capsys.readouterr().err
-            assert json.loads(out.read_text())
+            assert json.loads(target.read_text())
 
 
 @pytest.fixture
