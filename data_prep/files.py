@@ -563,7 +563,7 @@ def stops_held() -> Iterator[None]:
     received: list[int] = []
     # A handler installed outside Python (getsignal gives None) cannot be put back: not held.
     held = [number for number in STOP_SIGNALS if signal.getsignal(number) is not None]
-    previous = {number: signal.signal(number, lambda number, frame: received.append(number))
+    previous = {number: signal.signal(number, lambda signum, frame: received.append(signum))
                 for number in held}
     try:
         yield

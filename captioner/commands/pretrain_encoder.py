@@ -60,14 +60,13 @@ def main(argv: list[str]) -> int:
     from captioner.encoder_pretraining import pretrain_encoder
     from data_prep.files import OutputPathError, check_output_file
 
-    if pretraining_report_path(args.out) == args.out:
-        print(f"{PROG}: --out {args.out}: the report is written beside the weights as "
-              f"NAME.json; give the weights another name, such as "
-              f"{args.out.with_suffix('.pt').name}", file=sys.stderr)
-        return 2
     reads = [("dataset file", args.data), ("instances file", args.train_instances),
              ("instances file", args.val_instances)]
     try:
+        if pretraining_report_path(args.out) == args.out:
+            raise OutputPathError(f"--out {args.out}: the report is written beside the weights "
+                                  "as NAME.json; give the weights another name, such as "
+                                  f"{args.out.with_suffix('.pt').name}")
         for path in (args.out, pretraining_report_path(args.out)):
             # Before the training: weights that caches and checkpoints were made with are
             # replaced only when asked to.
