@@ -69,6 +69,22 @@ def test_a_fully_masked_grid_is_named_as_a_grid_of_the_callers_scores(name):
         FUNCS.get(name, att.softmax)(torch.full((2,), -INF))
 
 
+@pytest.mark.parametrize("name", ["fusedmax", "oscarmax", "tvmax"])
+def test_lam_zero_names_the_mapping_called_not_sparsemax(name):
+    """At lam = 0 these mappings are sparsemax, whose checks named sparsemax and, for TVmax,
+    the flattened dim 1 the caller never passed."""
+    mapping = getattr(att, name)
+    scores = torch.randn(2, 3, 4)
+    with pytest.raises(ValueError, match=rf"^{name}: scores contain NaN"):
+        mapping(scores.index_fill(0, torch.tensor([1]), float("nan")), 0.0)
+    mask = torch.ones(2, 3, 4, dtype=torch.bool)
+    mask[1] = False
+    masked = (r"every cell of the grid at index \[1\] of the leading dimensions" if name == "tvmax"
+              else r"every entry along dim 2 is masked or -inf in the row at index \[1, 0\]")
+    with pytest.raises(ValueError, match=rf"^{name}: {masked}"):
+        mapping(scores, 0.0, mask=mask)
+
+
 def test_the_2d_prox_names_a_fully_masked_grid_as_a_grid():
     """It spoke of 'every entry along dim 1', the flattened dim the caller never passed."""
     scores = torch.randn(2, 3, 3, 4)

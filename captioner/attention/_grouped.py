@@ -33,7 +33,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ._checks import apply_mask, check_lam, check_scores, checked_max
-from .sparsemax import sparsemax
+from .sparsemax import sparsemax, sparsemax_as
 
 # With more than one numba thread, batches of at least this many cells go through the
 # parallel drivers.
@@ -177,5 +177,5 @@ def sparsemax_of_prox(solver, z: Tensor, lam, dim: int, mask: Tensor | None, fun
     dim = check_scores(z, dim, func)
     lam = check_lam(lam, func)
     if is_zero(lam):
-        return sparsemax(z, dim=dim, mask=mask)
+        return sparsemax_as(z, dim, mask, func)
     return sparsemax(grouped_prox(z, lam, dim, mask, func, solver), dim=dim)

@@ -87,9 +87,15 @@ def sparsemax(z: Tensor, dim: int = -1, mask: Tensor | None = None) -> Tensor:
     Raises:
         ValueError: NaN or ``+inf`` scores, or a row with every entry masked.
     """
-    dim = check_scores(z, dim, "sparsemax")
-    z = apply_mask(z, mask, "sparsemax")
-    z_max = checked_max(z, dim, "sparsemax")
+    return sparsemax_as(z, dim, mask, "sparsemax")
+
+
+def sparsemax_as(z: Tensor, dim: int, mask: Tensor | None, func: str) -> Tensor:
+    """:func:`sparsemax`, its errors naming the mapping ``func`` that reduces to it (fusedmax,
+    oscarmax and TVmax at lam = 0), whose scores the caller gave."""
+    dim = check_scores(z, dim, func)
+    z = apply_mask(z, mask, func)
+    z_max = checked_max(z, dim, func)
     if not _use_fused_kernels(z, dim):
         return SparsemaxFunction.apply(z, z_max, dim)
     from ._sparsemax_triton import SparsemaxRowsFunction

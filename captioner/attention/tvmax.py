@@ -45,7 +45,7 @@ from ._tvmax_kernels import (
     tvmax_rows_parallel,
     tvmax_rows_serial,
 )
-from .sparsemax import sparsemax, sparsemax_jvp
+from .sparsemax import sparsemax_as, sparsemax_jvp
 
 # Serial with one numba thread or a tiny batch, else parallel over grids (_grouped.by_size).
 _tv2d_prox_rows = by_size(tv2d_prox_rows_serial, tv2d_prox_rows_parallel)
@@ -327,7 +327,9 @@ def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
     lam = check_lam(lam, "tvmax")
     if is_zero(lam):
         flat_mask = None if mask is None else check_mask(mask, z.shape, "tvmax").flatten(-2)
-        return sparsemax(z.flatten(-2), dim=-1, mask=flat_mask).unflatten(-1, z.shape[-2:])
+        with rows_are_grids():  # its checks name a grid of z, not a row of the flattened scores
+            weights = sparsemax_as(z.flatten(-2), -1, flat_mask, "tvmax")
+        return weights.unflatten(-1, z.shape[-2:])
     height, width = z.shape[-2:]
     rows = apply_mask(z, mask, "tvmax").reshape(-1, height * width)
     function = TVmaxDeviceFunction if rows.is_cuda else TVmaxFunction
