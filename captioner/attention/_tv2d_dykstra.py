@@ -19,12 +19,19 @@ conditions of the prox, Eq. 16-17):
    +1 per neighbour of another group above and -1 per one below, as the iterate orders them;
    every cell of a group reads the same number, so groups hold bitwise equal values;
 3. every edge between two groups keeps its order, strictly, at those values;
-4. the edges inside each group admit duals in [-1, 1]: Dykstra's duals u, plus a correction
-   routing the residual e_i = z_i + lam c_i - v_G - lam (div u)_i (which sums to 0 over G by
-   Eq. 8) along a spanning tree of the group, which adds at most sum_G |e| / lam to an edge of
-   the tree. So if every inner |u_e| <= 1 and the group stays connected through its inner edges
-   with |u_e| + sum_G |e| / lam <= 1 (a tree of those carries the correction; the others keep
-   their u), the exact prox has exactly these groups and values.
+4. the edges inside each group admit duals in [-1, 1]: Dykstra's duals u, clipped to [-1, 1],
+   plus a correction routing the residual e_i = z_i + lam c_i - v_G - lam (div u)_i (which
+   sums to 0 over G by Eq. 8) along a spanning tree of the group, which adds at most
+   sum_G |e| / lam to an edge of the tree. So if the group stays connected through its inner
+   edges with |u_e| + sum_G |e| / lam <= 1 (a tree of those carries the correction; the others
+   keep their u), the exact prox has exactly these groups and values.
+
+Rounding only ever makes the certificate stricter: the order of step 3 must hold by more than
+ORDER_TOL (relative) and twice the rounding of the group values, and the bound of step 4 by the
+most that rounding can move sum_G |e| / lam (the clipped u are exact: they are the floats the
+residuals are computed with). A grid that rounding could decide goes to the exact CPU solver:
+a slack of 1e-9 on the bound instead certified 1x2 grids whose gap exceeds 2 lam by less than
+1e-9 lam as one group, with O(1) errors in their gradients.
 
 A certified grid's weights are the sparsemax of the values (Michelot's algorithm: the support
 only shrinks), written with each cell's group (its smallest cell index) and d prox / d lam
@@ -49,8 +56,10 @@ CHECK_EVERY = 2
 MAX_ROUNDS = 15
 # Neighbours whose iterate values differ by at most FUSE_TOL * (1 + max |z|) are fused.
 FUSE_TOL = 1e-5
-# Slack of the dual bound and of the order of neighbouring groups (relative).
-DUAL_TOL = 1e-9
+# The least relative gap between neighbouring groups that the certificate accepts as an order.
+ORDER_TOL = 1e-9
+# float64's machine epsilon, for the rounding bounds of the certificate.
+EPS64 = 2.0**-52
 
 # Status codes per grid.
 CERTIFIED = tl.constexpr(0)
@@ -201,7 +210,7 @@ def _labels(lab, fused_r, fused_d, offs, r, c, inside, H, W):
 
 @triton.jit
 def _tvmax_dykstra_kernel(z_ptr, lam_ptr, p_ptr, label_ptr, dlam_ptr, status_ptr, rounds_ptr,
-                          fs_ptr, is_ptr, H, W, check_every, max_rounds, fuse_tol, dual_tol,
+                          fs_ptr, is_ptr, H, W, check_every, max_rounds, fuse_tol, order_tol, eps,
                           BH: tl.constexpr, BW: tl.constexpr):
     grid = tl.program_id(0)
     lam = tl.load(lam_ptr)  # a float64 scalar (a Python float argument would be float32)
@@ -219,6 +228,13 @@ def _tvmax_dykstra_kernel(z_ptr, lam_ptr, p_ptr, label_ptr, dlam_ptr, status_ptr
     finite = tl.sum(((z == z) & (tl.abs(z) < float("inf")) | ~inside).to(tl.int32)) == BH * BW
     scale = 1.0 + tl.max(tl.where(inside, tl.abs(z), 0.0))
     tol = fuse_tol * scale
+    # Rounding bounds (float64, at most n cells a group, |c| <= 4 a cell): of a group's value
+    # (atomic sums of n terms, then one product and one division), and of sum_G |e| / lam
+    # (each residual's 6 operations on terms below scale + 8 lam, the value's rounding, and the
+    # sum of at most n of them, whose total the bound keeps below 1).
+    value_err = (n + 3) * eps * (scale + 4.0 * lam)
+    reach_err = n * ((value_err + 10.0 * eps * (scale + 8.0 * lam)) / lam + eps)
+    order_slack = tl.maximum(order_tol * scale, 2.0 * value_err)
 
     has_r = inside & (c < W - 1)
     has_d = inside & (r < H - 1)
@@ -292,14 +308,16 @@ def _tvmax_dykstra_kernel(z_ptr, lam_ptr, p_ptr, label_ptr, dlam_ptr, status_ptr
         # 3. The order between groups holds at these values.
         tl.store(xs + offs, value, mask=inside)
         tl.debug_barrier()
-        slack = dual_tol * scale
-        order_ok = ((sgn_r == 0.0) | ((_shifted(xs, offs, 1, has_r, 0.0) - value) * sgn_r > slack))
-        order_ok &= (sgn_d == 0.0) | ((_shifted(xs, offs, W, has_d, 0.0) - value) * sgn_d > slack)
+        order_ok = ((sgn_r == 0.0)
+                    | ((_shifted(xs, offs, 1, has_r, 0.0) - value) * sgn_r > order_slack))
+        order_ok &= ((sgn_d == 0.0)
+                     | ((_shifted(xs, offs, W, has_d, 0.0) - value) * sgn_d > order_slack))
         # 4. Inner duals: Dykstra's, from the row and column subgradients p / lam and q / lam.
         uh = fs + F_UH * n
         uv = fs + F_UV * n
-        u_r = -tl.cumsum(p, axis=1) / lam
-        u_d = -tl.cumsum(q, axis=0) / lam
+        # Clipped to [-1, 1]: what the clip takes off an edge joins the residuals of its cells.
+        u_r = tl.minimum(tl.maximum(-tl.cumsum(p, axis=1) / lam, -1.0), 1.0)
+        u_d = tl.minimum(tl.maximum(-tl.cumsum(q, axis=0) / lam, -1.0), 1.0)
         tl.store(uh + offs, u_r, mask=inside)
         tl.store(uv + offs, u_d, mask=inside)
         tl.debug_barrier()
@@ -311,17 +329,15 @@ def _tvmax_dykstra_kernel(z_ptr, lam_ptr, p_ptr, label_ptr, dlam_ptr, status_ptr
         tl.atomic_add(ge + label, tl.where(inside, residual, 0.0), mask=inside)
         tl.debug_barrier()
         reach = tl.load(ge + label, cache_modifier=".cg", mask=inside, other=0.0) / lam
-        bounded = ((~same_r) | (tl.abs(u_r) <= 1.0 + dual_tol))
-        bounded &= (~same_d) | (tl.abs(u_d) <= 1.0 + dual_tol)
         # The correction runs along a spanning tree of the inner edges with room for it: the
         # group must stay connected through those "safe" edges alone.
-        safe_r = same_r & (tl.abs(u_r) + reach <= 1.0 + dual_tol)
-        safe_d = same_d & (tl.abs(u_d) + reach <= 1.0 + dual_tol)
+        safe_r = same_r & (tl.abs(u_r) + reach + reach_err <= 1.0)
+        safe_d = same_d & (tl.abs(u_d) + reach + reach_err <= 1.0)
         tl.store(ints + I_FR * n + offs, safe_r.to(tl.int32), mask=inside)
         tl.store(ints + I_FD * n + offs, safe_d.to(tl.int32), mask=inside)
         tl.debug_barrier()
         safe_label = _labels(labs, ints + I_FR * n, ints + I_FD * n, offs, r, c, inside, H, W)
-        ok = tl.sum((~(order_ok & bounded & (safe_label == label)) & inside).to(tl.int32)) == 0
+        ok = tl.sum((~(order_ok & (safe_label == label)) & inside).to(tl.int32)) == 0
         if ok:
             status = CERTIFIED
             # Sparsemax of the values (Michelot): tau over the support until none drops.
@@ -372,7 +388,7 @@ def tvmax_rows_dykstra(rows, lam, height: int, width: int):
     block_h, block_w = triton.next_power_of_2(height), triton.next_power_of_2(width)
     _tvmax_dykstra_kernel[(batch,)](
         rows, lam_value, weights, group, dlam, status, rounds, float_scratch, int_scratch,
-        height, width, CHECK_EVERY, MAX_ROUNDS, FUSE_TOL, DUAL_TOL,
+        height, width, CHECK_EVERY, MAX_ROUNDS, FUSE_TOL, ORDER_TOL, EPS64,
         BH=block_h, BW=block_w, num_warps=4,
     )
     return weights, group, dlam, status, rounds
