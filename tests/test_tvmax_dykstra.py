@@ -29,7 +29,7 @@ CASES = [  # (name, H, W, lam, batch, seed)
 
 # Relative distances of a 1x2 grid's gap from 2 lam, where its cells stop fusing.
 NEAR_TIES = (0.25e-9, 0.45e-9, 1e-9, -0.25e-9, -0.5, 0.5)
-NEAR_TIE_LAMS = ("1", "1000", "1e+06")
+NEAR_TIE_LAMS = (1.0, 1e3, 1e6)
 
 CHILD = textwrap.dedent(
     """
@@ -38,7 +38,7 @@ CHILD = textwrap.dedent(
     D = importlib.import_module("captioner.attention._tv2d_dykstra")
     T = importlib.import_module("captioner.attention.tvmax")
     cases, out = json.loads(sys.argv[1]), {}
-    NEAR_TIES = json.loads(sys.argv[2])
+    near_ties, near_tie_lams = json.loads(sys.argv[2])
 
     def run(name, z, lam, h, w):
         weights, group, dlam, status, rounds = D.tvmax_rows_dykstra(z.reshape(len(z), -1),
@@ -55,9 +55,9 @@ CHILD = textwrap.dedent(
     g = torch.Generator().manual_seed(7)
     run("float32", torch.randn(4, 8, 8, generator=g), 0.05, 8, 8)
     # 1x2 grids whose cells fuse iff their gap is at most 2 lam: gaps a hair above it (whose
-    # edge dual exceeds 1 by less than 1e-9), just below it, and far from it.
-    for lam in (1.0, 1e3, 1e6):
-        gaps = [2 * lam * (1 + t) for t in NEAR_TIES]
+    # edge dual exceeds 1 by at most 1e-9), just below it, and far from it.
+    for lam in near_tie_lams:
+        gaps = [2 * lam * (1 + t) for t in near_ties]
         run(f"near_tie_lam{lam:g}", torch.tensor([[[0.0, gap]] for gap in gaps],
                                                 dtype=torch.float64), lam, 1, 2)
     # One Dykstra iteration and one check: a guess far from converged, which the certificate
@@ -100,7 +100,7 @@ CHILD = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def interpreted():
-    return run_interpreted(CHILD, json.dumps(CASES), json.dumps(NEAR_TIES))
+    return run_interpreted(CHILD, json.dumps(CASES), json.dumps([NEAR_TIES, NEAR_TIE_LAMS]))
 
 
 def _exact(result):
@@ -191,7 +191,7 @@ def test_the_certificate_leaves_to_rounding_no_group(interpreted, lam):
     """A gap above 2 lam by less than 1e-9 lam was certified as one group (the dual bound had a
     slack of 1e-9): weights off by up to 4.5e-4 at lam 1e6, and gradients by O(1), since the
     backward pass follows the groups. Rounding may now only leave a grid to the CPU solver."""
-    result = interpreted[f"near_tie_lam{lam}"]
+    result = interpreted[f"near_tie_lam{lam:g}"]
     status = result["status"]
     assert status[:3] == [1, 1, 1]  # above 2 lam by a hair: exact groups differ from a fused guess
     assert status[3:] == [0, 0, 0]  # fused just inside, and far from the edge either way
