@@ -35,6 +35,7 @@ from PIL import Image
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms.functional import pil_to_tensor
 
 from captioner.checkpointing import save_atomically
 from captioner.lightning_stops import stops_as_keyboard_interrupt
@@ -117,7 +118,7 @@ class CellLabelledImages(Dataset):
         images = torch.empty((len(entries), 3, size, size), dtype=torch.uint8)
         for row, entry in zip(images, entries, strict=True):
             resized = load_image(entry.path).resize((size, size), Image.BILINEAR)
-            row.copy_(torch.from_numpy(np.asarray(resized, dtype=np.uint8)).permute(2, 0, 1))
+            row.copy_(pil_to_tensor(resized))
         labels = torch.from_numpy(np.stack([labeller.labels(e.image_id, grid) for e in entries]))
         return cls(images, labels, stride, crop)
 
