@@ -22,6 +22,7 @@ CASES = [  # (name, H, W, lam, batch, seed)
     ("n01_8x8_lam0.1", 8, 8, 0.1, 6, 1),
     ("n01_5x7_lam0.3", 5, 7, 0.3, 4, 2),
     ("n01_16x16_lam0.1", 16, 16, 0.1, 2, 3),
+    ("n01_6x6_lam0.5", 6, 6, 0.5, 4, 4),
     ("row_1x6", 1, 6, 0.3, 2, 4),
     ("column_6x1", 6, 1, 0.3, 2, 5),
     ("single_1x1", 1, 1, 0.3, 2, 6),
@@ -52,6 +53,9 @@ CHILD = textwrap.dedent(
         run(name, torch.randn(batch, h, w, generator=g, dtype=torch.float64), lam, h, w)
     ties = torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.0, 2.0, 1.0, 1.0], [3.0, 3.0, 3.0, 0.0]])
     run("ties", torch.stack([ties, torch.zeros(3, 4)]).double(), 0.2, 3, 4)
+    # Two halves of 4x4 whose prox values differ by 1e-7 (left and right, then top and bottom).
+    halves = torch.tensor([[0.0, 0.0, 0.1 + 1e-7, 0.1 + 1e-7]] * 4, dtype=torch.float64)
+    run("close_groups", torch.stack([halves, halves.T.contiguous()]), 0.1, 4, 4)
     g = torch.Generator().manual_seed(7)
     run("float32", torch.randn(4, 8, 8, generator=g), 0.05, 8, 8)
     # 1x2 grids whose cells fuse iff their gap is at most 2 lam: gaps a hair above it (whose
@@ -127,7 +131,7 @@ def _exact_groups(z: torch.Tensor, lam: float) -> list[set[frozenset[int]]]:
     return [_partition(row) for row in group.tolist()]
 
 
-@pytest.mark.parametrize("name", [case[0] for case in CASES] + ["ties"])
+@pytest.mark.parametrize("name", [case[0] for case in CASES] + ["ties", "close_groups"])
 def test_certified_grids_equal_the_exact_solver(interpreted, name):
     result = interpreted[name]
     # The first grid of ties has a prox whose inner duals must be exactly +-1 (the 1 beside the
@@ -147,6 +151,19 @@ def test_certified_grids_equal_the_exact_solver(interpreted, name):
         for cells in _partition(labels):
             assert min(cells) == labels[min(cells)]
             assert len({result["weights"][row][cell] for cell in cells}) == 1
+
+
+def test_groups_closer_than_any_tolerance_are_certified(interpreted):
+    """The guess of groups is the 1-D proxes' segments, not a tolerance on the iterate's
+    values: neighbouring groups whose values differ by 1e-7 are two groups, at once."""
+    result = interpreted["close_groups"]
+    assert result["status"] == [0, 0] and result["rounds"] == [1, 1]
+    left_right, top_bottom = (_partition(labels) for labels in result["group"])
+    assert left_right == {frozenset({0, 1, 4, 5, 8, 9, 12, 13}),
+                          frozenset({2, 3, 6, 7, 10, 11, 14, 15})}
+    assert top_bottom == {frozenset(range(8)), frozenset(range(8, 16))}
+    weights = result["weights"][0]
+    assert weights[2] - weights[0] == pytest.approx(1e-7, rel=1e-6)
 
 
 def test_certified_grids_equal_prox_tv(interpreted):

@@ -13,8 +13,14 @@ per line, the 1-D dual u of Condat's problem is minus their running sum, |u| <= 
 Every ``CHECK_EVERY`` iterations the iterate is certified (TVmax paper, Eq. 8 and the optimality
 conditions of the prox, Eq. 16-17):
 
-1. fused groups: connected components of the 4-neighbour edges whose iterate values differ by
-   at most a tolerance (labels by propagation of the smallest cell index, with pointer jumps);
+1. fused groups: connected components of the edges inside a segment of the last row prox
+   (horizontal) or of the last column prox (vertical), read as bitwise equal neighbours of
+   its output (labels by propagation of the smallest cell index, with pointer jumps). The
+   exact prox's groups are unions of such segments, and the 1-D proxes find them long before
+   the iterate's values settle: fusing neighbours whose values differ by at most a tolerance
+   instead both split true groups for many iterations (Dykstra's values approach each other
+   linearly) and joined groups closer than the tolerance, which no number of iterations
+   could certify;
 2. each group's value from the closed form (Eq. 8), (sum z + lam * sum c) / |G|, c_i counting
    +1 per neighbour of another group above and -1 per one below, as the iterate orders them;
    every cell of a group reads the same number, so groups hold bitwise equal values;
@@ -49,13 +55,13 @@ import triton
 import triton.language as tl
 
 # Dykstra iterations between two certificate checks, and the most checks per grid. A kernel
-# lasts as long as its slowest grid; under the interpreter, N(0, 1) grids (8x8 and 16x16, lam
-# 0.01 and 0.1) and a trained model's (16x16, lam 0.01) certified within 20 iterations but for
-# 1 in 12 of the latter, so 30 iterations bound the kernel and leave few grids to the CPU.
+# lasts as long as its slowest grid, but a grid left to the CPU costs a round trip to the host.
+# Under the interpreter, on 40 grids of the demo's trained TVmax model (16x16), every grid
+# certified within 30 iterations at lam 0.01, and within 60 at lam 0.1 (the last after 44; 5
+# of the 40 needed more than 30); N(0, 1) grids (8x8 and 16x16, lam 0.01 and 0.1), in a numpy
+# copy of the kernel, all within 30.
 CHECK_EVERY = 2
-MAX_ROUNDS = 15
-# Neighbours whose iterate values differ by at most FUSE_TOL * (1 + max |z|) are fused.
-FUSE_TOL = 1e-5
+MAX_ROUNDS = 30
 # The least relative gap between neighbouring groups that the certificate accepts as an order.
 ORDER_TOL = 1e-9
 # float64's machine epsilon, for the rounding bounds of the certificate.
@@ -65,10 +71,10 @@ EPS64 = 2.0**-52
 CERTIFIED = tl.constexpr(0)
 NOT_CERTIFIED = tl.constexpr(1)
 NOT_FINITE = tl.constexpr(2)
-# Scratch rows per grid: float64 (line input, line output, X, U_h, U_v, group sums of z, of c,
+# Scratch rows per grid: float64 (line input, line output, X, Y, U_h, U_v, group sums of z, of c,
 # sizes, residuals) and int32 (segment starts, labels, fused right, fused down).
-F_IN, F_OUT, F_X, F_UH, F_UV, F_GZ, F_GC, F_GN, F_GE = (tl.constexpr(i) for i in range(9))
-N_FSCRATCH = tl.constexpr(9)
+F_IN, F_OUT, F_X, F_Y, F_UH, F_UV, F_GZ, F_GC, F_GN, F_GE = (tl.constexpr(i) for i in range(10))
+N_FSCRATCH = tl.constexpr(10)
 I_START, I_LABEL, I_FR, I_FD = (tl.constexpr(i) for i in range(4))
 N_ISCRATCH = tl.constexpr(4)
 
@@ -210,7 +216,7 @@ def _labels(lab, fused_r, fused_d, offs, r, c, inside, H, W):
 
 @triton.jit
 def _tvmax_dykstra_kernel(z_ptr, lam_ptr, p_ptr, label_ptr, dlam_ptr, status_ptr, rounds_ptr,
-                          fs_ptr, is_ptr, H, W, check_every, max_rounds, fuse_tol, order_tol, eps,
+                          fs_ptr, is_ptr, H, W, check_every, max_rounds, order_tol, eps,
                           BH: tl.constexpr, BW: tl.constexpr):
     grid = tl.program_id(0)
     lam = tl.load(lam_ptr)  # a float64 scalar (a Python float argument would be float32)
@@ -227,7 +233,6 @@ def _tvmax_dykstra_kernel(z_ptr, lam_ptr, p_ptr, label_ptr, dlam_ptr, status_ptr
     starts = ints + I_START * n
     finite = tl.sum(((z == z) & (tl.abs(z) < float("inf")) | ~inside).to(tl.int32)) == BH * BW
     scale = 1.0 + tl.max(tl.where(inside, tl.abs(z), 0.0))
-    tol = fuse_tol * scale
     # Rounding bounds (float64, at most n cells a group, |c| <= 4 a cell): of a group's value
     # (atomic sums of n terms, then one product and one division), and of sum_G |e| / lam
     # (each residual's 6 operations on terms below scale + 8 lam, the value's rounding, and the
@@ -241,6 +246,7 @@ def _tvmax_dykstra_kernel(z_ptr, lam_ptr, p_ptr, label_ptr, dlam_ptr, status_ptr
     has_l = inside & (c > 0)
     has_u = inside & (r > 0)
     x = z
+    y = z
     p = tl.zeros([BH, BW], tl.float64)
     q = tl.zeros([BH, BW], tl.float64)
     status = tl.where(finite, NOT_CERTIFIED, NOT_FINITE).to(tl.int32)
@@ -262,14 +268,16 @@ def _tvmax_dykstra_kernel(z_ptr, lam_ptr, p_ptr, label_ptr, dlam_ptr, status_ptr
             tl.debug_barrier()
         rounds += 1
 
-        # 1. Groups of fused neighbours.
+        # 1. Groups: the segments of the last row prox (y) and of the last column prox (x).
         xs = fs + F_X * n
+        ys = fs + F_Y * n
         tl.store(xs + offs, x, mask=inside)
+        tl.store(ys + offs, y, mask=inside)
         tl.debug_barrier()
         x_r = _shifted(xs, offs, 1, has_r, 0.0)
         x_d = _shifted(xs, offs, W, has_d, 0.0)
-        fused_r = has_r & (tl.abs(x_r - x) <= tol)
-        fused_d = has_d & (tl.abs(x_d - x) <= tol)
+        fused_r = has_r & (_shifted(ys, offs, 1, has_r, 0.0) == y)
+        fused_d = has_d & (x_d == x)
         tl.store(ints + I_FR * n + offs, fused_r.to(tl.int32), mask=inside)
         tl.store(ints + I_FD * n + offs, fused_d.to(tl.int32), mask=inside)
         tl.debug_barrier()
@@ -388,7 +396,7 @@ def tvmax_rows_dykstra(rows, lam, height: int, width: int):
     block_h, block_w = triton.next_power_of_2(height), triton.next_power_of_2(width)
     _tvmax_dykstra_kernel[(batch,)](
         rows, lam_value, weights, group, dlam, status, rounds, float_scratch, int_scratch,
-        height, width, CHECK_EVERY, MAX_ROUNDS, FUSE_TOL, ORDER_TOL, EPS64,
+        height, width, CHECK_EVERY, MAX_ROUNDS, ORDER_TOL, EPS64,
         BH=block_h, BW=block_w, num_warps=4,
     )
     return weights, group, dlam, status, rounds
