@@ -42,7 +42,7 @@ from captioner.model.decoder import AttentionDecoder
 from captioner.model.encoder import build_encoder
 from captioner.optimizer import PAPER_BETAS, PAPER_LR, adam
 from data_prep.features import FeatureCache
-from data_prep.files import file_sha256
+from data_prep.files import check_integers, file_sha256
 from data_prep.images import MAX_IMAGE_SIZE
 from data_prep.vocab import Vocabulary
 
@@ -412,6 +412,8 @@ def check_feature_cache(settings: Mapping[str, Any], cache: FeatureCache, *,
         ValueError: naming the option to set and the value the cache needs.
     """
     path = cache.path
+    # A setting that is wrong in itself is named as such, not as a mismatch with the cache.
+    check_integers([("data.image_size", settings["data.image_size"], 1)])
     if settings["model.encoder_trainable"]:
         raise ValueError(
             f"data.feature_cache={path} holds features of a frozen encoder, but "

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -191,6 +192,8 @@ def test_an_unknown_preload_setting_is_refused_in_one_line(synthetic_data, tiny_
     ("--model.betas", "[0.9, 1.5]", "model.betas must be two numbers in [0, 1), got (0.9, 1.5)"),
     ("--model.gradient_clip_norm", "0", "model.gradient_clip_norm must be a number > 0, or "
      "null, got 0.0"),
+    # Named as wrong in itself, not as a mismatch with the feature cache's image size.
+    ("--data.image_size", "-5", "data.image_size must be an integer >= 1, got -5"),
 ])
 def test_a_setting_that_cannot_train_is_named_before_training(option, value, message,
                                                               synthetic_data, tiny_cache,
@@ -200,6 +203,28 @@ def test_a_setting_that_cannot_train_is_named_before_training(option, value, mes
     assert lightning_main(["fit", *args]) == 2
     assert capsys.readouterr().err == f"captioner fit: {message}\n"
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_min_count_that_leaves_no_word_is_refused_before_training(synthetic_data, tiny_cache,
+                                                                    tmp_path, capsys):
+    # Such a vocabulary holds only the special tokens: the fit ran, and every caption the
+    # model wrote was empty.
+    from data_prep.karpathy import load_karpathy
+
+    train = load_karpathy(synthetic_data.karpathy_json, synthetic_data.image_root).split("train")
+    most = max(Counter(word for entry in train for tokens in entry.sentences
+                       for word in tokens).values())
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--data.min_count", str(most + 1))
+    assert lightning_main(["fit", *args]) == 2
+    assert capsys.readouterr().err == (
+        f"captioner fit: data.min_count={most + 1} leaves no word in the vocabulary: the most "
+        f"frequent word of the training captions of {synthetic_data.karpathy_json} occurs "
+        f"{most} times; set data.min_count to at most {most}\n")
+    assert not list(tmp_path.rglob("*.ckpt"))
+    # At that count the most frequent word is kept and the fit trains.
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path / "kept", "--data.min_count", str(most),
+                     "--trainer.max_epochs", "1")
+    assert lightning_main(["fit", *args]) == 0
 
 
 # With loader workers too: were they kept from epoch to epoch, an uninterrupted run would

@@ -11,7 +11,8 @@ The ResNet up to --layer learns, for every cell of its grid, which object covers
 and colour and size where the annotations carry them; or no object), on random crops of the
 training split's images. Per-cell accuracy on the validation split is printed and written with
 the settings to NAME.json beside the weights. The weights are a torchvision state_dict of the
-whole ResNet: prepare-features --weights FILE and model.encoder_weights: FILE load it.
+ResNet up to --layer (and its untrained fc; the later stages are left out):
+prepare-features --weights FILE and model.encoder_weights: FILE load it with that layer.
 """
 
 from __future__ import annotations
