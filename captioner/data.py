@@ -22,7 +22,6 @@ import os
 import signal
 import threading
 import warnings
-from collections import Counter
 from collections.abc import Iterator
 from functools import cached_property, partial
 from pathlib import Path
@@ -39,7 +38,7 @@ from data_prep.files import check_integers, counted, first_names
 from data_prep.images import imagenet_transform, load_image
 from data_prep.karpathy import ImageEntry, KarpathyDataset, load_karpathy
 from data_prep.machine import usable_cpus
-from data_prep.vocab import SPECIALS, Vocabulary
+from data_prep.vocab import Vocabulary, word_counts
 
 _STAGE_SPLITS = {
     "fit": ("train", "val"),
@@ -389,20 +388,17 @@ class CaptionDataModule(L.LightningDataModule):
         train = self.karpathy.split("train")
         if not train:
             raise ValueError(f"{self.karpathy_json}: the training split has no images")
-        captions = [tokens for entry in train for tokens in entry.sentences]
-        vocabulary = Vocabulary.build(captions, min_count=self.hparams.min_count)
-        if len(vocabulary) == len(SPECIALS):
+        counts = word_counts(tokens for entry in train for tokens in entry.sentences)
+        most = max(counts.values(), default=0)
+        if most < self.hparams.min_count:
             # Else the model could only write <unk> (never generated) or end: empty captions.
-            counts = Counter(token for tokens in captions for token in tokens
-                             if token not in SPECIALS)
-            most = max(counts.values(), default=0)
             raise ValueError(
                 f"data.min_count={self.hparams.min_count} leaves no word in the vocabulary: "
                 f"the most frequent word of the training captions of {self.karpathy_json} "
                 f"occurs {most} times" + (f"; set data.min_count to at most {most}" if most
                                           else "")
             )
-        return vocabulary
+        return Vocabulary.from_counts(counts, min_count=self.hparams.min_count)
 
     @property
     def vocab_size(self) -> int:

@@ -24,6 +24,15 @@ _FORMAT = "captioner.vocabulary"
 _VERSION = 1
 
 
+def word_counts(token_lists: Iterable[Sequence[str]]) -> Counter[str]:
+    """How often each word occurs in ``token_lists`` (one token sequence per caption);
+    special-token strings in the data are not counted."""
+    counts = Counter(token for tokens in token_lists for token in tokens)
+    for special in SPECIALS:
+        counts.pop(special, None)
+    return counts
+
+
 class Vocabulary:
     """Bijection between words and ids; ids 0-3 are ``<pad>``, ``<start>``, ``<end>``,
     ``<unk>``, then words by decreasing training frequency (ties alphabetically), so that the
@@ -55,11 +64,14 @@ class Vocabulary:
     def build(cls, token_lists: Iterable[Sequence[str]], min_count: int = 5) -> Vocabulary:
         """Vocabulary of the words occurring at least ``min_count`` times in ``token_lists``
         (one token sequence per caption). Special-token strings in the data are not counted."""
+        return cls.from_counts(word_counts(token_lists), min_count)
+
+    @classmethod
+    def from_counts(cls, counts: Mapping[str, int], min_count: int = 5) -> Vocabulary:
+        """Vocabulary of the words of ``counts`` (:func:`word_counts`) with at least
+        ``min_count``, the most frequent first."""
         if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
             raise ValueError(f"min_count must be a positive integer, got {min_count!r}")
-        counts = Counter(token for tokens in token_lists for token in tokens)
-        for special in SPECIALS:
-            counts.pop(special, None)
         words = sorted(
             (word for word, count in counts.items() if count >= min_count),
             key=lambda word: (-counts[word], word),
