@@ -245,7 +245,9 @@ def test_an_earlier_evaluation_in_out_is_kept_unless_overwrite(synthetic_data, t
     # --overwrite replaces the staged captions, and with them these scores.
     (out / "metrics_test.new.json").write_text("{}")
     assert evaluate.main([*argv, "--beam-size", "2", "--overwrite"]) == 1
-    capsys.readouterr()
+    assert capsys.readouterr().err.splitlines()[0] == (
+        f"captioner evaluate: removed {out / 'metrics_test.new.json'}: it scored the earlier "
+        f"new captions that {staged} now replaces")
     assert not (out / "metrics_test.new.json").exists()
     # Once its metrics are made, the new evaluation replaces the earlier one wholly.
     monkeypatch.undo()

@@ -90,10 +90,13 @@ def main(argv: list[str]) -> int:
         with stops_held():  # a stop once they are written says where they are
             write_json(staged, captions)
             written.append(staged)
-        if staged != results:
+        stale = _metrics_of(staged)
+        if staged != results and stale.exists():
             # The scores of earlier staged captions, which these replace (and which would
             # stop the score command a failure below gives).
-            _metrics_of(staged).unlink(missing_ok=True)
+            stale.unlink()
+            print(f"captioner evaluate: removed {stale}: it scored the earlier new captions "
+                  f"that {staged} now replaces", file=sys.stderr)
         # An under-trained model writes empty captions; they are scored (every metric gives
         # them 0), as `captioner score --allow-empty` scores them, and said so.
         empty.extend(empty_caption_ids({c["image_id"]: c["caption"] for c in captions}))
