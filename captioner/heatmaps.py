@@ -169,7 +169,12 @@ def image_array(image: Image.Image, max_side: int = DEFAULT_MAX_SIDE) -> np.ndar
     """The image as displayed: RGB uint8 (H, W, 3) of `display_size` (longer side
     ``max_side``, short side stretched up to a 4:1 aspect ratio)."""
     width, height = display_size(*image.size, max_side=max_side)
-    return np.asarray(image.convert("RGB").resize((width, height), Image.Resampling.LANCZOS))
+    # Lanczos shrinks a photo sharply; enlarging (a small image, the short side of a stretched
+    # one) it rings, painting fringes of colours the image does not hold: bilinear weights
+    # are never negative, so every pixel stays a mix of the image's own.
+    shrinking = width <= image.width and height <= image.height
+    resample = Image.Resampling.LANCZOS if shrinking else Image.Resampling.BILINEAR
+    return np.asarray(image.convert("RGB").resize((width, height), resample))
 
 
 def render_words(
@@ -219,8 +224,10 @@ def render_strip(
         ax.apply_aspect()
         panel_box, bar_box = ax.get_position(), colorbar_ax.get_position()
         colorbar_ax.set_position([bar_box.x0, panel_box.y0, bar_box.width, panel_box.height])
+    # At the overlays' opacity, over the page's white: the colours of the panels' cells
+    # where they lie over white (the mask), as the gallery's colour bar draws them.
     fig.colorbar(ScalarMappable(Normalize(0.0, vmax), COLORMAP), cax=colorbar_ax,
-                 label="attention weight")
+                 label="attention weight", alpha=OVERLAY_OPACITY)
     if title:
         fig.suptitle(title, parse_math=False)
     fig.savefig(path, bbox_inches="tight")

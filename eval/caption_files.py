@@ -129,6 +129,40 @@ def load_references(path: str | Path, split: str | None = None) -> dict[int, lis
     )
 
 
+def result_file_names(path: str | Path) -> dict[int, str]:
+    """{image_id: file_name} of the records of the results file ``path`` (read by
+    :func:`load_results` first) that name their image: `caption --format coco` does so where its
+    ids are positions in its input list, not ids taken from the file names."""
+    return {entry["image_id"]: entry["file_name"] for entry in _read_json(Path(path), "results")
+            if isinstance(entry.get("file_name"), str)}
+
+
+def reference_file_names(path: str | Path, split: str | None = None) -> dict[int, str]:
+    """{image_id: file name (no folder)} of the images of the references file ``path`` (read by
+    :func:`load_references` first): a Karpathy JSON's split, or the ``images`` of a COCO
+    captions file (none where it has no such list)."""
+    path = Path(path)
+    if split is not None:
+        from data_prep.karpathy import load_karpathy
+
+        return {entry.image_id: entry.path.name
+                for entry in load_karpathy(path, path.parent).split(split)}
+    images = _read_json(path, "references").get("images")
+    return {image["id"]: Path(image["file_name"]).name for image in images or ()
+            if isinstance(image, dict) and isinstance(image.get("id"), int)
+            and isinstance(image.get("file_name"), str)} if isinstance(images, list) else {}
+
+
+def misnamed_results(result_names: dict[int, str],
+                     reference_names: dict[int, str]) -> list[tuple[int, str, str]]:
+    """(image id, results' file name, references' file name) of each image id whose file the
+    two files name differently (compared without folders: the results name a path as given to
+    `caption`, the references a file of the dataset)."""
+    return [(image_id, name, reference_names[image_id])
+            for image_id, name in sorted(result_names.items())
+            if image_id in reference_names and Path(name).name != reference_names[image_id]]
+
+
 def splits_of(path: str | Path, image_ids: set[int]) -> dict[int, str]:
     """The split of each of ``image_ids`` that the Karpathy JSON ``path`` lists (ids it does not
     list are left out)."""

@@ -383,3 +383,54 @@ def test_a_coco_captions_file_scores_the_images_of_the_results(tmp_path, capsys)
     rc, _, err = _score(capsys, "--results", extra, "--references", whole, "--metrics", "Bleu")
     [line] = err.splitlines()  # the refusal alone, not the count of what was to be scored
     assert rc == 2 and "1 image id of the results has no reference caption (99)" in line
+
+
+def test_captions_named_after_other_images_than_the_references_ids_are_refused(
+        tmp_path, karpathy, capsys):
+    # As `caption --format coco` writes them: each record names its file. Scored against
+    # another numbering (a converted dataset's), every caption would meet another image's
+    # references: refused, naming the first that differ.
+    results = _write(tmp_path / "r.json", [
+        {"image_id": 5, "caption": "a cat", "file_name": "photos/6.jpg"},
+        {"image_id": 6, "caption": "a dog runs", "file_name": "photos/5.jpg"},
+    ])
+    rc, _, err = _score(capsys, "--results", results, "--references", karpathy, "--split",
+                        "test", "--metrics", "Bleu")
+    assert rc == 2
+    assert err == (
+        f"captioner score: {results}: 2 of its 2 captions name another image than {karpathy} "
+        f"gives its image id (image id 5: photos/6.jpg, but 5.jpg in {karpathy}; image id 6: "
+        f"photos/5.jpg, but 6.jpg in {karpathy}); `captioner caption --format coco` takes ids "
+        "from COCO file names (or input positions), not a converted dataset's: score a "
+        "dataset's split with `captioner evaluate`\n")
+    # The same captions under the ids the references give their files are scored.
+    _write(tmp_path / "r.json", [
+        {"image_id": 6, "caption": "a cat", "file_name": "photos/6.jpg"},
+        {"image_id": 5, "caption": "a dog runs", "file_name": "photos/5.jpg"},
+    ])
+    rc, stdout, err = _score(capsys, "--results", results, "--references", karpathy, "--split",
+                             "test", "--metrics", "Bleu")
+    assert rc == 0 and err == "" and "2 images" in stdout
+
+
+def test_captions_are_checked_against_a_coco_files_images_when_it_lists_them(tmp_path, capsys):
+    annotations = [{"image_id": 5, "caption": "a dog runs"}, {"image_id": 6, "caption": "a cat"}]
+    results = _write(tmp_path / "r.json", [
+        {"image_id": 5, "caption": "a cat", "file_name": "val2014/COCO_val2014_000000000006.jpg"},
+        {"image_id": 6, "caption": "a dog", "file_name": "val2014/COCO_val2014_000000000006.jpg"},
+    ])
+    refs = _write(tmp_path / "refs.json", {"annotations": annotations, "images": [
+        {"id": 5, "file_name": "COCO_val2014_000000000005.jpg"},
+        {"id": 6, "file_name": "COCO_val2014_000000000006.jpg"}]})
+    rc, _, err = _score(capsys, "--results", results, "--references", refs, "--metrics", "Bleu")
+    assert rc == 2
+    assert err.startswith(
+        f"captioner score: {results}: 1 of its 2 captions names another image than {refs} gives "
+        f"its image id (image id 5: val2014/COCO_val2014_000000000006.jpg, but "
+        f"COCO_val2014_000000000005.jpg in {refs});")
+    # A captions file without the list of its images cannot be checked, and says so.
+    _write(tmp_path / "refs.json", {"annotations": annotations})
+    rc, _, err = _score(capsys, "--results", results, "--references", refs, "--metrics", "Bleu")
+    assert rc == 0
+    assert err == (f"warning: {refs} names no image files, so the image ids of the captions in "
+                   f"{results} are not checked against their file names\n")

@@ -16,6 +16,8 @@ from captioner.heatmaps import (
     checkpoint_names,
     compose,
     display_size,
+    image_array,
+    render_strip,
     render_words,
     sanitize,
     shared_vmax,
@@ -156,6 +158,35 @@ def test_shared_colour_scale_gives_equal_weights_equal_colours():
         shared_vmax([np.zeros((2, 2))])
     with pytest.raises(ValueError, match="every caption is empty"):
         shared_vmax([np.zeros((0, 2, 2))])
+
+
+def test_displayed_images_hold_only_mixes_of_their_own_colours():
+    # A small image enlarged (and a thin one's short side stretched) gets no fringe of colours
+    # it does not hold: Lanczos rang there (a cyan halo round a red pixel on grey).
+    for size in ((5, 3), (8, 300)):
+        pixels = np.full((size[1], size[0], 3), 128, np.uint8)
+        pixels[size[1] // 2, size[0] // 2] = (255, 0, 0)
+        shown = image_array(Image.fromarray(pixels)).astype(int)
+        assert max(shown.shape[:2]) == 384
+        red, green, blue = shown[..., 0], shown[..., 1], shown[..., 2]
+        assert (green == blue).all() and (red >= green).all() and (green <= 128).all()
+    # A photo larger than the figure is shrunk as before, to the same size.
+    photo = Image.fromarray(np.random.default_rng(0).integers(0, 256, (600, 800, 3), np.uint8))
+    assert image_array(photo).shape == (288, 384, 3)
+
+
+def test_the_strips_colour_bar_has_the_overlays_opacity(tmp_path):
+    # Drawn opaque, the bar showed colours no cell over the white mask has.
+    panels = np.full((2, 48, 48, 3), 128, np.uint8)
+    render_strip(panels, ["a", "b"], 0.5, tmp_path / "strip.png")
+    pixels = np.asarray(Image.open(tmp_path / "strip.png").convert("RGB")).astype(float)
+    top = np.array(COLORMAP(1.0)[:3]) * 255
+    shown = OVERLAY_OPACITY * top + (1 - OVERLAY_OPACITY) * 255
+
+    def nearest(colour):
+        return np.abs(pixels - colour).max(axis=-1).min()
+
+    assert nearest(shown) <= 2 and nearest(top) > 20
 
 
 def test_compose_rejects_unknown_style():

@@ -88,12 +88,13 @@ def _photos(folder: Path) -> list[dict]:
     return records
 
 
-def _captioner(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def _captioner(cwd: Path, *args: str, timeout: float = 300,
+               status: int = 0) -> subprocess.CompletedProcess:
     run = subprocess.run(
         [sys.executable, "-m", "captioner.cli", *args], cwd=cwd, env=_env(),
         capture_output=True, text=True, timeout=timeout,
     )
-    assert run.returncode == 0, (
+    assert run.returncode == status, (
         f"captioner {' '.join(args)}:\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}"
     )
     return run
@@ -191,6 +192,13 @@ def test_the_readme_workflow_on_ones_own_photos(tmp_path):
                "--out", "results.json", "--no-progress")
     results = json.loads((work / "results.json").read_text())
     assert [r["image_id"] for r in results] == list(range(TRAIN + VAL + TEST))  # IMG_0000...
+    # Those ids come from the file names (IMG_0007.jpg: 7), not from the converted dataset's
+    # numbering: score refuses to pair the captions with other images' references.
+    refused = _captioner(work, "score", "--results", "results.json", "--references",
+                         "data/dataset_mine.json", "--split", "test", "--metrics", "Bleu",
+                         status=2)
+    assert ("another image than data/dataset_mine.json gives its image id (image id "
+            in refused.stderr), refused.stderr
 
     # Heatmaps of the best and the last checkpoint on one colour scale.
     _captioner(work, "heatmaps", str(photos[0]), "--ckpt", str(best), "--ckpt", str(last),

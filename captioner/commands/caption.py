@@ -7,12 +7,13 @@ Output formats (one record per readable image, in input order):
 * jsonl: one JSON object per line: image (path), caption, tokens (T words), log_prob, mapping
   (output attention mapping), grid ([h, w]) and attention (T nested lists of h x w
   output-attention weights, one map per token);
-* coco: the COCO results format, a JSON list of {"image_id": int, "caption": str}. The image id
-  is the file stem when it is all digits (391895.jpg) or the digits after its last underscore
-  (COCO_val2014_000000391895.jpg). When any file has no such id or two files share one, every
-  image instead gets its 1-based position in the input list, unreadable images counted too (so
-  an image keeps its id whichever others could be read, in every run and with every
-  checkpoint), each record also names its image in "file_name" (the path), and a note says so.
+* coco: the COCO results format, a JSON list of {"image_id": int, "caption": str, "file_name":
+  path}. The image id is the file stem when it is all digits (391895.jpg) or the digits after
+  its last underscore (COCO_val2014_000000391895.jpg). When any file has no such id or two files
+  share one, every image instead gets its 1-based position in the input list, unreadable images
+  counted too (so an image keeps its id whichever others could be read, in every run and with
+  every checkpoint), and a note says so. `captioner score` checks the file names against
+  the references' images.
 
 Decoding defaults to the checkpoint's own options (model.decoding of its config). An input
 that does not exist stops the command before any image is captioned (exit status 2).
@@ -67,15 +68,14 @@ def _record(path: Path, caption, output_format: str, mapping: str) -> str:
     return f"{str(path).translate(_ESCAPES)}\t{caption.text}"
 
 
-def _coco_record(image_id: int, text: str, path: Path | None) -> dict:
-    """A COCO results record; ``path`` (given when the id is a position, not the file's own
-    COCO id) goes in as "file_name", so that the caption stays tied to its image without
-    rebuilding the input order: the ids skip the unreadable images' positions, and a text
-    output of the same inputs has no line for those images."""
-    record = {"image_id": image_id, "caption": text}
-    if path is not None:
-        record["file_name"] = str(path)
-    return record
+def _coco_record(image_id: int, text: str, path: Path) -> dict:
+    """A COCO results record that also names its image in "file_name" (the path as given), so
+    that `captioner score` can check that the references give ``image_id`` to the same file (a
+    converted dataset numbers its images otherwise), and a caption whose id is a position stays
+    tied to its image: the ids skip the unreadable images' positions, and a text output of the
+    same inputs has no line for those images. coco-caption reads the records' other fields
+    as it reads these, and scores by image_id and caption alone."""
+    return {"image_id": image_id, "caption": text, "file_name": str(path)}
 
 
 def main(argv: list[str]) -> int:
@@ -100,7 +100,7 @@ def main(argv: list[str]) -> int:
     if not from_names:
         print("captioner caption: not every file name is a distinct numeric id; COCO image ids "
               "are the 1-based positions in the input list (unreadable images counted too) and "
-              'each record names its image in "file_name"', file=sys.stderr)
+              '(each record names its image in "file_name")', file=sys.stderr)
 
     failures, results = [], []
     interrupted = False
@@ -120,8 +120,7 @@ def main(argv: list[str]) -> int:
                     # Above the progress bar, not glued to its line.
                     tqdm.write(f"captioner caption: skipped {result.error}", file=sys.stderr)
                 elif args.format == "coco":
-                    results.append(_coco_record(ids[index], caption.text,
-                                                None if from_names else result.path))
+                    results.append(_coco_record(ids[index], caption.text, result.path))
                 else:
                     out.write(_record(result.path, caption, args.format,
                                       captioner.output_attention_name) + "\n")

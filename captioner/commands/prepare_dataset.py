@@ -31,7 +31,8 @@ from pathlib import Path
 
 from captioner.commands.options import add_overwrite_argument, command_parser, report_error
 
-HELP = "make a Karpathy-split JSON from a folder of photos and a captions file (JSONL, CSV, COCO)"
+HELP = ("make a Karpathy-split JSON from a folder of photos and a captions file (JSONL/JSON, "
+        "CSV/TSV, COCO)")
 
 PROG = "captioner prepare-dataset"
 
