@@ -129,38 +129,58 @@ def load_references(path: str | Path, split: str | None = None) -> dict[int, lis
     )
 
 
-def result_file_names(path: str | Path) -> dict[int, str]:
-    """{image_id: file_name} of the records of the results file ``path`` (read by
-    :func:`load_results` first) that name their image: `caption --format coco` does so where its
-    ids are positions in its input list, not ids taken from the file names."""
-    return {entry["image_id"]: entry["file_name"] for entry in _read_json(Path(path), "results")
+def _result_file_names(data: list[dict]) -> dict[int, str]:
+    """{image_id: file_name} of the results records (checked by :func:`load_results`) that name
+    their image, as `caption --format coco` writes them."""
+    return {entry["image_id"]: entry["file_name"] for entry in data
             if isinstance(entry.get("file_name"), str)}
 
 
-def reference_file_names(path: str | Path, split: str | None = None) -> dict[int, str]:
-    """{image_id: file name (no folder)} of the images of the references file ``path`` (read by
-    :func:`load_references` first): a Karpathy JSON's split, or the ``images`` of a COCO
-    captions file (none where it has no such list)."""
-    path = Path(path)
+def _reference_file_names(path: Path, split: str | None) -> dict[int, str]:
+    """{image_id: file name (no folder)} of the images of the references file ``path`` (checked
+    by :func:`load_references`): a Karpathy JSON's split, or the ``images`` a COCO captions file
+    lists (none where it lists none)."""
     if split is not None:
         from data_prep.karpathy import load_karpathy
 
         return {entry.image_id: entry.path.name
                 for entry in load_karpathy(path, path.parent).split(split)}
     images = _read_json(path, "references").get("images")
-    return {image["id"]: Path(image["file_name"]).name for image in images or ()
+    if not isinstance(images, list):
+        return {}
+    return {image["id"]: Path(image["file_name"]).name for image in images
             if isinstance(image, dict) and isinstance(image.get("id"), int)
-            and isinstance(image.get("file_name"), str)} if isinstance(images, list) else {}
+            and isinstance(image.get("file_name"), str)}
 
 
-def misnamed_results(result_names: dict[int, str],
-                     reference_names: dict[int, str]) -> list[tuple[int, str, str]]:
-    """(image id, results' file name, references' file name) of each image id whose file the
-    two files name differently (compared without folders: the results name a path as given to
-    `caption`, the references a file of the dataset)."""
-    return [(image_id, name, reference_names[image_id])
-            for image_id, name in sorted(result_names.items())
-            if image_id in reference_names and Path(name).name != reference_names[image_id]]
+def check_result_names(results: str | Path, references: str | Path,
+                       split: str | None = None) -> str | None:
+    """Check that the references give the image ids of the results records that name their
+    images (as `caption --format coco` writes them) to files of the same names (compared
+    without folders), so that no caption is scored against another image's references: ids
+    taken from COCO file names, or input positions, are not a converted dataset's.
+
+    Returns a warning where the references name no files to check against (else None).
+    Raises CaptionFileError naming the first ids whose files differ."""
+    results, references = Path(results), Path(references)
+    named = _result_file_names(_read_json(results, "results"))
+    if not named:
+        return None
+    reference_names = _reference_file_names(references, split)
+    if not reference_names:
+        return (f"warning: {references} names no image files, so the image ids of the "
+                f"captions in {results} are not checked against their file names")
+    wrong = [f"image id {image_id}: {name}, but {reference_names[image_id]} in {references}"
+             for image_id, name in sorted(named.items())
+             if image_id in reference_names and Path(name).name != reference_names[image_id]]
+    if wrong:
+        raise CaptionFileError(
+            f"{results}: {len(wrong)} of its {counted(len(named), 'caption')} "
+            f"{agreeing(len(wrong), 'names', 'name')} another image than {references} gives "
+            f"its image id ({first_names(wrong, limit=3, separator='; ')}); `captioner caption "
+            "--format coco` takes ids from COCO file names (or input positions), not a "
+            "converted dataset's: score a dataset's split with `captioner evaluate`")
+    return None
 
 
 def splits_of(path: str | Path, image_ids: set[int]) -> dict[int, str]:

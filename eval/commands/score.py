@@ -42,33 +42,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_result_names(args: argparse.Namespace, named: dict[int, str],
-                        reference_names: dict[int, str]) -> None:
-    """Results whose records name their images (``named``, as `caption --format coco` writes
-    them) are scored only where the references give those ids to files of the same names:
-    else captions would be scored against other images' references (ids from COCO file names
-    or input positions, against a converted dataset's numbering). ValueError naming the first
-    that differ."""
-    from data_prep.files import agreeing, counted, first_names
-    from eval.caption_files import misnamed_results
-
-    if not reference_names:
-        print(f"warning: {args.references} names no image files, so the image ids of the "
-              f"captions in {args.results} are not checked against their file names",
-              file=sys.stderr)
-        return
-    wrong = misnamed_results(named, reference_names)
-    if wrong:
-        shown = first_names([f"image id {i}: {ours}, but {theirs} in {args.references}"
-                             for i, ours, theirs in wrong], limit=3, separator="; ")
-        raise ValueError(
-            f"{args.results}: {len(wrong)} of its {counted(len(named), 'caption')} "
-            f"{agreeing(len(wrong), 'names', 'name')} another image than {args.references} "
-            f"gives its image id ({shown}); `captioner caption --format coco` takes ids from "
-            "COCO file names (or input positions), not a converted dataset's: score a dataset's "
-            "split with `captioner evaluate`")
-
-
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from data_prep.files import (
@@ -81,11 +54,10 @@ def main(argv: list[str]) -> int:
     )
     from eval.caption_files import (
         CaptionFileError,
+        check_result_names,
         empty_caption_ids,
         load_references,
         load_results,
-        reference_file_names,
-        result_file_names,
         splits_of,
     )
     from eval.coco_metrics import coverage_problems
@@ -102,9 +74,7 @@ def main(argv: list[str]) -> int:
         metrics = parse_metrics(args.metrics)
         hypotheses = load_results(args.results)
         references = load_references(args.references, args.split)
-        named = result_file_names(args.results)
-        if named:
-            _check_result_names(args, named, reference_file_names(args.references, args.split))
+        unchecked = check_result_names(args.results, args.references, args.split)
     except (CaptionFileError, FileNotFoundError, KeyError, OutputPathError, ValueError) as exc:
         return report_error("captioner score", exc)
     subset, elsewhere = "", {}
@@ -141,6 +111,8 @@ def main(argv: list[str]) -> int:
     if problems:
         return report_error("captioner score", ValueError("; ".join(problems)),
                             f"cannot score {args.results}")
+    if unchecked:
+        print(unchecked, file=sys.stderr)
     if subset:
         print(subset, file=sys.stderr)
     if empty:
