@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from data_prep.files import agreeing, counted, first_names, parse_json, require_file
 from data_prep.karpathy import tokenize
@@ -42,8 +42,27 @@ def _image_id(value: Any, where: str) -> int:
     return value
 
 
-def load_results(path: str | Path) -> dict[int, str]:
-    """``[{"image_id": int, "caption": str}, ...]`` (COCO results format) -> {id: caption}.
+class Results(NamedTuple):
+    """A results file: ``captions`` {image_id: caption}, and ``file_names`` {image_id: file}
+    of the records that name their image (`caption --format coco` writes them so)."""
+
+    captions: dict[int, str]
+    file_names: dict[int, str]
+
+
+class References(NamedTuple):
+    """A references file: ``captions`` {image_id: [reference, ...]}; ``file_names`` {image_id:
+    file name, no folder} of its images (a COCO captions file's ``images``, where it lists
+    them); ``other_splits`` {image_id: split} of a Karpathy JSON's images in other splits."""
+
+    captions: dict[int, list[str]]
+    file_names: dict[int, str]
+    other_splits: dict[int, str]
+
+
+def load_results(path: str | Path) -> Results:
+    """``[{"image_id": int, "caption": str}, ...]`` (COCO results format; a record may name its
+    image in ``"file_name"``).
 
     Raises CaptionFileError for a wrong structure or no caption, listing duplicate image ids
     if any."""
@@ -76,10 +95,12 @@ def load_results(path: str | Path) -> dict[int, str]:
             f"{path}: {counted(count, 'image id')} {agreeing(count, 'has', 'have')} more than "
             f"one caption ({first_names(duplicates)}); keep one caption per image"
         )
-    return results
+    file_names = {entry["image_id"]: entry["file_name"] for entry in data
+                  if isinstance(entry.get("file_name"), str)}
+    return Results(results, file_names)
 
 
-def _coco_references(path: Path, data: dict[str, Any]) -> dict[int, list[str]]:
+def _coco_references(path: Path, data: dict[str, Any]) -> References:
     if not isinstance(data["annotations"], list):
         raise CaptionFileError(f"{path}: field 'annotations' must be a list of {{'image_id', "
                                f"'caption'}} objects, got {type(data['annotations']).__name__}")
@@ -93,14 +114,20 @@ def _coco_references(path: Path, data: dict[str, Any]) -> dict[int, list[str]]:
             raise CaptionFileError(f"{path}: annotations[{index}]: caption must be a string")
         image_id = _image_id(ann["image_id"], f"{path}: annotations[{index}]")
         references.setdefault(image_id, []).append(ann["caption"])
-    return references
+    images = data.get("images")
+    file_names = {image["id"]: Path(image["file_name"]).name for image in images
+                  if isinstance(image, dict) and isinstance(image.get("id"), int)
+                  and isinstance(image.get("file_name"), str)
+                  } if isinstance(images, list) else {}
+    return References(references, file_names, {})
 
 
-def load_references(path: str | Path, split: str | None = None) -> dict[int, list[str]]:
-    """{image_id: [reference caption, ...]} from a COCO captions annotation file
-    (``{"annotations": [{"image_id", "caption"}], ...}``) or, with ``split``, a Karpathy JSON
-    (``{"images": [{"sentences": ...}]}``, read by ``data_prep.karpathy.load_karpathy``; the
-    raw sentences are used, as pycocoevalcap tokenizes them itself)."""
+def load_references(path: str | Path, split: str | None = None) -> References:
+    """The references of a COCO captions annotation file (``{"annotations": [{"image_id",
+    "caption"}], "images": [{"id", "file_name"}], ...}``) or, with ``split``, of a Karpathy
+    JSON's split (``{"images": [{"sentences": ...}]}``, read by
+    ``data_prep.karpathy.load_karpathy``; the raw sentences are used, as pycocoevalcap
+    tokenizes them itself)."""
     path = Path(path)
     data = _read_json(path, "references")
     if isinstance(data, dict) and "annotations" in data:
@@ -117,81 +144,48 @@ def load_references(path: str | Path, split: str | None = None) -> dict[int, lis
             raise CaptionFileError(f"{path}: a Karpathy JSON needs --split (train, val or test)")
         from data_prep.karpathy import load_karpathy
 
+        dataset = load_karpathy(path, path.parent)
         try:
-            entries = load_karpathy(path, path.parent).split(split)
+            entries = dataset.split(split)
         except KeyError as exc:  # an unknown split, named with the dataset's own
             raise CaptionFileError(f"{path}: {exc.args[0]}") from None
         if not entries:
             raise CaptionFileError(f"{path}: split {split!r} holds no images")
-        return {entry.image_id: list(entry.raws) for entry in entries}
+        return References({entry.image_id: list(entry.raws) for entry in entries},
+                          {entry.image_id: entry.path.name for entry in entries},
+                          {entry.image_id: entry.split for name, others in dataset.entries.items()
+                           if name != split for entry in others})
     raise CaptionFileError(
         f"{path}: neither a COCO captions file ('annotations') nor a Karpathy JSON ('images')"
     )
 
 
-def _result_file_names(data: list[dict]) -> dict[int, str]:
-    """{image_id: file_name} of the results records (checked by :func:`load_results`) that name
-    their image, as `caption --format coco` writes them."""
-    return {entry["image_id"]: entry["file_name"] for entry in data
-            if isinstance(entry.get("file_name"), str)}
-
-
-def _reference_file_names(path: Path, split: str | None) -> dict[int, str]:
-    """{image_id: file name (no folder)} of the images of the references file ``path`` (checked
-    by :func:`load_references`): a Karpathy JSON's split, or the ``images`` a COCO captions file
-    lists (none where it lists none)."""
-    if split is not None:
-        from data_prep.karpathy import load_karpathy
-
-        return {entry.image_id: entry.path.name
-                for entry in load_karpathy(path, path.parent).split(split)}
-    images = _read_json(path, "references").get("images")
-    if not isinstance(images, list):
-        return {}
-    return {image["id"]: Path(image["file_name"]).name for image in images
-            if isinstance(image, dict) and isinstance(image.get("id"), int)
-            and isinstance(image.get("file_name"), str)}
-
-
-def check_result_names(results: str | Path, references: str | Path,
-                       split: str | None = None) -> str | None:
+def check_result_names(results: Path, result_names: dict[int, str], references: Path,
+                       reference_names: dict[int, str]) -> str | None:
     """Check that the references give the image ids of the results records that name their
-    images (as `caption --format coco` writes them) to files of the same names (compared
-    without folders), so that no caption is scored against another image's references: ids
-    taken from COCO file names, or input positions, are not a converted dataset's.
+    images (``result_names``, as `caption --format coco` writes them) to files of the same
+    names (``reference_names``; compared without folders), so that no caption is scored
+    against another image's references: ids taken from COCO file names, or input positions,
+    are not a converted dataset's. ``results`` and ``references`` are the files, for messages.
 
     Returns a warning where the references name no files to check against (else None).
     Raises CaptionFileError naming the first ids whose files differ."""
-    results, references = Path(results), Path(references)
-    named = _result_file_names(_read_json(results, "results"))
-    if not named:
+    if not result_names:
         return None
-    reference_names = _reference_file_names(references, split)
     if not reference_names:
         return (f"warning: {references} names no image files, so the image ids of the "
                 f"captions in {results} are not checked against their file names")
     wrong = [f"image id {image_id}: {name}, but {reference_names[image_id]} in {references}"
-             for image_id, name in sorted(named.items())
+             for image_id, name in sorted(result_names.items())
              if image_id in reference_names and Path(name).name != reference_names[image_id]]
     if wrong:
         raise CaptionFileError(
-            f"{results}: {len(wrong)} of its {counted(len(named), 'caption')} "
+            f"{results}: {len(wrong)} of its {counted(len(result_names), 'caption')} "
             f"{agreeing(len(wrong), 'names', 'name')} another image than {references} gives "
             f"its image id ({first_names(wrong, limit=3, separator='; ')}); `captioner caption "
             "--format coco` takes ids from COCO file names (or input positions), not a "
             "converted dataset's: score a dataset's split with `captioner evaluate`")
     return None
-
-
-def splits_of(path: str | Path, image_ids: set[int]) -> dict[int, str]:
-    """The split of each of ``image_ids`` that the Karpathy JSON ``path`` lists (ids it does not
-    list are left out)."""
-    from data_prep.karpathy import load_karpathy
-
-    path = Path(path)
-    return {entry.image_id: entry.split
-            for entries in load_karpathy(path, path.parent).entries.values()
-            for entry in entries if entry.image_id in image_ids}
 
 
 def empty_caption_ids(captions: dict[int, str]) -> list[int]:

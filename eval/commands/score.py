@@ -58,7 +58,6 @@ def main(argv: list[str]) -> int:
         empty_caption_ids,
         load_references,
         load_results,
-        splits_of,
     )
     from eval.coco_metrics import coverage_problems
     from eval.java_tools import JavaToolError
@@ -72,11 +71,13 @@ def main(argv: list[str]) -> int:
                                          ("references file", args.references)],
                               overwrite=args.overwrite)
         metrics = parse_metrics(args.metrics)
-        hypotheses = load_results(args.results)
-        references = load_references(args.references, args.split)
-        unchecked = check_result_names(args.results, args.references, args.split)
+        results = load_results(args.results)
+        reference_file = load_references(args.references, args.split)
+        unchecked = check_result_names(Path(args.results), results.file_names,
+                                       Path(args.references), reference_file.file_names)
     except (CaptionFileError, FileNotFoundError, KeyError, OutputPathError, ValueError) as exc:
         return report_error("captioner score", exc)
+    hypotheses, references = results.captions, reference_file.captions
     subset, elsewhere = "", {}
     if args.split is None and set(references) - set(hypotheses):
         # A COCO captions file holds a whole set (val2014: 40,504 images), of which Karpathy's
@@ -88,7 +89,8 @@ def main(argv: list[str]) -> int:
     elif args.split is not None and set(hypotheses) - set(references):
         # Captions of a whole folder (val and test images, say) scored on one split: its
         # images are scored, as asked; ids the file does not list at all stay an error.
-        elsewhere = splits_of(args.references, set(hypotheses) - set(references))
+        elsewhere = {i: reference_file.other_splits[i] for i in set(hypotheses) - set(references)
+                     if i in reference_file.other_splits}
         if elsewhere:
             subset = (f"scoring the {counted(len(references), 'image')} of split {args.split!r}; "
                       f"the captions of {counted(len(elsewhere), 'image')} of other splits in "
