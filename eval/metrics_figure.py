@@ -1,6 +1,8 @@
 """The demo's comparison as a picture: one panel per metric of ``eval.table.SEED_TABLE_ROWS``,
 a bar per mapping at its mean over the seeds, the standard deviation as an error bar and each
-seed's value as a dot (so that two seeds that disagree are seen, not averaged away)."""
+seed's value as a dot (so that two seeds that disagree are seen, not averaged away). Every
+metric there is non-negative, so each panel's axis starts at 0, where an error bar of a
+spread wider than its mean is cut."""
 
 from __future__ import annotations
 
@@ -18,12 +20,23 @@ def plot_seed_metrics(per_seed: Mapping[int, Mapping[str, Mapping[str, float]]],
                       path: str | Path, title: str) -> Path:
     """Write the figure of ``per_seed[seed][mapping][metric]`` to ``path`` (PNG); metrics not
     computed get no panel. Returns ``path``."""
+    import matplotlib.pyplot as plt
+
+    from data_prep.files import atomic_write
+
+    fig = seed_metrics_figure(per_seed, title)
+    with atomic_write(path, "wb") as handle:
+        fig.savefig(handle, format="png", dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def seed_metrics_figure(per_seed: Mapping[int, Mapping[str, Mapping[str, float]]], title: str):
+    """The matplotlib Figure that :func:`plot_seed_metrics` writes (Agg backend)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from data_prep.files import atomic_write
 
     rows = computed_rows(per_seed)
     n_rows = math.ceil(len(rows) / PANELS_PER_ROW)
@@ -39,6 +52,7 @@ def plot_seed_metrics(per_seed: Mapping[int, Mapping[str, Mapping[str, float]]],
                     markersize=3)
         ax.set_xticks(range(len(values)), list(values), fontsize=8)
         ax.set_title(label, fontsize=9)
+        ax.set_ylim(bottom=0)
         ax.tick_params(axis="y", labelsize=8)
     for ax in axes.flat[len(rows):]:
         ax.axis("off")
@@ -46,7 +60,4 @@ def plot_seed_metrics(per_seed: Mapping[int, Mapping[str, Mapping[str, float]]],
         title += " (bars: mean over the seeds; error bars: sd; dots: each seed)"
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    with atomic_write(path, "wb") as handle:
-        fig.savefig(handle, format="png", dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return fig

@@ -16,9 +16,11 @@ Nothing is dropped silently: a rating with a missing score is listed under ``inc
 (its other score still counts), a (rater, image, label) rated more than once is listed under
 ``duplicates`` and only its most recently scored entry counts, and an (image, label) of the key
 that a rater's files do not mention at all is listed under ``missing`` (every one, for a rater
-whose file holds no ratings). A ratings file that is not valid JSON, has another kit id, names
-an image or label not in the key, or holds a field of the wrong type (edited by hand, say)
-raises `RatingsError` naming the file, the rating and the field.
+whose file holds no ratings). Files of one rater id count as one rater's, and are named under
+``rater_files`` (two raters who typed the same id would otherwise pass unseen). A ratings
+file that is not valid JSON, has another kit id, names an image or label not in the key, or
+holds a field of the wrong type (edited by hand, say) raises `RatingsError` naming the file,
+the rating and the field.
 """
 
 from __future__ import annotations
@@ -262,6 +264,11 @@ def summarize(ratings_paths: Sequence[Path], key_path: Path) -> dict:
     # From the files, not the ratings: a rater who exported before scoring anything is missing
     # every rating, not absent from the study.
     raters = sorted({rater for rater, _ in files})
+    # Raters type their id into the page: two people who chose the same one, or one who
+    # exported twice, give one rater of several files, whose overlapping ratings merge.
+    rater_files = {rater: [str(path) for path, (other, _) in zip(ratings_paths, files,
+                                                                 strict=True) if other == rater]
+                   for rater in raters}
     incomplete = [
         {"rater": r.rater, "image": r.image, "label": r.label, "file": r.file,
          "missing": [k for k in KINDS if r.score(k) is None]}
@@ -305,6 +312,7 @@ def summarize(ratings_paths: Sequence[Path], key_path: Path) -> dict:
         "kit_id": key.kit_id,
         "files": [str(p) for p in ratings_paths],
         "raters": raters,
+        "rater_files": {rater: paths for rater, paths in rater_files.items() if len(paths) > 1},
         "images_in_key": len(key.labels),
         "images_rated": len({r.image for r in ratings
                              if r.caption_score is not None or r.attention_score is not None}),
@@ -344,6 +352,11 @@ def format_table(summary: dict, written_to: Path | None = None) -> str:
         lines.append(f"Krippendorff's alpha (ordinal), {kind}: {value}")
     lines.append(f"raters: {len(summary['raters'])}, images rated: {summary['images_rated']} "
                  f"of {summary['images_in_key']}")
+    for rater, paths in summary["rater_files"].items():
+        named = ", ".join(map(printable, paths))
+        lines.append(f"rater {printable(rater)}: {len(paths)} files ({named}) give this rater id"
+                     ", counted as one rater (of a caption rated in several, the "
+                     "later rating): give different raters different ids")
     for name in ("incomplete", "missing", "duplicates"):
         if not summary[name]:
             continue

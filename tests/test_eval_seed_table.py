@@ -7,7 +7,7 @@ import math
 import pytest
 from PIL import Image
 
-from eval.metrics_figure import plot_seed_metrics
+from eval.metrics_figure import plot_seed_metrics, seed_metrics_figure
 from eval.table import format_seed_table, format_table1, mean_and_sd, undefined_for_some_seeds
 
 
@@ -70,6 +70,19 @@ def test_figure_is_a_png_with_a_panel_per_computed_metric(tmp_path):
     path = plot_seed_metrics(PER_SEED, tmp_path / "metrics.png", "test split")
     with Image.open(path) as image:
         assert image.format == "PNG" and image.width > image.height > 100
+
+
+def test_no_panel_goes_below_zero_where_a_spread_is_wider_than_its_mean():
+    # Every metric is non-negative: an error bar of mean - sd < 0 used to drag BLEU-4's axis
+    # to -5 and JS's to -0.05.
+    per_seed = {0: {"softmax": {"Bleu_4": 0.02, "js_divergence": 0.001}},
+                1: {"softmax": {"Bleu_4": 0.30, "js_divergence": 0.090}}}
+    figure = seed_metrics_figure(per_seed, "test split")
+    panels = [ax for ax in figure.axes if ax.axison]
+    assert [ax.get_title() for ax in panels] == ["BLEU-4", "JS consecutive words"]
+    assert all(ax.get_ylim()[0] == 0 for ax in panels)
+    tops = [ax.get_ylim()[1] for ax in panels]
+    assert tops[0] > 30.0 and tops[1] > 0.09  # the best seed's values are shown
 
 
 def test_the_table_shows_the_non_zero_cells_beside_the_fused_groups():

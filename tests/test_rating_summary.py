@@ -109,6 +109,7 @@ def test_incomplete_missing_and_duplicate_ratings_are_reported(tmp_path, key_pat
     [duplicate] = summary["duplicates"]
     assert (duplicate["rater"], duplicate["image"], duplicate["count"]) == ("r1", "1", 2)
     assert duplicate["kept_time"] == "2026-02-01"
+    assert summary["rater_files"] == {"r1": [str(files[0]), str(files[1])]}
     # The newer duplicate (5, 5) counts for softmax on image 1; r2's missing score does not.
     assert summary["models"]["softmax"]["caption"]["mean"] == \
         pytest.approx(np.mean([5, 2, 3, 2, 3, 3]))
@@ -198,6 +199,21 @@ def test_command_lists_the_problems_and_refuses_a_file_given_twice(
     assert capsys.readouterr().err == (
         f"captioner rating-summary: ratings file {again} is given twice (also as {r1}); give "
         "each ratings file once\n")
+
+
+def test_two_files_of_one_rater_id_are_named_as_one_rater(tmp_path, key_path, capsys):
+    # Raters type their id: a second rater who also typed "r1" is merged into the first.
+    first = _write(tmp_path / "anna.json", _ratings("r1", RATER_1))
+    second = _write(tmp_path / "ben.json", _ratings("r1 ", RATER_2, time="2026-01-02"))
+    assert command.main([str(first), str(second), "--key", str(key_path)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert f"rater r1: 2 files ({first}, {second}) give this rater id, counted as one rater " \
+        "(of a caption rated in several, the later rating): give different raters different " \
+        "ids" in printed
+    assert "raters: 1, images rated: 3 of 3" in printed
+    alone = _write(tmp_path / "r2.json", _ratings("r2", RATER_2))
+    assert command.main([str(first), str(alone), "--key", str(key_path)]) == 0
+    assert not any(line.startswith("rater ") for line in capsys.readouterr().out.splitlines())
 
 
 def test_a_rater_id_cannot_send_control_characters_to_the_terminal(tmp_path, key_path,
