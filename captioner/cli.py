@@ -84,8 +84,8 @@ def _stopped_as_by_ctrl_c() -> Iterator[None]:
     default they end the process at once, leaving half-written folders and temporary files.
     SIGINT gets the same handler, so that every stop is noted for :func:`_unraisable`, the
     ``sys.unraisablehook`` meanwhile. A signal ignored when the command starts stays ignored
-    (``nohup``'s SIGHUP, a background job's SIGINT). Lightning's fit adds its own SIGTERM
-    handling in front of this one."""
+    (``nohup``'s SIGHUP, a background job's SIGINT). Lightning's own SIGTERM handling is kept
+    out of fits (``captioner.lightning_stops.StopSignals``)."""
     global _stop_came
     if threading.current_thread() is not threading.main_thread():
         yield

@@ -1,35 +1,53 @@
 """How a Lightning run stopped by Ctrl-C (or by SIGTERM / SIGHUP, which ``captioner.cli``
 turns into Ctrl-C) ends in captioner's commands: as :class:`KeyboardInterrupt`, which each
 command answers with its one line and status 130; and how a DDP run ends whose process
-started here is lost (:func:`lost_processes_told`).
+started here is lost (:func:`lost_processes_told`). Lightning's own SIGTERM handler is left
+out of the runs (:class:`StopSignals`).
 
 Lightning catches the KeyboardInterrupt of a running fit, shuts the run down and then calls
-``exit(1)``: a command would end with status 1 and no line of its own. Its notes on the stop
-("Detected KeyboardInterrupt, attempting graceful shutdown ...", "Received SIGTERM") are not
-printed either: the command's line says what was kept and how to go on.
+``exit(1)``: a command would end with status 1 and no line of its own. Its note on the stop
+("Detected KeyboardInterrupt, attempting graceful shutdown ...") is not printed either: the
+command's line says what was kept and how to go on.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import lightning as L
+from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 
-_LIGHTNING_NOTES = ("Detected KeyboardInterrupt, attempting graceful shutdown",
-                    "Received SIGTERM")
+_LIGHTNING_NOTE = "Detected KeyboardInterrupt, attempting graceful shutdown"
 
 
-class _NoStopNotes(logging.Filter):
+class _NoStopNote(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not any(note in str(record.msg) for note in _LIGHTNING_NOTES)
+        return _LIGHTNING_NOTE not in str(record.msg)
 
 
-for _logger in ("lightning.pytorch.utilities.rank_zero",
-                "lightning.pytorch.trainer.connectors.signal_connector"):
-    logging.getLogger(_logger).addFilter(_NoStopNotes())
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoStopNote())
+
+
+class StopSignals(_SignalConnector):
+    """Lightning's signal handling of a run, less its own SIGTERM handler: SIGTERM stays what
+    the command made it, a Ctrl-C (``captioner.cli``).
+
+    Lightning 2.6's handler broadcasts a tensor from the first process, from inside the handler,
+    wherever the signal lands: a collective that waits for ever when another process is in
+    another one (DDP's all-reduce in backward). One of eight SIGTERMs to the first process of a
+    two-process CPU fit hung so; a Ctrl-C there, which every process handles as its own stop,
+    never did."""
+
+    def register_signal_handlers(self) -> None:
+        kept = signal.getsignal(signal.SIGTERM)
+        super().register_signal_handlers()
+        # Lightning sets signals from the main thread alone; None: set outside Python.
+        if threading.current_thread() is threading.main_thread() and kept is not None:
+            signal.signal(signal.SIGTERM, kept)
 
 
 @contextmanager

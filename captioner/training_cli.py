@@ -47,7 +47,11 @@ from captioner.lightning_module import (
     check_feature_cache,
     stored_vocabulary,
 )
-from captioner.lightning_stops import lost_processes_told, stops_as_keyboard_interrupt
+from captioner.lightning_stops import (
+    StopSignals,
+    lost_processes_told,
+    stops_as_keyboard_interrupt,
+)
 from captioner.training_runs import (
     LAST_NAME,
     PROGRESS_NAME,
@@ -98,7 +102,8 @@ class Trainer(LightningTrainer):
     Lightning reads an int limit as a number of batches and a float as a fraction of them, and
     types the limits ``float | int``; jsonargparse gives a value the first type that holds it,
     so ``--trainer.limit_train_batches 1`` (or ``limit_train_batches: 1`` in a config) became
-    1.0, every batch.
+    1.0, every batch. Its signals are handled by
+    :class:`~captioner.lightning_stops.StopSignals` (SIGTERM stops a run as Ctrl-C does).
 
     Args:
         limit_train_batches: training batches per epoch: an int counts batches, a float is a
@@ -117,6 +122,7 @@ class Trainer(LightningTrainer):
                          limit_val_batches=limit_val_batches,
                          limit_test_batches=limit_test_batches,
                          limit_predict_batches=limit_predict_batches, **kwargs)
+        self._signal_connector = StopSignals(self)
 
 
 class _NoAdvertising(logging.Filter):
@@ -152,13 +158,14 @@ for _message in (
 ):
     warnings.filterwarnings("ignore", message=_message)
 
+_NO_LOGGER = "; without a logger, of ./checkpoints or --checkpoint.dirpath"
 CKPT_PATH_HELP = {
     "fit": "resume: 'last' (the newest runs/NAME/version_N with a last.ckpt, or the run whose "
-           "config.yaml is --config, continued in its folder) or a checkpoint file",
+           f"config.yaml is --config, continued in its folder{_NO_LOGGER}) or a checkpoint file",
     "validate": "'best' or 'last' of the newest runs/NAME/version_N (or of the run whose "
-                "config.yaml is --config), or a checkpoint file",
+                f"config.yaml is --config{_NO_LOGGER}), or a checkpoint file",
     "test": "'best' or 'last' of the newest runs/NAME/version_N (or of the run whose "
-            "config.yaml is --config), or a checkpoint file",
+            f"config.yaml is --config{_NO_LOGGER}), or a checkpoint file",
 }
 _NAMED_CHECKPOINTS = ("last", "best")
 # Model settings linked from the data's (add_arguments_to_parser): no config sets them itself.
@@ -409,10 +416,24 @@ class CaptionerCLI(LightningCLI):
 
     def _resolve_named(self, subcommand: str, config, which: str) -> Path:
         """``last`` / ``best`` of this config's run (the newest, or the one whose config.yaml
-        it is); fit resumes into that run."""
-        root, name = self._run_root(config), self._run_folder_name(config)
+        it is; without a logger, of the checkpoint folder); fit resumes into that run."""
         if subcommand == "fit" and which == "best":
             raise UserError("--ckpt_path best: fit resumes from 'last' or a checkpoint file")
+        if config.trainer.get("logger") is False:
+            last = _loggerless_last(config, which)
+        else:
+            last = self._run_last_of(subcommand, config, which)
+        if subcommand == "fit" or which == "last":
+            return last
+        best = recorded_checkpoint(last.parent, read_progress(last.parent).get("best_checkpoint"))
+        if best is None or not best.is_file():
+            raise UserError(f"--ckpt_path best: {last.parent} names no existing best checkpoint")
+        return best
+
+    def _run_last_of(self, subcommand: str, config, which: str) -> Path:
+        """The last.ckpt of the run that ``--ckpt_path last|best`` names (see
+        :meth:`_resolve_named`); for fit, the version it resumes into is kept."""
+        root, name = self._run_root(config), self._run_folder_name(config)
         init_args = getattr(config.trainer.get("logger"), "init_args", None)
         moved = self._moved_runs_folder(root, name) if init_args is not None else None
         if moved is not None:  # resume, and log, where the run is now
@@ -428,20 +449,17 @@ class CaptionerCLI(LightningCLI):
         if found is None:
             # 'best' is read from the progress.json beside the newest run's last.ckpt.
             what = LAST_NAME if which == "last" else f"best checkpoint (nor a {LAST_NAME})"
-            raise UserError(
-                f"--ckpt_path {which}: no run of {name!r} has a {what} under "
-                f"{root / name}; train first (without --ckpt_path) or give a checkpoint file"
-            )
+            named = sorted(folder.name for folder in (root / name).glob("*/")
+                           if version_number(folder) is None and last_checkpoint(folder))
+            remedy = ("train first (without --ckpt_path) or give a checkpoint file" if not named
+                      else f"versions named with --trainer.logger.init_args.version have one "
+                      f"({first_names(named, 3)}): name the one meant")
+            raise UserError(f"--ckpt_path {which}: no version_N run of {name!r} has a {what} "
+                            f"under {root / name}; {remedy}")
         version, last = found
         if subcommand == "fit":
             self._resume_version = version
-            return last
-        if which == "last":
-            return last
-        best = recorded_checkpoint(last.parent, read_progress(last.parent).get("best_checkpoint"))
-        if best is None or not best.is_file():
-            raise UserError(f"--ckpt_path best: {last.parent} names no existing best checkpoint")
-        return best
+        return last
 
     def _moved_runs_folder(self, root: Path, name: str) -> Path | None:
         """The runs folder that holds the run whose own config.yaml is the first --config,
@@ -533,6 +551,9 @@ class CaptionerCLI(LightningCLI):
             if self._starts_afresh() and self._checkpoints_outside_the_run():
                 # Before a version folder is made for a fit that will not start.
                 _refuse_earlier_checkpoints(self._checkpoint_folder())
+            if self.trainer.logger is None and not self._resumes_its_folder():
+                # Without a logger the run folder is default_root_dir (the working directory).
+                _refuse_replacing(Path(self.trainer.default_root_dir) / "config.yaml")
             named = None
             folder = self._resumed_run or self._make_new_version()
             if folder is None:
@@ -558,6 +579,14 @@ class CaptionerCLI(LightningCLI):
         """Whether this fit starts from no checkpoint (no --ckpt_path)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         return not config.get("ckpt_path")
+
+    def _resumes_its_folder(self) -> bool:
+        """Whether this fit resumes from a checkpoint of the folder it writes its checkpoints
+        to (:meth:`_checkpoint_folder`): the run there goes on."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        ckpt_path = config.get("ckpt_path")
+        return bool(ckpt_path) and (Path(ckpt_path).resolve().parent
+                                    == self._checkpoint_folder().resolve())
 
     def _checkpoints_outside_the_run(self) -> bool:
         """Whether the checkpoints go to a folder of their own, which an earlier run may have
@@ -699,6 +728,15 @@ def _refuse_an_earlier_run(folder: Path) -> None:
                     f"which a new fit would overwrite; {remedy}")
 
 
+def _refuse_replacing(config: Path) -> None:
+    """UserError when the config.yaml that a fit without a logger is to write exists: the
+    user's own file, or another run's, would be replaced."""
+    if config.exists():
+        raise UserError(f"{config}: exists, and a fit with --trainer.logger false writes its "
+                        "config.yaml there, in place of it (the folder it runs in is its run "
+                        "folder); move it, or train with a logger (runs/NAME/version_N)")
+
+
 def _refuse_earlier_checkpoints(folder: Path) -> None:
     """UserError when the checkpoint folder of a fit that starts afresh holds checkpoints of
     an earlier run (a --checkpoint.dirpath or a --trainer.logger false run given twice): the
@@ -725,6 +763,20 @@ def _version_run(root: Path, name: str, version: int | str, which: str) -> tuple
         raise UserError(f"--ckpt_path {which}: --trainer.logger.init_args.version {version} "
                         f"names no run: {folder} does not exist")
     return version, _run_last(folder, which)
+
+
+def _loggerless_last(config, which: str) -> Path:
+    """The last.ckpt that ``--ckpt_path last|best`` names without a logger (``--trainer.logger
+    false``): that of the checkpoint folder such a fit writes to, ``--checkpoint.dirpath`` or
+    DEFAULT_ROOT_DIR/checkpoints, not a run's of runs/NAME."""
+    dirpath = config.checkpoint.get("dirpath")
+    folder = (Path(dirpath) if dirpath
+              else Path(config.trainer.get("default_root_dir") or ".") / "checkpoints")
+    last = folder / LAST_NAME
+    if not last.is_file():
+        raise UserError(f"--ckpt_path {which}: no {last}: with --trainer.logger false, "
+                        f"'{which}' is that of the checkpoint folder {folder}")
+    return last
 
 
 def _run_last(folder: Path, which: str) -> Path:

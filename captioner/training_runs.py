@@ -720,10 +720,12 @@ def _remove_if_empty(folder: Path) -> None:
 class SaveConfigOnceRestored(SaveConfigCallback):
     """LightningCLI's ``config.yaml`` of a fit, written once the checkpoint to resume (if
     any) has been restored and checked (``on_fit_start``, not ``setup``): a refused resume
-    leaves the run's own ``config.yaml`` as it was. validate and test write at ``setup``."""
+    leaves the run's own ``config.yaml`` as it was. validate and test write at ``setup``,
+    and nothing without a logger: they log nothing then, and Lightning would write into the
+    folder they run in."""
 
     def setup(self, trainer: L.Trainer, pl_module, stage: str) -> None:
-        if stage != "fit":
+        if stage != "fit" and trainer.logger is not None:
             super().setup(trainer, pl_module, stage)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module) -> None:

@@ -345,6 +345,27 @@ def test_a_signal_ignored_when_a_command_starts_stays_ignored(monkeypatch):
     assert seen[signal.SIGHUP] is signal.SIG_IGN and seen[signal.SIGTERM] is not signal.SIG_DFL
 
 
+def test_a_lightning_run_leaves_sigterm_to_the_command():
+    # Lightning's own SIGTERM handler broadcast a tensor from inside the handler: one of eight
+    # SIGTERMs to the first process of a two-process DDP fit on CPU hung there, while the other
+    # process waited in backward's all-reduce. SIGTERM is the command's Ctrl-C instead.
+    from captioner.training_cli import Trainer
+
+    def stop(number, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        connector = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
+                            enable_model_summary=False)._signal_connector
+        connector.register_signal_handlers()
+        assert signal.getsignal(signal.SIGTERM) is stop
+        connector.teardown()
+        assert signal.getsignal(signal.SIGTERM) is stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 class _Finalized:
     """Stopped in its finalizer, as a loader's iterator ending its workers at an epoch's end."""
 

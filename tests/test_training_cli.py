@@ -560,15 +560,25 @@ def test_best_of_no_run_says_best(synthetic_data, tiny_cache, tmp_path, capsys):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["validate", *args, "--ckpt_path", "best"]) == 2
     assert capsys.readouterr().err == (
-        "captioner validate: --ckpt_path best: no run of 'demo_softmax' has a best checkpoint "
-        f"(nor a last.ckpt) under {tmp_path / 'runs' / 'demo_softmax'}; train first (without "
-        "--ckpt_path) or give a checkpoint file\n")
+        "captioner validate: --ckpt_path best: no version_N run of 'demo_softmax' has a best "
+        f"checkpoint (nor a last.ckpt) under {tmp_path / 'runs' / 'demo_softmax'}; train first "
+        "(without --ckpt_path) or give a checkpoint file\n")
+    # A named version is only read when named: the message says that one exists.
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1",
+                           "--trainer.logger.init_args.version", "mine"]) == 0
+    capsys.readouterr()
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "2", "--ckpt_path",
+                           "last"]) == 2
+    assert capsys.readouterr().err == (
+        "captioner fit: --ckpt_path last: no version_N run of 'demo_softmax' has a last.ckpt "
+        f"under {tmp_path / 'runs' / 'demo_softmax'}; versions named with "
+        "--trainer.logger.init_args.version have one (mine): name the one meant\n")
 
 
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--ckpt_path", "last"], "no run of 'demo_softmax' has a last.ckpt"),
+        (["--ckpt_path", "last"], "no version_N run of 'demo_softmax' has a last.ckpt"),
         (["--ckpt_path", "nowhere.ckpt"], "nowhere.ckpt: no such checkpoint file"),
         (["--data.karpathy_json", "missing.json"], "missing.json"),
         (["--model.output_attention", "nosuchmax"], "nosuchmax"),
@@ -1156,6 +1166,40 @@ def test_fit_runs_without_a_logger(synthetic_data, tiny_cache, tmp_path, monkeyp
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "2", "--trainer.logger",
                            "false", "--ckpt_path", str(folder / "last.ckpt")]) == 0
     assert read_epochs_done(folder.parent) == 2
+    # 'last' without a logger is the checkpoint folder's, not the newest run's of runs/NAME
+    # (which it resumed, writing that run's continuation over ./checkpoints).
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1",
+                           "--trainer.limit_train_batches", "3"]) == 0
+    [run] = (tmp_path / "runs").glob("*/version_0")
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "3", "--trainer.logger",
+                           "false", "--ckpt_path", "last"]) == 0
+    assert (read_epochs_done(folder.parent), read_epochs_done(run)) == (3, 1)
+    # From step 4 (2 epochs of 2 batches) on, not from that run's step 3.
+    assert read_progress(folder)["global_step"] == 6
+    # validate and test without a logger log nothing, config.yaml neither: the fit's stays.
+    fit_config = (tmp_path / "config.yaml").read_bytes()
+    assert lightning_main(["test", *args, "--trainer.logger", "false", "--ckpt_path",
+                           "best"]) == 0
+    assert (tmp_path / "config.yaml").read_bytes() == fit_config
+    # A fresh fit without a logger would write its config.yaml over one of the user's own.
+    elsewhere = tmp_path / "mine"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    (elsewhere / "config.yaml").write_text("my: own file\n")
+    capsys.readouterr()
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1", "--trainer.logger",
+                           "false"]) == 2
+    assert capsys.readouterr().err == (
+        f"captioner fit: {elsewhere / 'config.yaml'}: exists, and a fit with --trainer.logger "
+        "false writes its config.yaml there, in place of it (the folder it runs in is its run "
+        "folder); move it, or train with a logger (runs/NAME/version_N)\n")
+    assert (elsewhere / "config.yaml").read_text() == "my: own file\n"
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["config.yaml"]
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1", "--trainer.logger",
+                           "false", "--ckpt_path", "last"]) == 2
+    assert capsys.readouterr().err == (
+        f"captioner fit: --ckpt_path last: no {Path('checkpoints') / 'last.ckpt'}: with "
+        "--trainer.logger false, 'last' is that of the checkpoint folder checkpoints\n")
 
 
 def test_the_best_checkpoint_monitors_a_metric_the_model_logs(synthetic_data, tiny_cache,
