@@ -34,9 +34,11 @@ import torch
 # Private, but the one way to parse a config file without applying links (jsonargparse 4.x,
 # as its parse methods' _skip_validation).
 from jsonargparse._link_arguments import skip_apply_links
+from lightning.fabric.utilities.seed import seed_everything
 from lightning.pytorch import Trainer as LightningTrainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
 
 from captioner.checkpointing import load_safely, restore_problem
 from captioner.data import CaptionDataModule
@@ -215,6 +217,24 @@ class CaptionerCLI(LightningCLI):
         self._evaluation_hold: int | None = None  # their hold on their folder in that run
         self._config_keys: dict[str | None, list[str]] = {}  # _keys_set_by, per --config
         super().__init__(*args, **kwargs)
+
+    # LightningCLI hook (Lightning 2.6): seeds before the model and the data are built.
+    # Quietly: a setting refused while they are built is then the command's one line, not
+    # Lightning's "Seed set to N" and the refusal; the seed is told once they stand.
+    def _set_seed(self) -> None:
+        seed_log = logging.getLogger(seed_everything.__module__)
+        told, seed_log.disabled = seed_log.disabled, True
+        try:
+            super()._set_seed()
+        finally:
+            seed_log.disabled = told
+
+    # LightningCLI hook: the model, the data and the trainer stand.
+    def after_instantiate_classes(self) -> None:
+        subcommand = self.config.get("subcommand")
+        seed = (self.config[subcommand] if subcommand else self.config).get("seed_everything")
+        if seed is not None and seed is not False:
+            rank_zero_info(f"Seed set to {seed}")
 
     # LightningCLI hook (Lightning 2.6): the parser of one sub-command.
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs):

@@ -205,6 +205,17 @@ def test_a_setting_that_cannot_train_is_named_before_training(option, value, mes
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_setting_refused_while_the_model_is_built_is_the_commands_one_line(
+    synthetic_data, tiny_cache, tmp_path
+):
+    # In a process of its own, where Lightning's log reaches stderr: its "Seed set to 0" came
+    # before every such refusal.
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--data.batch_size", "0")
+    code, out, err = _run("fit", *args)
+    assert (code, out, err) == (2, "", "captioner fit: data.batch_size must be an integer >= 1, "
+                                "got 0\n")
+
+
 def test_a_min_count_that_leaves_no_word_is_refused_before_training(synthetic_data, tiny_cache,
                                                                     tmp_path, capsys):
     # Such a vocabulary holds only the special tokens: the fit ran, and every caption the
@@ -418,6 +429,7 @@ def test_fit_prints_the_run_folder_and_checkpoints_and_runs_lists_them(
     assert f"best checkpoint: {best}" in out
     assert f"last checkpoint: {run / 'checkpoints' / 'last.ckpt'}" in out
     assert "Tip:" not in out + err and "module(s) in eval mode at the start" not in err
+    assert "Seed set to 0" in out + err  # told once the model and the data stand
 
     code, out, err = _run("runs", "--root", str(tmp_path / "runs"))
     assert code == 0, err
