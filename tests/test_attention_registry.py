@@ -50,20 +50,27 @@ def test_unexpected_keyword_is_named():
         att.build("fusedmax", alpha=1.5)
 
 
+@pytest.mark.parametrize("loss", ["linear", "squared"])
 @pytest.mark.parametrize("name", ["entmax15", "entmax", "fusedmax", "oscarmax", "tvmax"])
-def test_second_derivatives_are_refused_not_made_up(name):
+def test_second_derivatives_are_refused_not_made_up(name, loss):
     # Their backward passes are closed forms of the solution (numba on the host for the
-    # proxes): a Hessian-vector product through them was NaN (entmax15, as the entmax package
-    # gives) or an error from inside the backward; marked once_differentiable, their gradient
-    # has no graph to differentiate again.
+    # proxes), with no graph to differentiate again. Marked with torch's once_differentiable,
+    # a gradient penalty through them had a second derivative of exactly 0 where finite
+    # differences give 0.3-3.8, silently: the gradient of a loss linear in the weights had no
+    # graph at all, and torch.autograd.grad(..., inputs=scores) never reached the node that
+    # would raise. Now asking for a gradient that can be differentiated again is refused.
     cls, kwargs, _ = EXPECTED[name]
-    scores = torch.randn(1, 2, 3, dtype=torch.float64, requires_grad=True)
+    scores = torch.randn(2, 4, 4, dtype=torch.float64, requires_grad=True)
     weights = att.build(name, **kwargs)(scores, None)
-    upstream = torch.randn(1, 2, 3, dtype=torch.float64)
-    (grad,) = torch.autograd.grad((weights * upstream).sum(), scores, create_graph=True)
-    assert torch.isfinite(grad).all()
-    with pytest.raises(RuntimeError, match="does not require grad"):
-        torch.autograd.grad(grad.sum(), scores)
+    upstream = torch.randn(2, 4, 4, dtype=torch.float64)
+    objective = (weights * upstream).sum() if loss == "linear" else (weights**2 * upstream).sum()
+    with pytest.raises(RuntimeError, match="differentiable once.*create_graph=True"):
+        torch.autograd.grad(objective, scores, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiable once"):
+        objective.backward(create_graph=True)
+    # A first derivative is what it was.
+    (grad,) = torch.autograd.grad(objective, scores)
+    assert torch.isfinite(grad).all() and grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -30,8 +30,8 @@ import torch
 from numba import njit, prange
 from numba.core.options import DefaultOptions
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
+from ._autograd import first_order_only
 from ._checks import apply_mask, check_lam, check_scores, checked_max
 from .sparsemax import sparsemax, sparsemax_as
 
@@ -134,7 +134,7 @@ class GroupedProxFunction(torch.autograd.Function):
         return torch.from_numpy(x).to(device=z.device, dtype=z.dtype)
 
     @staticmethod
-    @once_differentiable
+    @first_order_only
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         group, sign, dlam = ctx.saved_tensors
         grad_host = grad.detach().to(device="cpu", dtype=torch.float64).contiguous()

@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.autograd.function import once_differentiable
+
+from ._autograd import first_order_only
 
 
 @triton.jit
@@ -83,7 +84,7 @@ class SparsemaxRowsFunction(torch.autograd.Function):
         return p
 
     @staticmethod
-    @once_differentiable
+    @first_order_only
     def backward(ctx, grad: Tensor) -> Tensor:
         (p,) = ctx.saved_tensors
         return _launch(_backward_kernel, p, grad.contiguous())

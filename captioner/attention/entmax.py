@@ -14,8 +14,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
+from ._autograd import first_order_only
 from ._checks import apply_mask, check_alpha, check_scores, checked_max, fail_if, half_in_float32
 from ._flat import FlatGridMapping
 from ._softplus import inverse_softplus
@@ -56,7 +56,7 @@ class Entmax15Function(torch.autograd.Function):
         return p
 
     @staticmethod
-    @once_differentiable
+    @first_order_only
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
         (p,) = ctx.saved_tensors
         return _support_jvp(torch.sqrt(p), grad, ctx.dim), None, None
@@ -133,7 +133,7 @@ class EntmaxBisectFunction(torch.autograd.Function):
         return p
 
     @staticmethod
-    @once_differentiable
+    @first_order_only
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, None, Tensor | None, None, None]:
         p, alpha = ctx.saved_tensors
         dim = ctx.dim

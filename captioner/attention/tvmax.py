@@ -24,8 +24,8 @@ import numba
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
+from ._autograd import first_order_only
 from ._checks import (
     apply_mask,
     check_lam,
@@ -183,7 +183,7 @@ class TVmaxFunction(torch.autograd.Function):
         return weights.to(device=z.device, dtype=z.dtype)
 
     @staticmethod
-    @once_differentiable
+    @first_order_only
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
         (weights,) = ctx.saved_tensors
         grad_host = grad.detach().to(device="cpu", dtype=weights.dtype).contiguous().numpy()
@@ -226,7 +226,7 @@ class TVmaxDeviceFunction(torch.autograd.Function):
         return solved[0].to(dtype)
 
     @staticmethod
-    @once_differentiable
+    @first_order_only
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
         weights, group, dlam = ctx.saved_tensors
         want_lam = ctx.needs_input_grad[1]
