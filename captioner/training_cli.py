@@ -962,6 +962,10 @@ def build_cli(args: list[str] | None, *, run: bool = True,
         run=run,
         trainer_defaults=TRAINER_DEFAULTS,
         seed_everything_default=0,
+        # The optimizer and its schedule are the model's (model.lr, model.betas,
+        # model.lr_decay, model.lr_decay_after): Lightning's --optimizer and --lr_scheduler
+        # replaced both without a word, while the run's config.yaml still gave the model's.
+        auto_configure_optimizers=False,
         save_config_callback=SaveConfigOnceRestored,
         save_config_kwargs={"overwrite": True},
         # Errors in arguments and configs are raised (one line from the command), not printed

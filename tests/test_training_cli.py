@@ -216,6 +216,19 @@ def test_a_setting_refused_while_the_model_is_built_is_the_commands_one_line(
                                 "got 0\n")
 
 
+@pytest.mark.parametrize("option", [["--optimizer", "torch.optim.SGD", "--optimizer.lr", "0.5"],
+                                    ["--lr_scheduler", "torch.optim.lr_scheduler.StepLR"]])
+def test_lightnings_optimizer_options_are_refused_not_put_in_the_models_place(
+    option, synthetic_data, tiny_cache, tmp_path, capsys
+):
+    # They replaced the model's Adam and its decay, while the run's config.yaml still gave them.
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, *option)
+    assert lightning_main(["fit", *args]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and option[0] in err, err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_min_count_that_leaves_no_word_is_refused_before_training(synthetic_data, tiny_cache,
                                                                     tmp_path, capsys):
     # Such a vocabulary holds only the special tokens: the fit ran, and every caption the
