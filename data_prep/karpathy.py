@@ -130,8 +130,17 @@ def load_karpathy(json_path: str | Path, image_root: str | Path) -> KarpathyData
     entries: dict[str, list[ImageEntry]] = {split: [] for split in SPLITS}
     first_index_of_id: dict[int, int] = {}
     first_of_path: dict[Path, tuple[int, str]] = {}
+    # The ids of a COCO split file are its cocoids: an image without one would take its imgid,
+    # another numbering, and stand for another image of the COCO annotations and caches.
+    with_cocoid = next((i for i, record in enumerate(images)
+                        if isinstance(record, dict) and "cocoid" in record), None)
     for index, record in enumerate(images):
         entry = _parse_image(record, json_path, index, image_root)
+        if with_cocoid is not None and "cocoid" not in record:
+            raise KarpathyFormatError(
+                f"{json_path}: images[{index}] ({entry.path.name}): field 'cocoid' is missing, "
+                f"which images[{with_cocoid}] has; every image of a COCO split file needs its "
+                "cocoid")
         if entry.image_id in first_index_of_id:
             raise KarpathyFormatError(
                 f"{json_path}: images[{index}]: duplicate image id {entry.image_id} "

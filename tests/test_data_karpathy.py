@@ -159,6 +159,12 @@ MALFORMED = {
         _delete(("images", 0, "sentences", 1, "raw")),
         r"images\[0\].*'sentences\[1\].raw'",
     ),
+    # It took its imgid, another numbering: another image's id in the COCO annotations.
+    "missing cocoid": (
+        _delete(("images", 2, "cocoid")),
+        r"images\[2\] \(COCO_val2014_000000000030.jpg\): field 'cocoid' is missing, which "
+        r"images\[0\] has",
+    ),
     "duplicate cocoid": (
         _set(("images", 3, "cocoid"), 9),
         r"images\[3\].*duplicate image id 9.*images\[0\]",
