@@ -164,9 +164,10 @@ def check_result_names(results: Path, result_names: dict[int, str], references: 
                        reference_names: dict[int, str]) -> str | None:
     """Check that the references give the image ids of the results records that name their
     images (``result_names``, as `caption --format coco` writes them) to files of the same
-    names (``reference_names``; compared without folders), so that no caption is scored
-    against another image's references: ids taken from COCO file names, or input positions,
-    are not a converted dataset's. ``results`` and ``references`` are the files, for messages.
+    names (``reference_names``; compared without folders), and no file to another id, so that
+    no caption is scored against another image's references: ids taken from COCO file names,
+    or input positions, are not a converted dataset's. ``results`` and ``references`` are the
+    files, for messages.
 
     Returns a warning where the references name no files to check against (else None).
     Raises CaptionFileError naming the first ids whose files differ."""
@@ -175,9 +176,17 @@ def check_result_names(results: Path, result_names: dict[int, str], references: 
     if not reference_names:
         return (f"warning: {references} names no image files, so the image ids of the "
                 f"captions in {results} are not checked against their file names")
-    wrong = [f"image id {image_id}: {name}, but {reference_names[image_id]} in {references}"
-             for image_id, name in sorted(result_names.items())
-             if image_id in reference_names and Path(name).name != reference_names[image_id]]
+    id_of_name = {name: image_id for image_id, name in reference_names.items()}
+    wrong = []
+    for image_id, name in sorted(result_names.items()):
+        given = reference_names.get(image_id)
+        if given is not None and Path(name).name != given:
+            wrong.append(f"image id {image_id}: {name}, but {given} in {references}")
+        elif given is None and Path(name).name in id_of_name:
+            # Ids of another numbering that the references do not use at all (Flickr30k's
+            # files by their positions in a folder): the file has an id of its own there.
+            wrong.append(f"image id {image_id}: {name}, image id {id_of_name[Path(name).name]} "
+                         f"in {references}")
     if wrong:
         raise CaptionFileError(
             f"{results}: {len(wrong)} of its {counted(len(result_names), 'caption')} "

@@ -413,6 +413,26 @@ def test_captions_named_after_other_images_than_the_references_ids_are_refused(
     assert rc == 0 and err == "" and "2 images" in stdout
 
 
+def test_captions_of_files_the_references_number_otherwise_are_refused(tmp_path, karpathy,
+                                                                       capsys):
+    # Flickr30k's file names are no COCO names, so `caption --format coco` numbers them by
+    # position, ids the split file does not use: refused as "no reference caption" without
+    # saying why. Now the files the references give other ids are named, with the way out.
+    results = _write(tmp_path / "r.json", [
+        {"image_id": 1000000, "caption": "a cat", "file_name": "photos/5.jpg"},
+        {"image_id": 1000001, "caption": "a dog runs", "file_name": "photos/6.jpg"},
+    ])
+    rc, _, err = _score(capsys, "--results", results, "--references", karpathy, "--split",
+                        "test", "--metrics", "Bleu")
+    assert rc == 2
+    assert err == (
+        f"captioner score: {results}: 2 of its 2 captions name another image than {karpathy} "
+        f"gives its image id (image id 1000000: photos/5.jpg, image id 5 in {karpathy}; image "
+        f"id 1000001: photos/6.jpg, image id 6 in {karpathy}); `captioner caption --format "
+        "coco` takes ids from COCO file names (or input positions), not a converted "
+        "dataset's: score a dataset's split with `captioner evaluate`\n")
+
+
 def test_captions_are_checked_against_a_coco_files_images_when_it_lists_them(tmp_path, capsys):
     annotations = [{"image_id": 5, "caption": "a dog runs"}, {"image_id": 6, "caption": "a cat"}]
     results = _write(tmp_path / "r.json", [
