@@ -532,6 +532,30 @@ def evaluation_only(folder: Path) -> tuple[str, str] | None:
     return None
 
 
+def run_attention(folder: Path) -> str:
+    """The attention a run trained with, from its ``config.yaml``: ``INPUT/OUTPUT`` mapping,
+    the output's keywords after it (``softmax/tvmax lam=0.01``), so that runs of one config
+    name with other mappings (``--model.output_attention``) are told apart; ``?`` where the
+    file is missing or says no mapping. Read as data (``yaml.safe_load``): a run's files are
+    untrusted."""
+    import yaml
+
+    try:
+        config = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return "?"
+    model = config.get("model") if isinstance(config, dict) else None
+    if not isinstance(model, dict):
+        return "?"
+    mappings = [model.get("input_attention"), model.get("output_attention")]
+    if not all(isinstance(name, str) and name for name in mappings):
+        return "?"
+    kwargs = model.get("output_attention_kwargs")
+    keywords = ([f"{key}={value}" for key, value in kwargs.items()]
+                if isinstance(kwargs, dict) else [])
+    return " ".join(["/".join(mappings), *keywords])
+
+
 def list_runs(root: Path) -> list[RunInfo]:
     """Every run under ``root``, by name: ``ROOT/NAME/version_N`` by N, then the versions a fit
     named (``--trainer.logger.init_args.version V``: ``ROOT/NAME/V``) that hold checkpoints, by

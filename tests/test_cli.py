@@ -311,6 +311,33 @@ def test_a_ctrl_c_after_a_command_returned_is_ignored(monkeypatch):
     assert exit_info.value.code == 0
 
 
+@pytest.mark.parametrize(("config", "attention"), [
+    ("model:\n  input_attention: softmax\n  output_attention: tvmax\n"
+     "  output_attention_kwargs:\n    lam: 0.01\n    learn_lam: true\n",
+     "softmax/tvmax lam=0.01 learn_lam=True"),
+    ("model:\n  input_attention: sparsemax\n  output_attention: fusedmax\n"
+     "  output_attention_kwargs: null\n", "sparsemax/fusedmax"),
+    ("model: [1, 2]\n", "?"),
+    ("{{not yaml", "?"),
+    # A class_path is data here: safe_load builds no object.
+    ("model: !!python/object/apply:os.system ['echo hi']\n", "?"),
+    (None, "?"),
+])
+def test_runs_tell_the_attention_each_run_trained_with(config, attention, tmp_path, capsys):
+    # Runs of one config name may train other mappings (--model.output_attention): the list
+    # told them apart by nothing.
+    from captioner.commands import runs
+
+    folder = tmp_path / "runs" / "coco_tvmax" / "version_0"
+    (folder / "checkpoints").mkdir(parents=True)
+    if config is not None:
+        (folder / "config.yaml").write_text(config)
+    assert runs.main(["--root", str(tmp_path / "runs")]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    column = header.index("in/out attention")
+    assert header.split()[2] == "in/out" and row[column:].startswith(attention + " ")
+
+
 def test_runs_lists_named_versions_in_the_order_of_their_numbers(tmp_path, capsys):
     from captioner.commands import runs
 

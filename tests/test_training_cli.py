@@ -448,6 +448,7 @@ def test_fit_prints_the_run_folder_and_checkpoints_and_runs_lists_them(
     assert code == 0, err
     row = next(line for line in out.splitlines() if line.startswith("tiny"))
     assert "version_0" in row and str(best) in row and " 1 " in row
+    assert " softmax/softmax " in row  # configs/demo_softmax.yaml's attention
     # A moved runs folder: its checkpoints where they are now, not where they were written.
     moved = tmp_path / "moved"
     (tmp_path / "runs").rename(moved)

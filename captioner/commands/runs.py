@@ -1,6 +1,7 @@
 """``captioner runs``: the training runs under a runs folder, with their progress.
 
-One line per ``ROOT/NAME/version_N`` (and per version a fit named, ``ROOT/NAME/V``): epochs
+One line per ``ROOT/NAME/version_N`` (and per version a fit named, ``ROOT/NAME/V``): the
+input/output attention it trained with (and the output's keywords, from its config.yaml), epochs
 done, global step, the best score with the metric it is of (``CIDEr``, the validation CIDEr,
 unless the run monitored another: ``Bleu_4``, ``train/loss``) and the best and last
 checkpoints, as recorded in ``checkpoints/progress.json`` at the run's last
@@ -15,8 +16,8 @@ from pathlib import Path
 
 from captioner.commands.options import command_parser
 
-HELP = ("list training runs (runs/NAME/version_N) with their best validation CIDEr (or the "
-        "metric they monitor) and checkpoints")
+HELP = ("list training runs (runs/NAME/version_N) with their attention mappings, best "
+        "validation CIDEr (or the metric they monitor) and checkpoints")
 
 
 def main(argv: list[str]) -> int:
@@ -28,6 +29,7 @@ def main(argv: list[str]) -> int:
     from captioner.training_runs import (
         evaluation_only,
         list_runs,
+        run_attention,
         training_now,
         version_folders,
         version_number,
@@ -53,8 +55,11 @@ def main(argv: list[str]) -> int:
     # A run that monitored another metric than val/CIDEr has its best score of that metric.
     bests = [_best(run.progress) for run in runs]
     width = max(len("best"), *map(len, bests))
-    print(f"{'run':<24} {'version':<10} {'epochs':>6} {'step':>8} {'best':<{width}}  checkpoints")
-    for run, best in zip(runs, bests, strict=True):
+    attentions = [run_attention(run.folder) for run in runs]
+    wide = max(len("in/out attention"), *map(len, attentions))
+    print(f"{'run':<24} {'version':<10} {'in/out attention':<{wide}} {'epochs':>6} {'step':>8} "
+          f"{'best':<{width}}  checkpoints")
+    for run, attention, best in zip(runs, attentions, bests, strict=True):
         progress = run.progress
         if progress is None:
             # progress.json comes with the first checkpoint: without it, say what is there.
@@ -69,13 +74,14 @@ def main(argv: list[str]) -> int:
                 note = "(stopped before its first checkpoint: nothing to resume)"
             else:
                 note = "(no checkpoint yet)"
-            print(f"{run.name:<24} {run.folder.name:<10} {'-':>6} {'-':>8} {best:<{width}}  "
-                  f"{note}")
+            print(f"{run.name:<24} {run.folder.name:<10} {attention:<{wide}} {'-':>6} {'-':>8} "
+                  f"{best:<{width}}  {note}")
             continue
         best_file, last_file = (_where(run.folder, progress.get(key))
                                 for key in ("best_checkpoint", "last_checkpoint"))
-        print(f"{run.name:<24} {run.folder.name:<10} {progress['epochs_done']:>6} "
-              f"{progress['global_step']:>8} {best:<{width}}  best {best_file}  last {last_file}")
+        print(f"{run.name:<24} {run.folder.name:<10} {attention:<{wide}} "
+              f"{progress['epochs_done']:>6} {progress['global_step']:>8} {best:<{width}}  "
+              f"best {best_file}  last {last_file}")
     return 0
 
 
