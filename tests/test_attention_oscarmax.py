@@ -122,6 +122,18 @@ def test_oscarmax_lam_zero_mask_and_module():
     torch.testing.assert_close(module(scores).reshape(3, 8), oscarmax(z.detach(), 0.05))
 
 
+def test_scores_whose_prox_overflows_are_named_as_such():
+    # The prox sums a fused group's scores: finite scores near float64's limit overflowed,
+    # and sparsemax then refused "+inf scores" the caller never gave.
+    z = torch.tensor([[1e308, -1e308, 0.0, 1e308]], dtype=F64)
+    with pytest.raises(ValueError, match=r"^oscarmax: scores of magnitude up to 1e\+308 "
+                                         r"overflow the sums of its prox in float64"):
+        oscarmax(z, 0.1)
+    # Masked cells (-inf inside the prox) are no overflow.
+    assert torch.isfinite(oscarmax(z / 1e300, 0.1, mask=torch.tensor([True, True, False, True]))
+                          ).all()
+
+
 def test_parallel_kernels_agree_with_the_serial_ones(two_numba_threads):
     z = _random((600, 64), seed=10).requires_grad_()
     y = oscar_prox(z.detach(), 0.01)

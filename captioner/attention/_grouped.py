@@ -121,13 +121,19 @@ class GroupedProxFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, z: Tensor, lam: float | Tensor, solver) -> Tensor:
+    def forward(ctx, z: Tensor, lam: float | Tensor, solver, func: str) -> Tensor:
         z_host = z.detach().to(device="cpu", dtype=torch.float64).contiguous().numpy()
         x = np.empty_like(z_host)
         group = np.empty(z_host.shape, dtype=np.int64)
         sign = np.empty_like(z_host)
         dlam = np.empty_like(z_host)
         solver(z_host, float(lam), x, group, sign, dlam)
+        if not np.all(np.isfinite(x) | np.isneginf(z_host)):
+            # Finite scores near float64's limit overflow the prox's sums of them (a fused
+            # group's mean): said here, not as +inf scores of the sparsemax that follows.
+            top = np.abs(z_host[np.isfinite(z_host)]).max()
+            raise ValueError(f"{func}: scores of magnitude up to {top:.3g} overflow the sums of "
+                             "its prox in float64; scale them down")
         ctx.save_for_backward(torch.from_numpy(group), torch.from_numpy(sign),
                               torch.from_numpy(dlam))
         ctx.lam_like = lam if isinstance(lam, Tensor) else None
@@ -135,7 +141,7 @@ class GroupedProxFunction(torch.autograd.Function):
 
     @staticmethod
     @first_order_only
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
         group, sign, dlam = ctx.saved_tensors
         grad_host = grad.detach().to(device="cpu", dtype=torch.float64).contiguous()
         grad_z = grad_lam = None
@@ -146,7 +152,7 @@ class GroupedProxFunction(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             lam = ctx.lam_like
             grad_lam = (grad_host * dlam).sum().to(device=lam.device, dtype=lam.dtype)
-        return grad_z, grad_lam, None
+        return grad_z, grad_lam, None, None
 
 
 def grouped_prox(
@@ -159,7 +165,7 @@ def grouped_prox(
     checked_max(z, dim, func)
     moved = z.movedim(dim, -1)
     rows = moved.reshape(-1, moved.shape[-1])
-    out = GroupedProxFunction.apply(rows, lam, solver)
+    out = GroupedProxFunction.apply(rows, lam, solver, func)
     return out.reshape(moved.shape).movedim(-1, dim)
 
 
