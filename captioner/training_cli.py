@@ -216,6 +216,11 @@ class CaptionerCLI(LightningCLI):
         self._evaluated_run: Path | None = None  # the run whose checkpoint validate/test score
         self._evaluation_hold: int | None = None  # their hold on their folder in that run
         self._config_keys: dict[str | None, list[str]] = {}  # _keys_set_by, per --config
+        if "trainer_defaults" in kwargs:
+            # The logger's name is the run's (--run_name, else the first config's stem), so
+            # that --print_config says where the run goes, not Lightning's "lightning_logs".
+            name = (option_values(self._args, "run_name") or [self._default_run_name()])[-1]
+            kwargs["trainer_defaults"] = _named_logger(kwargs["trainer_defaults"], name)
         super().__init__(*args, **kwargs)
 
     # LightningCLI hook (Lightning 2.6): seeds before the model and the data are built.
@@ -675,8 +680,9 @@ class CaptionerCLI(LightningCLI):
         return root / logger.name / f"version_{logger._version}"
 
     def run_name(self, config) -> str:
-        if config.get("run_name"):
-            return config["run_name"]
+        return config.get("run_name") or self._default_run_name()
+
+    def _default_run_name(self) -> str:
         return Path(self._first_config).stem if self._first_config else "captioner"
 
     def _run_folder_name(self, config) -> str:
@@ -723,6 +729,15 @@ class CaptionerCLI(LightningCLI):
         """Where validate / test logged their scores (``version_N/test_2/``, say), or ''."""
         folder = _logger_folder(self.trainer.logger)
         return f"scores logged in {folder / 'metrics.csv'}" if folder is not None else ""
+
+
+def _named_logger(defaults: dict, name: str) -> dict:
+    """``defaults`` (TRAINER_DEFAULTS) with ``name`` for its logger's name."""
+    logger = defaults.get("logger")
+    if not isinstance(logger, dict):
+        return defaults
+    init_args = {**logger.get("init_args", {}), "name": name}
+    return {**defaults, "logger": {**logger, "init_args": init_args}}
 
 
 def _logger_folder(logger) -> Path | None:

@@ -63,6 +63,8 @@ def test_paper_configs_parse_with_the_paper_settings(name, capsys):
         assert model["output_attention_kwargs"] == {"lam": 0.01}
     assert data["image_size"] == 256 and data["min_count"] == 5
     assert config["checkpoint"]["monitor"] == "val/CIDEr" and config["checkpoint"]["mode"] == "max"
+    # Where the run goes (it said Lightning's "lightning_logs", and went to runs/NAME).
+    assert config["trainer"]["logger"]["init_args"]["name"] == name
 
 
 @pytest.mark.parametrize("mapping", MAPPINGS)
@@ -227,6 +229,19 @@ def test_lightnings_optimizer_options_are_refused_not_put_in_the_models_place(
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and option[0] in err, err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_printed_config_trains_where_it_says(synthetic_data, tiny_cache, tmp_path, capsys):
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.max_epochs", "1")
+    with pytest.raises(SystemExit):
+        lightning_main(["fit", *args, "--print_config"])
+    printed = tmp_path / "printed.yaml"
+    printed.write_text(capsys.readouterr().out)
+    logger = yaml.safe_load(printed.read_text())["trainer"]["logger"]["init_args"]
+    assert logger["name"] == "demo_softmax"
+    assert lightning_main(["fit", "--config", str(printed)]) == 0
+    assert (Path(logger["save_dir"]) / "demo_softmax" / "version_0" / "checkpoints"
+            / "last.ckpt").is_file()
 
 
 def test_a_min_count_that_leaves_no_word_is_refused_before_training(synthetic_data, tiny_cache,
@@ -1362,7 +1377,9 @@ def test_an_option_before_a_config_that_sets_it_is_refused_not_replaced(tmp_path
     # An option that no later config sets keeps its value wherever it stands.
     with pytest.raises(SystemExit):
         lightning_main(["fit", "--run_name", "mine", "--config", tvmax, "--print_config"])
-    assert yaml.safe_load(capsys.readouterr().out)["run_name"] == "mine"
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["run_name"] == "mine"
+    assert printed["trainer"]["logger"]["init_args"]["name"] == "mine"
 
 
 def test_a_missing_include_of_a_config_file_is_named_once_with_where_it_was_looked_for(
