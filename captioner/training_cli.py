@@ -517,6 +517,13 @@ class CaptionerCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
+        for key in ("optimizer", "lr_scheduler"):
+            # Lightning's options, kept so that the runs' config.yaml (which give them null)
+            # still parse: given, they replaced the model's Adam and its decay without a word,
+            # while the run's config.yaml still gave the model's settings.
+            if config.get(key) is not None:
+                raise UserError(f"--{key}: the optimizer and its schedule are the model's: set "
+                                "model.lr, model.betas, model.lr_decay and model.lr_decay_after")
         if subcommand == "fit" and config.checkpoint.get("monitor") is not None:
             _check_monitor(config.checkpoint)
             _name_best_after_monitor(config.checkpoint)
@@ -977,10 +984,6 @@ def build_cli(args: list[str] | None, *, run: bool = True,
         run=run,
         trainer_defaults=TRAINER_DEFAULTS,
         seed_everything_default=0,
-        # The optimizer and its schedule are the model's (model.lr, model.betas,
-        # model.lr_decay, model.lr_decay_after): Lightning's --optimizer and --lr_scheduler
-        # replaced both without a word, while the run's config.yaml still gave the model's.
-        auto_configure_optimizers=False,
         save_config_callback=SaveConfigOnceRestored,
         save_config_kwargs={"overwrite": True},
         # Errors in arguments and configs are raised (one line from the command), not printed
