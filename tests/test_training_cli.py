@@ -588,14 +588,15 @@ def test_runs_says_a_version_holds_the_test_of_a_checkpoint_from_elsewhere(
     assert code == 0, err
     run = tmp_path / "scored" / "runs" / "demo_softmax" / "version_0"
     assert out.splitlines()[1] == (
-        f"demo_softmax             version_0       -        - -     (no training: test of "
-        f"{model}, scores in {run / 'metrics.csv'})")
+        f"demo_softmax             version_0  softmax/softmax       -        - -     (no "
+        f"training: test of {model}, scores in {run / 'metrics.csv'})")
     # A training run that has not saved a checkpoint yet is not taken for one.
     (run.parent / "version_1").mkdir()
     (run.parent / "version_1" / "config.yaml").write_text("ckpt_path: null\n")
     code, out, err = _run("runs", "--root", str(tmp_path / "scored" / "runs"))
     assert out.splitlines()[2].endswith(
-        "version_1       -        - -     (stopped before its first checkpoint: nothing to resume)")
+        f"version_1  {'?':<16}      -        - -     (stopped before its first checkpoint: "
+        "nothing to resume)")
 
 
 def test_ckpt_path_help_says_what_captioner_does(capsys):
@@ -1064,8 +1065,9 @@ def test_a_named_versions_own_config_resumes_it_with_its_metrics(synthetic_data,
     assert sorted(path.name for path in runs.iterdir()) == ["mine", "version_0"]
     capsys.readouterr()
     assert runs_command.main(["--root", str(runs.parent)]) == 0
-    rows = [line.split()[:3] for line in capsys.readouterr().out.splitlines()[1:]]
-    assert rows == [["demo_softmax", "version_0", "1"], ["demo_softmax", "mine", "2"]]
+    rows = [line.split()[:4] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert rows == [["demo_softmax", "version_0", "softmax/softmax", "1"],
+                    ["demo_softmax", "mine", "softmax/softmax", "2"]]
     # A run's folder is not a folder of runs, though a test's folder in it has a config.yaml.
     (runs / "version_0" / "test").mkdir()
     shutil.copy(runs / "version_0" / "config.yaml", runs / "version_0" / "test")
@@ -1306,7 +1308,7 @@ def test_runs_lists_a_run_whose_checkpoints_are_kept_elsewhere(synthetic_data, t
     capsys.readouterr()
     assert runs.main(["--root", str(tmp_path / "runs")]) == 0
     [row] = capsys.readouterr().out.splitlines()[1:]
-    assert row.split()[:5] == ["demo_softmax", "version_0", "1", "2", "CIDEr"]
+    assert row.split()[:6] == ["demo_softmax", "version_0", "softmax/softmax", "1", "2", "CIDEr"]
     assert row.endswith(f"best {best.resolve()}  last {(elsewhere / 'last.ckpt').resolve()}")
     # It is the newest run, so `best` is its best checkpoint (it was an older run's).
     assert lightning_main(["test", *_cli_args(synthetic_data, tiny_cache, tmp_path),
