@@ -184,7 +184,7 @@ def check_result_names(results: Path, result_names: dict[int, str], references: 
             wrong.append(f"image id {image_id}: {name}, but {given} in {references}")
         elif given is None and Path(name).name in id_of_name:
             # Ids of another numbering that the references do not use at all (Flickr30k's
-            # files by their positions in a folder): the file has an id of its own there.
+            # file names, numbers, read as COCO ids): the file has an id of its own there.
             wrong.append(f"image id {image_id}: {name}, image id {id_of_name[Path(name).name]} "
                          f"in {references}")
     if wrong:
