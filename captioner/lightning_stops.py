@@ -2,7 +2,7 @@
 turns into Ctrl-C) ends in captioner's commands: as :class:`KeyboardInterrupt`, which each
 command answers with its one line and status 130; and how a DDP run ends whose process
 started here is lost (:func:`lost_processes_told`). Lightning's own SIGTERM handler is left
-out of the runs (:class:`StopSignals`).
+out of the runs (:class:`KeepStopSignals`).
 
 Lightning catches the KeyboardInterrupt of a running fit, shuts the run down and then calls
 ``exit(1)``: a command would end with status 1 and no line of its own. Its note on the stop
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import lightning as L
-from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
+from lightning.pytorch.callbacks import Callback
 
 _LIGHTNING_NOTE = "Detected KeyboardInterrupt, attempting graceful shutdown"
 
@@ -32,22 +32,31 @@ class _NoStopNote(logging.Filter):
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoStopNote())
 
 
-class StopSignals(_SignalConnector):
-    """Lightning's signal handling of a run, less its own SIGTERM handler: SIGTERM stays what
-    the command made it, a Ctrl-C (``captioner.cli``).
+class KeepStopSignals(Callback):
+    """Keeps SIGTERM what the command made it, a Ctrl-C (``captioner.cli``), in every run.
 
-    Lightning 2.6's handler broadcasts a tensor from the first process, from inside the handler,
-    wherever the signal lands: a collective that waits for ever when another process is in
-    another one (DDP's all-reduce in backward). One of eight SIGTERMs to the first process of a
-    two-process CPU fit hung so; a Ctrl-C there, which every process handles as its own stop,
-    never did."""
+    Lightning composes its own SIGTERM handler with the command's once a run's modules are
+    restored, and its handler broadcasts a tensor from the first process, from inside the
+    handler, wherever the signal lands: a collective that waits for ever when another process
+    is in another one (DDP's all-reduce in backward). One of eight SIGTERMs to the first
+    process of a two-process CPU fit hung so; a Ctrl-C there, which every process handles as its
+    own stop, never did. The first hook of each stage that runs after Lightning set its
+    handlers puts the command's back; Lightning's teardown then restores the command's too."""
 
-    def register_signal_handlers(self) -> None:
-        kept = signal.getsignal(signal.SIGTERM)
-        super().register_signal_handlers()
-        # Lightning sets signals from the main thread alone; None: set outside Python.
-        if threading.current_thread() is threading.main_thread() and kept is not None:
-            signal.signal(signal.SIGTERM, kept)
+    def __init__(self) -> None:
+        self._kept = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._kept = signal.getsignal(signal.SIGTERM)
+
+    def _put_back(self, *_) -> None:
+        # Signals are set from the main thread alone; None: a handler set outside Python.
+        if threading.current_thread() is threading.main_thread() and self._kept is not None:
+            signal.signal(signal.SIGTERM, self._kept)
+
+    on_sanity_check_start = on_train_start = on_validation_start = _put_back
+    on_test_start = on_predict_start = _put_back
 
 
 @contextmanager

@@ -36,7 +36,7 @@ import torch
 from jsonargparse._link_arguments import skip_apply_links
 from lightning.fabric.utilities.seed import seed_everything
 from lightning.pytorch import Trainer as LightningTrainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -50,7 +50,7 @@ from captioner.lightning_module import (
     stored_vocabulary,
 )
 from captioner.lightning_stops import (
-    StopSignals,
+    KeepStopSignals,
     lost_processes_told,
     stops_as_keyboard_interrupt,
 )
@@ -105,7 +105,7 @@ class Trainer(LightningTrainer):
     types the limits ``float | int``; jsonargparse gives a value the first type that holds it,
     so ``--trainer.limit_train_batches 1`` (or ``limit_train_batches: 1`` in a config) became
     1.0, every batch. Its signals are handled by
-    :class:`~captioner.lightning_stops.StopSignals` (SIGTERM stops a run as Ctrl-C does).
+    :class:`~captioner.lightning_stops.KeepStopSignals` (SIGTERM stops a run as Ctrl-C does).
 
     Args:
         limit_train_batches: training batches per epoch: an int counts batches, a float is a
@@ -120,11 +120,13 @@ class Trainer(LightningTrainer):
                  limit_val_batches: int | float | None = None,
                  limit_test_batches: int | float | None = None,
                  limit_predict_batches: int | float | None = None, **kwargs) -> None:
+        callbacks = kwargs.pop("callbacks", None) or []
+        callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks)
         super().__init__(limit_train_batches=limit_train_batches,
                          limit_val_batches=limit_val_batches,
                          limit_test_batches=limit_test_batches,
-                         limit_predict_batches=limit_predict_batches, **kwargs)
-        self._signal_connector = StopSignals(self)
+                         limit_predict_batches=limit_predict_batches,
+                         callbacks=[*callbacks, KeepStopSignals()], **kwargs)
 
 
 class _NoAdvertising(logging.Filter):

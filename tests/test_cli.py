@@ -375,19 +375,35 @@ def test_a_signal_ignored_when_a_command_starts_stays_ignored(monkeypatch):
 def test_a_lightning_run_leaves_sigterm_to_the_command():
     # Lightning's own SIGTERM handler broadcast a tensor from inside the handler: one of eight
     # SIGTERMs to the first process of a two-process DDP fit on CPU hung there, while the other
-    # process waited in backward's all-reduce. SIGTERM is the command's Ctrl-C instead.
+    # process waited in backward's all-reduce. SIGTERM is the command's Ctrl-C instead, while
+    # each stage runs (seen from inside its steps) and after it.
+    from lightning.pytorch import Callback
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
     from captioner.training_cli import Trainer
 
     def stop(number, frame):
         raise KeyboardInterrupt
 
+    class SeeSigterm(Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_train_batch_start(self, *_):
+            self.seen.append(signal.getsignal(signal.SIGTERM))
+
+        on_validation_batch_start = on_test_batch_start = on_train_batch_start
+
     previous = signal.signal(signal.SIGTERM, stop)
     try:
-        connector = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
-                            enable_model_summary=False)._signal_connector
-        connector.register_signal_handlers()
-        assert signal.getsignal(signal.SIGTERM) is stop
-        connector.teardown()
+        seeing = SeeSigterm()
+        trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
+                          enable_model_summary=False, enable_checkpointing=False, max_steps=1,
+                          limit_val_batches=1, limit_test_batches=1, callbacks=[seeing])
+        trainer.fit(BoringModel())
+        trainer.test(BoringModel(), verbose=False)
+        assert len(seeing.seen) == 3  # sanity check, training, test
+        assert all(handler is stop for handler in seeing.seen)
         assert signal.getsignal(signal.SIGTERM) is stop
     finally:
         signal.signal(signal.SIGTERM, previous)
