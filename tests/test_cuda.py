@@ -256,7 +256,7 @@ def _tvmax_module():
 @pytest.fixture
 def device_solver(monkeypatch):
     """TVmax's forward pass on the GPU (certified Dykstra) for the test."""
-    monkeypatch.setattr(_tvmax_module(), "DEVICE_SOLVER", True)
+    monkeypatch.setattr(_tvmax_module(), "SOLVER_OVERRIDE", "device")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -314,7 +314,7 @@ def _syncs(run) -> int:
 
 @pytest.mark.parametrize("solver", ["host", "device"])
 def test_tvmax_syncs_once_per_call(solver, monkeypatch):
-    monkeypatch.setattr(_tvmax_module(), "DEVICE_SOLVER", solver == "device")
+    monkeypatch.setattr(_tvmax_module(), "SOLVER_OVERRIDE", solver)
     z = torch.randn(64, 8, 8, device="cuda", requires_grad=True)
     grad = torch.randn(64, 8, 8, device="cuda")
     att.tvmax(z, 0.01).backward(grad)  # compile and warm up
@@ -399,7 +399,7 @@ def test_tvmax_background_solves_keep_the_training_pass_and_its_thread_unsynced(
                        [p.grad.clone() for p in decoder.parameters()]))
 
     step()  # warm up, without the overlap
-    monkeypatch.setattr(_tvmax_module(), "OVERLAP", True)
+    monkeypatch.setattr(_tvmax_module(), "OVERLAP_OVERRIDE", True)
     step()
     checks.raise_first()
     assert _syncs(step) == 0

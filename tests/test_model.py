@@ -270,7 +270,7 @@ def test_output_attention_solved_in_the_background_gives_the_same_pass(
                         lambda self, *args: started.append(1) or start(self, *args))
     passes = []
     for overlap in (False, True):
-        monkeypatch.setattr(tvmax_module, "OVERLAP", overlap)
+        monkeypatch.setattr(tvmax_module, "OVERLAP_OVERRIDE", overlap)
         decoder.zero_grad()
         output = decoder(features, captions)
         (output.scores.square().sum() + output.output_attention.square().sum()).backward()

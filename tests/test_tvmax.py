@@ -524,9 +524,9 @@ def test_the_device_solver_without_triton_is_an_error_not_a_silent_fallback(monk
     import sys
 
     module = sys.modules["captioner.attention.tvmax"]
-    monkeypatch.setattr(module, "DEVICE_SOLVER", True)
+    monkeypatch.setattr(module, "SOLVER_OVERRIDE", "device")
     monkeypatch.setattr(module, "triton_installed", lambda: False)
-    with pytest.raises(RuntimeError, match="CAPTIONER_TVMAX_SOLVER=device needs Triton"):
+    with pytest.raises(RuntimeError, match="the device solver needs Triton"):
         module.TVmaxDeviceFunction.apply(torch.randn(2, 6), 0.1, torch.Size((2, 2, 3)))
 
 
@@ -552,7 +552,7 @@ def test_a_background_solve_gives_what_tvmax_gives(monkeypatch, dtype, learn_lam
     import numba
 
     module = _tvmax_module()
-    monkeypatch.setattr(module, "OVERLAP", True)
+    monkeypatch.setattr(module, "OVERLAP_OVERRIDE", True)
     solved_in, threads = [], []
     kernel = module._tvmax_rows
 
@@ -581,7 +581,7 @@ def test_a_background_solve_gives_what_tvmax_gives(monkeypatch, dtype, learn_lam
 
 
 def test_a_background_solve_raises_what_tvmax_raises(monkeypatch):
-    monkeypatch.setattr(_tvmax_module(), "OVERLAP", True)
+    monkeypatch.setattr(_tvmax_module(), "OVERLAP_OVERRIDE", True)
     z = torch.randn(3, 4, 4)
     z[2, 1, 1] = float("nan")
     finish = TVMax(lam=0.1).start(z)  # the scores are checked when the solve is waited for
@@ -591,13 +591,40 @@ def test_a_background_solve_raises_what_tvmax_raises(monkeypatch):
         TVMax(lam=0.1).start(torch.randn(4))
 
 
+def test_the_solver_and_overlap_are_the_modules_settings(monkeypatch):
+    """The forward solver and the background solve are TVMax's own settings, which a model's
+    config (output_attention_kwargs) and checkpoint record; the environment variables only
+    override them, for benchmarks."""
+    from captioner.attention import build
+
+    module = _tvmax_module()
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(module, "OVERLAP_OVERRIDE", None)
+    monkeypatch.setattr(module, "SOLVER_OVERRIDE", None)
+    assert not TVMax().starts_in_background(cpu)
+    assert TVMax(overlap=True).starts_in_background(cpu)
+    assert TVMax(overlap=True).starts_in_background(cuda)
+    device = build("tvmax", lam=0.1, solver="device", overlap=True)
+    assert (device.solver, device.overlap) == ("device", True)
+    assert device.starts_in_background(cpu) and not device.starts_in_background(cuda)
+    assert "solver=device, overlap=True" in repr(device)
+    with pytest.raises(ValueError, match=r"TVMax: solver must be one of \('host', 'device'\), "
+                                         "got 'gpu'"):
+        build("tvmax", solver="gpu")
+    # CPU scores take the CPU solver whatever the setting: the same weights.
+    z = torch.randn(3, 4, 5, dtype=torch.float64)
+    torch.testing.assert_close(device(z), TVMax(lam=0.1)(z), rtol=0, atol=0)
+    monkeypatch.setattr(module, "OVERLAP_OVERRIDE", False)
+    assert not device.starts_in_background(cpu)
+
+
 def test_what_solves_in_the_background(monkeypatch):
     module = _tvmax_module()
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    monkeypatch.setattr(module, "OVERLAP", False)
+    monkeypatch.setattr(module, "OVERLAP_OVERRIDE", False)
     assert not TVMax().starts_in_background(cpu)
     assert not TVMax().starts_in_background(cuda)
-    monkeypatch.setattr(module, "OVERLAP", True)
+    monkeypatch.setattr(module, "OVERLAP_OVERRIDE", True)
     assert TVMax().starts_in_background(cpu) and TVMax().starts_in_background(cuda)
-    monkeypatch.setattr(module, "DEVICE_SOLVER", True)  # the device solver needs no host
+    monkeypatch.setattr(module, "SOLVER_OVERRIDE", "device")  # the device solver needs no host
     assert TVMax().starts_in_background(cpu) and not TVMax().starts_in_background(cuda)

@@ -73,7 +73,7 @@ CHILD = textwrap.dedent(
     D.CHECK_EVERY, D.MAX_ROUNDS = schedule
 
     # The autograd Function on CPU tensors: device solver, host fallback, device backward.
-    T.DEVICE_SOLVER = True
+    T.SOLVER_OVERRIDE = "device"
     g = torch.Generator().manual_seed(9)
     z = torch.randn(5, 4 * 5, generator=g, dtype=torch.float64)
     z[2, 3] = -float("inf")  # a masked cell: that grid goes to the CPU solver
@@ -83,13 +83,13 @@ CHILD = textwrap.dedent(
     runs = (("device", T.TVmaxDeviceFunction, True), ("host", T.TVmaxDeviceFunction, False),
             ("cpu", T.TVmaxFunction, True))
     for name, function, device_solver in runs:
-        T.DEVICE_SOLVER = device_solver
+        T.SOLVER_OVERRIDE = "device" if device_solver else "host"
         zz = z.clone().requires_grad_()
         lam.grad = None
         weights = function.apply(zz, lam, torch.Size((5, 4, 5)))
         weights.backward(grad)
         results[name] = [weights.tolist(), zz.grad.tolist(), lam.grad.item()]
-    T.DEVICE_SOLVER = True
+    T.SOLVER_OVERRIDE = "device"
     out["function"] = {**results, "stats": dict(T.DEVICE_STATS)}
     bad = torch.randn(3, 4 * 5, dtype=torch.float64)
     bad[1, 2] = float("nan")

@@ -39,7 +39,7 @@ def build(name: str, **kwargs) -> nn.Module:
     """Construct the attention module registered under ``name`` with ``kwargs``.
 
     Keywords: entmax takes ``alpha`` and ``learn_alpha``; fusedmax and oscarmax ``lam``;
-    tvmax ``lam`` and ``learn_lam``; the others none.
+    tvmax ``lam``, ``learn_lam``, ``solver`` and ``overlap``; the others none.
 
     >>> build("tvmax", lam=0.01, learn_lam=True)  # doctest: +SKIP
 

@@ -4,9 +4,10 @@ TVmax(z) = argmin_{p in simplex} 1/2 ||p - z||^2 + lam * TV2D(p) over the H x W 
 TV2D(p) = sum_ij |p_ij - p_i,j+1| + |p_ij - p_i+1,j| (anisotropic, 4-neighbour). By Proposition 1
 it is sparsemax(prox_{lam TV2D}(z)). The prox is solved exactly on the CPU by certified merges
 or parametric min-cuts (``_tv2d_prox``, ``_tvmax_kernels``); CUDA scores go there too, unless
-CAPTIONER_TVMAX_SOLVER=device picks certified proximal Dykstra on the GPU (``_tv2d_dykstra``,
-Triton), whose uncertified grids go to the CPU solver. With CAPTIONER_TVMAX_OVERLAP=1,
-:func:`tvmax_start` runs the CPU solver in a background thread while the caller goes on. Its
+``solver="device"`` picks certified proximal Dykstra on the GPU (``_tv2d_dykstra``, Triton),
+whose uncertified grids go to the CPU solver. With ``overlap=True``, :func:`tvmax_start` runs
+the CPU solver in a background thread while the caller goes on. Both are settings of
+:class:`TVMax`, so a model's config and checkpoint record them. Its
 Jacobian averages over the fused groups (Proposition 2, Eq. 9; Algorithm 1) and its derivative
 in lam is each group's signed boundary count over its size (Eq. 8), so lam can be learned.
 """
@@ -55,22 +56,34 @@ _tvmax_backward_rows = by_size(tvmax_backward_rows_serial, tvmax_backward_rows_p
 _KERNEL_DTYPES = (torch.float32, torch.float64)
 # The forward pass of CUDA scores: "host", the exact CPU solver (a round trip per call), or
 # "device", certified Dykstra on the GPU (Triton), whose uncertified grids go to the host. The
-# backward pass runs on the device either way. Chosen by the environment variable
-# CAPTIONER_TVMAX_SOLVER; "host" measured faster on an H100 (README, GPU section).
+# backward pass runs on the device either way. CPU scores always take the CPU solver.
 SOLVERS = ("host", "device")
-_solver = os.environ.get("CAPTIONER_TVMAX_SOLVER", "host")
-if _solver not in SOLVERS:
-    raise ValueError(f"CAPTIONER_TVMAX_SOLVER must be one of {SOLVERS}, got {_solver!r}")
-DEVICE_SOLVER = _solver == "device"
 # Grids solved by the device solver, and how many of them its certificate left to the CPU.
 DEVICE_STATS = {"grids": 0, "fallback": 0}
-# CAPTIONER_TVMAX_OVERLAP=1: TVMax.start solves on the host in a background thread while its
-# caller (the decoder's teacher-forced pass) goes on launching work. Off by default: on an
-# H200 it gained nothing beyond the spread between runs (README, "TVmax on a GPU").
-_overlap = os.environ.get("CAPTIONER_TVMAX_OVERLAP", "0")
-if _overlap not in ("0", "1"):
-    raise ValueError(f"CAPTIONER_TVMAX_OVERLAP must be 0 or 1, got {_overlap!r}")
-OVERLAP = _overlap == "1"
+
+
+def _environment_override(name: str, choices: dict[str, object], told: str) -> object | None:
+    """The setting environment variable ``name`` gives (one of ``choices``, ``told`` so), or
+    None when it is unset."""
+    value = os.environ.get(name)
+    if value is not None and value not in choices:
+        raise ValueError(f"{name} must be {told}, got {value!r}")
+    return None if value is None else choices[value]
+
+
+# For benchmarks that time one model with each setting: when set, these environment variables
+# override every TVMax's own solver and overlap settings (the benchmarks print which held).
+SOLVER_OVERRIDE = _environment_override("CAPTIONER_TVMAX_SOLVER", {s: s for s in SOLVERS},
+                                        f"one of {SOLVERS}")
+OVERLAP_OVERRIDE = _environment_override("CAPTIONER_TVMAX_OVERLAP", {"0": False, "1": True},
+                                         "0 or 1")
+
+
+def solver_in_force(solver: str) -> str:
+    """``solver`` ("host" or "device"), unless CAPTIONER_TVMAX_SOLVER overrides it."""
+    if solver not in SOLVERS:
+        raise ValueError(f"tvmax: solver must be one of {SOLVERS}, got {solver!r}")
+    return SOLVER_OVERRIDE or solver
 # One host kernel at a time: a background solve and a call from the caller's thread would
 # otherwise share numba's thread pool, which its workqueue threading layer does not allow.
 _HOST_KERNEL = threading.Lock()
@@ -201,7 +214,7 @@ class TVmaxFunction(torch.autograd.Function):
 class TVmaxDeviceFunction(torch.autograd.Function):
     """TVmaxFunction for CUDA tensors: the backward pass runs on the device.
 
-    Forward: with :data:`DEVICE_SOLVER` (and Triton), ``tvmax_rows_dykstra`` solves every grid
+    Forward: with ``solver="device"`` (and Triton), ``tvmax_rows_dykstra`` solves every grid
     on the device, and only the grids its certificate leaves (or that hold masked or invalid
     scores) cross to the exact CPU kernel; reading which ones is the one sync. Without it,
     every grid makes the host round trip (:func:`_round_trip`), whose copy to the host is the
@@ -215,19 +228,21 @@ class TVmaxDeviceFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z: Tensor, lam: float | Tensor, grid_shape: torch.Size,
-                solved: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
+                solved: tuple[Tensor, Tensor, Tensor] | None = None,
+                solver: str = "host") -> Tensor:
         dtype = z.dtype
         if solved is None:
             # Under no_grad (beam search) only the weights come back from the host.
             backward = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-            solved = _solve_on_device(z.detach().to(_kernel_dtype(z)), lam, grid_shape, backward)
+            solved = _solve_on_device(z.detach().to(_kernel_dtype(z)), lam, grid_shape, backward,
+                                      solver)
         ctx.save_for_backward(*solved)
         ctx.lam_like = lam if isinstance(lam, Tensor) else None
         return solved[0].to(dtype)
 
     @staticmethod
     @first_order_only
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None, None]:
         weights, group, dlam = ctx.saved_tensors
         want_lam = ctx.needs_input_grad[1]
         if _use_backward_kernel(grad):
@@ -239,7 +254,7 @@ class TVmaxDeviceFunction(torch.autograd.Function):
         if grad_lam is not None:
             lam = ctx.lam_like
             grad_lam = grad_lam.to(dtype=lam.dtype, device=lam.device)
-        return grad_z, grad_lam, None, None
+        return grad_z, grad_lam, None, None, None
 
 
 def _use_backward_kernel(grad: Tensor) -> bool:
@@ -262,15 +277,17 @@ def _backward_rows(grad: Tensor, weights: Tensor, group: Tensor, dlam: Tensor,
     return grad_z.to(grad.dtype), (v * dlam).sum() if want_lam else None
 
 
-def _solve_on_device(z: Tensor, lam: float | Tensor, grid_shape: torch.Size, backward: bool):
-    """(weights, group int32, dlam float64) of the rows of z (B, H*W), all on z's device;
-    without ``backward`` (no gradient wanted), the host solver returns the weights alone."""
-    if not DEVICE_SOLVER:
+def _solve_on_device(z: Tensor, lam: float | Tensor, grid_shape: torch.Size, backward: bool,
+                     solver: str):
+    """(weights, group int32, dlam float64) of the rows of z (B, H*W), all on z's device, by
+    ``solver`` (see :data:`SOLVERS`); without ``backward`` (no gradient wanted), the host
+    solver returns the weights alone."""
+    if solver_in_force(solver) == "host":
         return _round_trip(z, lam, z, grid_shape, backward)
     if not triton_installed():
         raise RuntimeError(
-            "CAPTIONER_TVMAX_SOLVER=device needs Triton (it ships with torch's CUDA wheels; "
-            "pip install triton), or set CAPTIONER_TVMAX_SOLVER=host"
+            "tvmax: the device solver needs Triton (it ships with torch's CUDA wheels; "
+            "pip install triton), or use solver host"
         )
     from ._tv2d_dykstra import tvmax_rows_dykstra
 
@@ -297,7 +314,8 @@ def _round_trip(rows: Tensor, lam: float | Tensor, z: Tensor, grid_shape: torch.
 
 
 @half_in_float32
-def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
+def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None, *,
+          solver: str = "host") -> Tensor:
     """TVmax(z) = sparsemax over the H*W cells of prox_{lam TV2D}(z) (Proposition 1).
 
     Sparse attention weights that are constant on connected regions of the grid. Backward:
@@ -307,14 +325,16 @@ def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
     Args:
         z: scores (..., H, W), float32 or float64 (float16 and bfloat16 in float32). On the
             CPU the prox and the sparsemax run in one numba kernel (float64 inside). CUDA
-            tensors make a host round trip for the forward pass, or with
-            CAPTIONER_TVMAX_SOLVER=device run one Triton kernel (certified Dykstra, float64
-            inside) and cross to the host only for grids it leaves uncertified or that hold
-            masked cells; their backward pass runs on the GPU either way.
+            tensors make a host round trip for the forward pass, or with ``solver="device"``
+            run one Triton kernel (certified Dykstra, float64 inside) and cross to the host
+            only for grids it leaves uncertified or that hold masked cells; their backward
+            pass runs on the GPU either way.
         lam: TV strength >= 0 (float or 0-dim tensor); lam = 0 is exactly sparsemax.
         mask: optional bool tensor broadcastable to ``z``, True = cell may receive attention.
             Masked cells (and ``-inf`` scores) take no part in the grid graph and get exactly
             0 weight and 0 gradient.
+        solver: the forward solver of CUDA scores, "host" or "device" (:data:`SOLVERS`);
+            CAPTIONER_TVMAX_SOLVER overrides it.
 
     Returns:
         Weights (..., H, W) summing to 1 over each grid, same dtype and device as ``z``; cells
@@ -325,6 +345,7 @@ def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
     """
     _check_grid(z, "tvmax")
     lam = check_lam(lam, "tvmax")
+    solver = solver_in_force(solver)
     if is_zero(lam):
         flat_mask = None if mask is None else check_mask(mask, z.shape, "tvmax").flatten(-2)
         with rows_are_grids():  # its checks name a grid of z, not a row of the flattened scores
@@ -332,42 +353,48 @@ def tvmax(z: Tensor, lam: float | Tensor, mask: Tensor | None = None) -> Tensor:
         return weights.unflatten(-1, z.shape[-2:])
     height, width = z.shape[-2:]
     rows = apply_mask(z, mask, "tvmax").reshape(-1, height * width)
-    function = TVmaxDeviceFunction if rows.is_cuda else TVmaxFunction
-    return function.apply(rows, lam, z.shape).view(z.shape)
+    if rows.is_cuda:
+        return TVmaxDeviceFunction.apply(rows, lam, z.shape, None, solver).view(z.shape)
+    return TVmaxFunction.apply(rows, lam, z.shape).view(z.shape)
 
 
 @contextmanager
-def overlap_set_to(on: bool) -> Iterator[None]:
-    """Inside, TVmax overlaps (or not) as CAPTIONER_TVMAX_OVERLAP=1 (or 0) would have it: for a
-    benchmark of both in one process."""
-    global OVERLAP
-    before, OVERLAP = OVERLAP, on
+def overlap_set_to(on: bool | None) -> Iterator[None]:
+    """Inside, every TVmax overlaps (True), or not (False), whatever its own setting, as
+    CAPTIONER_TVMAX_OVERLAP=1 (or 0) has it; None: each its own. For a benchmark of both in one
+    process."""
+    global OVERLAP_OVERRIDE
+    before, OVERLAP_OVERRIDE = OVERLAP_OVERRIDE, on
     try:
         yield
     finally:
-        OVERLAP = before
+        OVERLAP_OVERRIDE = before
 
 
-def overlaps(device: torch.device) -> bool:
-    """Whether :func:`tvmax_start` of scores on ``device`` solves in a background thread: with
-    CAPTIONER_TVMAX_OVERLAP=1, unless the device solver takes CUDA scores."""
-    return OVERLAP and not (DEVICE_SOLVER and device.type == "cuda")
+def overlaps(device: torch.device, overlap: bool = False, solver: str = "host") -> bool:
+    """Whether :func:`tvmax_start` of scores on ``device`` with these settings solves in a
+    background thread: with ``overlap`` (or CAPTIONER_TVMAX_OVERLAP=1), unless the device
+    solver takes CUDA scores."""
+    overlap = overlap if OVERLAP_OVERRIDE is None else OVERLAP_OVERRIDE
+    return overlap and not (solver_in_force(solver) == "device" and device.type == "cuda")
 
 
-def tvmax_start(z: Tensor, lam: float | Tensor) -> Callable[[], Tensor]:
+def tvmax_start(z: Tensor, lam: float | Tensor, *, overlap: bool = False,
+                solver: str = "host") -> Callable[[], Tensor]:
     """Begin :func:`tvmax` of z (..., H, W) (no mask) and return the function that ends it.
 
-    Where :func:`overlaps`, the exact CPU kernel (which releases the GIL) runs in a background
-    thread while the caller goes on, e.g. launching the next GPU kernels: the scores (and a
-    tensor lam) are copied to page-locked memory without waiting for the device, and the
-    thread waits for that copy alone. Solves run one at a time, in the order started. The
-    function returned waits for the solve, raises what :func:`tvmax` raises, and returns what
-    ``tvmax(z, lam)`` returns, with the same backward pass. Elsewhere it is computed at once.
+    Where :func:`overlaps` (``overlap`` and ``solver`` as there), the exact CPU kernel (which
+    releases the GIL) runs in a background thread while the caller goes on, e.g. launching the
+    next GPU kernels: the scores (and a tensor lam) are copied to page-locked memory without
+    waiting for the device, and the thread waits for that copy alone. Solves run one at a time,
+    in the order started. The function returned waits for the solve, raises what :func:`tvmax`
+    raises, and returns what ``tvmax(z, lam)`` returns, with the same backward pass. Elsewhere
+    it is computed at once.
     """
     _check_grid(z, "tvmax")
     lam = check_lam(lam, "tvmax")
-    if not overlaps(z.device) or is_zero(lam):
-        weights = tvmax(z, lam)
+    if not overlaps(z.device, overlap, solver) or is_zero(lam):
+        weights = tvmax(z, lam, solver=solver)
         return lambda: weights
     rows = z.reshape(-1, z.shape[-2] * z.shape[-1])
     pinned = rows.is_cuda
@@ -389,8 +416,9 @@ def tvmax_start(z: Tensor, lam: float | Tensor) -> Callable[[], Tensor]:
         if code >= 0:
             _raise_invalid(host, z.shape, code)
         solved = tuple(result.to(rows.device, non_blocking=True) for result in results)
-        function = TVmaxDeviceFunction if rows.is_cuda else TVmaxFunction
-        return function.apply(rows, lam, z.shape, solved).view(z.shape)
+        if rows.is_cuda:
+            return TVmaxDeviceFunction.apply(rows, lam, z.shape, solved, "host").view(z.shape)
+        return TVmaxFunction.apply(rows, lam, z.shape, solved).view(z.shape)
 
     return finish
 
@@ -421,12 +449,21 @@ class TVMax(nn.Module):
         learn_lam: learn lam by gradient descent. lam is then softplus(raw) with an
             unconstrained parameter ``raw``, so it stays > 0 whatever the optimizer does
             (lam must then start > 0).
+        solver: the forward solver of CUDA scores: "host", the exact CPU solver (a round trip
+            per call), or "device", certified Dykstra on the GPU (Triton), whose uncertified
+            grids go to the host. CPU scores always take the CPU solver.
+        overlap: :meth:`start` solves on the host in a background thread while its caller
+            (the decoder's teacher-forced pass) goes on launching GPU work.
     """
 
     is_sparse = True
 
-    def __init__(self, lam: float = 0.01, learn_lam: bool = False) -> None:
+    def __init__(self, lam: float = 0.01, learn_lam: bool = False, solver: str = "host",
+                 overlap: bool = False) -> None:
         super().__init__()
+        if solver not in SOLVERS:
+            raise ValueError(f"TVMax: solver must be one of {SOLVERS}, got {solver!r}")
+        self.solver, self.overlap = solver, bool(overlap)
         lam = check_lam(lam, "TVMax")
         if isinstance(lam, Tensor):
             lam = float(lam.detach())
@@ -447,17 +484,18 @@ class TVMax(nn.Module):
         return self.fixed_lam
 
     def forward(self, scores: Tensor, mask: Tensor | None = None) -> Tensor:
-        return tvmax(scores, self.lam, mask)
+        return tvmax(scores, self.lam, mask, solver=self.solver)
 
     def starts_in_background(self, device: torch.device) -> bool:
         """Whether :meth:`start` on ``device`` solves in a background thread (:func:`overlaps`)."""
-        return overlaps(device)
+        return overlaps(device, self.overlap, self.solver)
 
     def start(self, scores: Tensor) -> Callable[[], Tensor]:
-        """:func:`tvmax_start` of ``scores`` (..., H, W) at this module's lam: a function
-        that returns ``self(scores)`` when called."""
-        return tvmax_start(scores, self.lam)
+        """:func:`tvmax_start` of ``scores`` (..., H, W) at this module's lam and settings: a
+        function that returns ``self(scores)`` when called."""
+        return tvmax_start(scores, self.lam, overlap=self.overlap, solver=self.solver)
 
     def extra_repr(self) -> str:
         lam = self.lam.detach() if isinstance(self.lam, Tensor) else self.lam
-        return f"lam={float(lam):.4g}, learn_lam={self.learn_lam}"
+        return (f"lam={float(lam):.4g}, learn_lam={self.learn_lam}, solver={self.solver}, "
+                f"overlap={self.overlap}")

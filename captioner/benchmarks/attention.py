@@ -6,7 +6,7 @@ and rescaled to sd 1, so that neighbouring cells are alike as in a trained model
 (larger fused groups, and more cells within reach of the sparsemax support for TVmax's
 screening to keep). Each
 timed call is one forward pass and one backward pass of a random upstream gradient. On a GPU,
-TVmax runs with both forward solvers (``CAPTIONER_TVMAX_SOLVER``): "device", certified Dykstra
+TVmax runs with both forward solvers (its ``solver`` setting): "device", certified Dykstra
 on the GPU (the share of grids its certificate left to the CPU solver is printed), and "host",
 the exact CPU solver with a round trip; the backward pass runs on the GPU in both. 1-D mappings
 run over the H*W cells of each grid (row-major); TVmax runs on the grid. As in the model, the
@@ -23,7 +23,6 @@ that row is closer to TVmax's cost on fresh scores (as in training).
 from __future__ import annotations
 
 import argparse
-import importlib
 import statistics
 import sys
 import time
@@ -88,9 +87,6 @@ def _mappings(device: str) -> tuple[dict[str, Callable], dict[str, list[int]]]:
     from captioner import attention
     from captioner.benchmarks import counting_device_solver
 
-    # The module (the package's name ``tvmax`` is the function).
-    tvmax_module = importlib.import_module("captioner.attention.tvmax")
-
     def flat(fn):
         return lambda z: fn(z.flatten(-2), dim=-1).unflatten(-1, z.shape[-2:])
 
@@ -109,28 +105,20 @@ def _mappings(device: str) -> tuple[dict[str, Callable], dict[str, list[int]]]:
 
     def counted(name: str, lam: float) -> Callable:
         def run(z):
-            out, grids, fallback = counting_device_solver(lambda: attention.tvmax(z, lam))
+            out, grids, fallback = counting_device_solver(
+                lambda: attention.tvmax(z, lam, solver="device"))
             fallbacks[name][0] += grids
             fallbacks[name][1] += fallback
             return out
         fallbacks[name] = [0, 0]
         return run
 
-    def with_solver(run: Callable, device_solver: bool) -> Callable:
-        def switched(z):
-            saved, tvmax_module.DEVICE_SOLVER = tvmax_module.DEVICE_SOLVER, device_solver
-            try:
-                return run(z)
-            finally:
-                tvmax_module.DEVICE_SOLVER = saved
-        return switched
-
     for lam in TVMAX_LAMS:
         if device == "cuda":
             name = f"tvmax lam={lam:g} (device)"
-            mappings[name] = with_solver(counted(name, lam), True)
-            mappings[f"tvmax lam={lam:g} (host)"] = with_solver(
-                lambda z, lam=lam: attention.tvmax(z, lam), False)
+            mappings[name] = counted(name, lam)
+            mappings[f"tvmax lam={lam:g} (host)"] = (
+                lambda z, lam=lam: attention.tvmax(z, lam, solver="host"))
         else:
             mappings[f"tvmax lam={lam:g}"] = lambda z, lam=lam: attention.tvmax(z, lam)
     return mappings, fallbacks

@@ -15,7 +15,7 @@ timings per mapping:
 * inference: batched beam search over the whole batch (all images x beams in one tensor).
 
 With ``--tvmax-overlap`` TVmax is timed twice, without and with its output attention solved in
-a background thread during the teacher-forced loop (CAPTIONER_TVMAX_OVERLAP).
+a background thread during the teacher-forced loop (TVMax's ``overlap``).
 
 The paper reports inference 1.1x (sparsemax) and 1.3x (TVmax) slower than softmax (Sec. 4).
 A mapping that fails while it runs gets its error in its row; the others are still measured.
@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
         "--tvmax-overlap",
         action="store_true",
         help=f"also time the row {OVERLAP_ROW!r}: TVmax with the output attention solved in a "
-        "background thread during the teacher-forced loop (CAPTIONER_TVMAX_OVERLAP=1); the row "
+        "background thread during the teacher-forced loop (TVMax overlap=True); the row "
         "'tvmax' is then timed without it",
     )
     _sizes(parser)
@@ -358,10 +358,14 @@ def main(argv: list[str]) -> int:
         f"{device}, {threads}; {args.clock} clock, fastest of "
         f"{args.repeats} runs"
     )
+    tvmax_module = importlib.import_module("captioner.attention.tvmax")
+    if tvmax_module.SOLVER_OVERRIDE is not None:
+        print(f"TVmax solver: {tvmax_module.SOLVER_OVERRIDE} (CAPTIONER_TVMAX_SOLVER overrides "
+              "the model's setting)")
     rows = [*args.mappings, *([OVERLAP_ROW] if args.tvmax_overlap else [])]
     results = _run_all(rows, args, features, captions, synchronize)
     print(_table(results))
-    stats = importlib.import_module("captioner.attention.tvmax").DEVICE_STATS
+    stats = tvmax_module.DEVICE_STATS
     if stats["grids"]:
         print(f"TVmax device solver: {stats['fallback']} of {stats['grids']} grids left to the "
               "CPU solver by its certificate")

@@ -18,7 +18,7 @@ cell on a GPU. The output attention and the word scores depend only
 on h_t, so with teacher forcing they are computed for all steps at once after the recurrence,
 which lets a grid mapping such as TVmax process every (image, step) map in one batched call;
 or, where the output mapping solves on the host in a background thread (TVmax with
-CAPTIONER_TVMAX_OVERLAP=1), for every few steps during the recurrence, so that the solves
+overlap=True), for every few steps during the recurrence, so that the solves
 overlap with the launches of the next steps.
 """
 
@@ -35,7 +35,7 @@ from captioner import attention
 from captioner.model.additive_attention import AdditiveAttention
 
 # Words per background solve of the output attention, where its mapping has one (TVmax's
-# host solver with CAPTIONER_TVMAX_OVERLAP=1): the last group's solve is not overlapped,
+# host solver with overlap=True): the last group's solve is not overlapped,
 # and each group scores its words with its own few kernels.
 OVERLAP_WORDS = 4
 
