@@ -40,7 +40,7 @@ from captioner.heatmaps import (
 )
 from data_prep.files import atomic_write, counted, parse_json
 from data_prep.images import ImageLoadError, load_image
-from eval.static_page import page_files, render_page, script_json
+from eval.static_page import page_files, render_page
 from eval.stopwords import content_word_indices
 
 KIT_FORMAT = "captioner-rating-kit/1"
@@ -200,7 +200,7 @@ def build_kit(
         "vmax": vmax,
         "images": page_images,
     }
-    kit_id = hashlib.sha256(script_json(content).encode()).hexdigest()[:16]
+    kit_id = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
     page = out_dir / "index.html"
     with atomic_write(page) as handle:
         handle.write(render_page("rating_kit", {**content, "kit_id": kit_id}, title))

@@ -4,26 +4,21 @@ without a network."""
 
 from __future__ import annotations
 
-import html
 import json
 import re
+from functools import cache
 from importlib import resources
 from pathlib import Path
 
+from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup
 
-def script_json(data: object) -> str:
-    """JSON safe inside an HTML ``<script>`` element: no ``<``, ``>``, ``&`` or line
-    separators survive literally, so no caption or file name can close the element."""
-    text = json.dumps(data, ensure_ascii=False, sort_keys=True)
-    for char, escape in (
-        ("<", "\\u003c"),
-        (">", "\\u003e"),
-        ("&", "\\u0026"),
-        ("\u2028", "\\u2028"),
-        ("\u2029", "\\u2029"),
-    ):
-        text = text.replace(char, escape)
-    return text
+
+@cache
+def _environment() -> Environment:
+    """Jinja2 over ``eval/templates``, escaping every value put in an HTML template."""
+    return Environment(loader=PackageLoader("eval", "templates"),
+                       autoescape=select_autoescape(["html"]), keep_trailing_newline=True)
 
 
 def template(name: str) -> str:
@@ -32,25 +27,23 @@ def template(name: str) -> str:
 
 
 def render_page(page: str, data: dict, title: str) -> str:
-    """``PAGE.html`` with ``page_head.html`` (doctype, security policy, title, ``PAGE.css``) in
-    place of its ``{{HEAD}}``, ``common.js`` and ``PAGE.js`` as its ``{{SCRIPT}}``, and the title
-    and ``data`` inline. The templates are assembled first; the title, style, scripts and data
-    then go in in one substitution pass, so inserted text is never scanned for placeholders."""
-    page_template = template(f"{page}.html").replace("{{HEAD}}", template("page_head.html"))
-    parts = {
-        "TITLE": html.escape(title),
-        "STYLE": template(f"{page}.css"),
-        "SCRIPT": template("common.js") + template(f"{page}.js"),
-        "DATA": script_json(data),
-    }
-    return re.sub(
-        r"\{\{(TITLE|STYLE|SCRIPT|DATA)\}\}", lambda m: parts[m.group(1)], page_template
+    """``PAGE.html`` (which includes ``page_head.html``: doctype, security policy, title,
+    style) with ``PAGE.css`` as its style, ``common.js`` and ``PAGE.js`` as its script, and
+    the title and ``data`` inline. Jinja2 escapes the title for HTML, and its ``tojson`` filter
+    writes the data with no ``<``, ``>``, ``&`` or ``'`` left literal, so no caption or file
+    name can close the data's ``<script>`` element. The style and the scripts are the
+    package's own files, put in as they are."""
+    return _environment().get_template(f"{page}.html").render(
+        title=title,
+        data=data,
+        style=Markup(template(f"{page}.css")),
+        script=Markup(template("common.js") + template(f"{page}.js")),
     )
 
 
 def page_files(page: Path) -> set[str]:
     """The files that a page written by :func:`render_page` shows, as its data (the JSON in
-    the template's one ``<script type="application/json">``, where ``{{DATA}}`` goes) lists
+    the template's one ``<script type="application/json">``) lists
     them, relative to its folder: every image's ``src``, every word's ``overlay`` and the
     ``colorbar`` (a gallery's). An empty set when the page or its data cannot be read, so that
     nothing the page does not list is taken for its own."""
