@@ -32,8 +32,10 @@ from captioner.checkpointing import (
     weights_mismatch,
 )
 from captioner.decoding_options import DecodingOptions
+from captioner.frozen_encoder import missing_weights_problem, put_back_encoder, recorded_weights
 from captioner.image_files import ImageResult, load_images
 from captioner.lightning_module import VOCABULARY_KEY, CaptioningModule, stored_vocabulary
+from captioner.model.encoder import EncoderWeightsError
 from data_prep.files import first_names
 from data_prep.images import imagenet_transform, load_image
 from data_prep.vocab import Vocabulary
@@ -137,15 +139,22 @@ class Captioner:
             vocabulary = stored_vocabulary(checkpoint, hparams, path)
         except CheckpointError as exc:
             raise IncompatibleCheckpointError(str(exc)) from None
-        # Every weight is in the state dict: do not fetch the pretrained encoder weights again
-        # (they may be unavailable offline, or a local file on another machine).
-        hparams["encoder_weights"] = None
+        # A self-contained checkpoint holds every weight: the pretrained encoder weights are
+        # not fetched again (they may be unavailable offline, or a file on another machine).
+        # One of a frozen encoder names the weights to build it from (captioner.frozen_encoder).
+        problem = missing_weights_problem(checkpoint, path)
+        if problem is not None:
+            raise IncompatibleCheckpointError(problem)
+        hparams["encoder_weights"] = recorded_weights(checkpoint, path)
         try:
             module = CaptioningModule(**hparams)
+        except EncoderWeightsError as exc:
+            raise IncompatibleCheckpointError(f"{path}: its frozen encoder: {exc}") from None
         except (TypeError, ValueError) as exc:
             raise IncompatibleCheckpointError(
                 f"{path}: its hyperparameters do not fit this version of captioner: {exc}"
             ) from exc
+        put_back_encoder(checkpoint, module.model.encoder, path)
         problem = weights_mismatch(module.state_dict(), checkpoint["state_dict"])
         if problem is not None:
             raise IncompatibleCheckpointError(

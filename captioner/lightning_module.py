@@ -36,6 +36,7 @@ from captioner.checkpointing import (
 from captioner.cider import cider_d
 from captioner.decoding import Hypothesis, beam_search, check_search_memory
 from captioner.decoding_options import DecodingOptions
+from captioner.frozen_encoder import leave_out_encoder, put_back_encoder
 from captioner.losses import check_output_mapping, teacher_forced_loss
 from captioner.model import CaptionModel
 from captioner.model.decoder import AttentionDecoder
@@ -213,12 +214,14 @@ class CaptioningModule(L.LightningModule):
         if self.vocabulary is None:
             raise RuntimeError("CaptioningModule has no vocabulary to store in the checkpoint")
         checkpoint[VOCABULARY_KEY] = self.vocabulary.to_dict()
+        leave_out_encoder(checkpoint, self.model.encoder)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The trainer's restore knows the file; the messages name it, as every other
         # refusal of a --ckpt_path does.
         path = self._trainer.ckpt_path if self._trainer is not None else None
         source = f"{path}: the checkpoint's" if path else "the checkpoint's"
+        put_back_encoder(checkpoint, self.model.encoder, path or "checkpoint")
         stored = stored_vocabulary(checkpoint, checkpoint.get(self.CHECKPOINT_HYPER_PARAMS_KEY)
                                    or {}, path or "checkpoint")
         if self.vocabulary is not None and stored != self.vocabulary:

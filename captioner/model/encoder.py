@@ -43,6 +43,10 @@ class GridEncoder(nn.Module):
         arch: torchvision architecture name.
         layer: the last ResNet stage kept.
         trainable: whether the encoder is fine-tuned.
+        weights_source: where :func:`build_encoder` read its weights: the absolute path of a
+            local file, or torchvision's weights name (``ResNet101_Weights.IMAGENET1K_V2``);
+            None for a random initialization.
+        weights_sha256: the SHA-256 of that file's bytes (hex), or None.
     """
 
     def __init__(
@@ -58,6 +62,8 @@ class GridEncoder(nn.Module):
         self.arch = arch
         self.layer = layer
         self.trainable = trainable
+        self.weights_source: str | None = None
+        self.weights_sha256: str | None = None
         self.trunk.requires_grad_(trainable)
         if not trainable:
             self.trunk.eval()
@@ -107,16 +113,22 @@ def build_encoder(
         raise ValueError(f"unknown encoder arch {arch!r}; valid: {', '.join(ARCHITECTURES)}")
     _check_layer(layer)
     resnet = torchvision.models.get_model(arch, weights=None)
-    if weights is not None:
-        local = _looks_like_path(weights)
-        if local:
-            state_dict, source = _read_state_dict(Path(weights)), str(weights)
-        else:
-            state_dict, source = _named_state_dict(arch, str(weights))
-        _load_trunk(resnet, arch, state_dict, source, layer)
-        if local:
-            _check_pretrained_layer(Path(weights), layer)
-    return GridEncoder(resnet, arch, trainable, layer)
+    if weights is None:
+        return GridEncoder(resnet, arch, trainable, layer)
+    local = _looks_like_path(weights)
+    if local:
+        file, named = Path(weights), None
+        state_dict, source = _read_state_dict(file), str(weights)
+    else:
+        (state_dict, source), named = _named_state_dict(arch, str(weights))
+        file = Path(source)
+    _load_trunk(resnet, arch, state_dict, source, layer)
+    if local:
+        _check_pretrained_layer(file, layer)
+    encoder = GridEncoder(resnet, arch, trainable, layer)
+    encoder.weights_source = named or str(file.resolve())
+    encoder.weights_sha256 = file_sha256(file)
+    return encoder
 
 
 def _check_layer(layer: str) -> None:
@@ -183,7 +195,9 @@ def _check_pretrained_layer(path: Path, layer: str) -> None:
             f"{layer}: the stages after {held} are untrained; set the encoder layer to {held}")
 
 
-def _named_state_dict(arch: str, name: str) -> tuple[dict[str, Tensor], str]:
+def _named_state_dict(arch: str, name: str) -> tuple[tuple[dict[str, Tensor], str], str]:
+    """((state_dict, the hub-cache file it was read from), the weights' full name) of
+    torchvision's weights ``name`` of ``arch``."""
     enum = torchvision.models.get_model_weights(arch)
     member = name
     if "." in name:
@@ -199,9 +213,10 @@ def _named_state_dict(arch: str, name: str) -> tuple[dict[str, Tensor], str]:
         )
     url = enum[member].url
     cached = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(url)
+    full_name = f"{enum.__name__}.{member}"
     if cached.is_file():
         _check_name_hash(cached, url)
-        return _read_state_dict(cached), str(cached)
+        return (_read_state_dict(cached), str(cached)), full_name
     try:
         # Into the hub cache, as torch.hub.load_state_dict_from_url would, but without its
         # "Downloading: ..." line, printed before it connects: offline, our error stands alone.
@@ -220,7 +235,7 @@ def _named_state_dict(arch: str, name: str) -> tuple[dict[str, Tensor], str]:
             "initialization (prepare-features --weights none saves it beside the cache as "
             "NAME.encoder.pt, the file to train with as model.encoder_weights)"
         ) from exc
-    return _read_state_dict(cached), str(cached)
+    return (_read_state_dict(cached), str(cached)), full_name
 
 
 def _check_name_hash(path: Path, url: str) -> None:
