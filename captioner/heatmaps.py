@@ -37,6 +37,7 @@ import hashlib
 import json
 import math
 import re
+import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -383,6 +384,15 @@ def is_heatmaps_file(name: str) -> bool:
             or re.fullmatch(r"\d{2,}_.+\.png", name) is not None)
 
 
+def strip_title(record: AttentionRecord, model: str | None = None) -> str:
+    """What a caption strip says above its panels: the caption (folded to lines of about 80
+    characters), then the image's file name and the model with its attention mapping."""
+    caption = textwrap.fill(record.caption or EMPTY_CAPTION, 80)
+    source = Path(record.source).name or record.source
+    who = f"{model} ({record.mapping} attention)" if model else f"{record.mapping} attention"
+    return f"{caption}\n{source} · {who}"
+
+
 def write_heatmaps(
     out_dir: Path,
     image: Image.Image,
@@ -391,10 +401,14 @@ def write_heatmaps(
     zero_style: str = "transparent",
     upsample: str = "nearest",
     max_side: int = DEFAULT_MAX_SIDE,
+    model: str | None = None,
 ) -> list[Path]:
     """Write one figure per word, the caption strip and the raw weights into ``out_dir``.
 
-    Files: ``NN_word.png`` per word, ``strip.png``, ``attention.npz`` and ``attention.json``.
+    Files: ``NN_word.png`` per word (the image with the word's attention over it, at the
+    image's aspect ratio, to compose figures from), ``strip.png`` (every word's panel under the
+    caption, the image's file name and the ``model`` with its mapping, and the colour bar),
+    ``attention.npz`` and ``attention.json``.
     An empty caption has no word to draw: its strip shows the image alone, marked
     ``(empty caption)``, and its raw weights hold no map. Returns the written paths.
     """
@@ -412,7 +426,7 @@ def write_heatmaps(
     else:
         panels, words = base[None], [EMPTY_CAPTION]
     strip = out_dir / "strip.png"
-    render_strip(panels, words, record.vmax, strip, title=f"{record.mapping}")
+    render_strip(panels, words, record.vmax, strip, title=strip_title(record, model))
     written.append(strip)
     written.extend(record.save(out_dir / "attention"))
     return written

@@ -114,10 +114,10 @@ def test_lightning_restores_it_from_the_configs_encoder(frozen, synthetic_data, 
     """validate/test/fit --ckpt_path build the model from the config, whose encoder weights the
     checkpoint's are checked against before its decoder is loaded."""
     import lightning as L
+    from conftest import TINY_IMAGE_SIZE, tiny_model_kwargs
 
     from captioner.data import CaptionDataModule
     from captioner.lightning_module import CaptioningModule
-    from conftest import TINY_IMAGE_SIZE, tiny_model_kwargs
 
     checkpoint, weights, _ = frozen
     data = CaptionDataModule(karpathy_json=synthetic_data.karpathy_json,

@@ -258,3 +258,15 @@ def test_checkpoints_of_runs_are_named_after_their_runs(tmp_path):
     tvmax = tmp_path / "demo" / "tvmax.ckpt"
     with pytest.raises(ValueError, match=r"tvmax.ckpt is given twice \(also as /"):
         checkpoint_names([tvmax, run("a", 0), tmp_path / "demo" / ".." / "demo" / "tvmax.ckpt"])
+
+
+def test_a_strip_names_its_caption_image_and_model():
+    from captioner.heatmaps import strip_title
+
+    record = AttentionRecord("/photos/dog_park.jpg", "a brown dog " * 10, ["a"],
+                             np.ones((1, 2, 2), np.float32) / 4, "tvmax", 0.25)
+    lines = strip_title(record, "coco_tvmax_v0").splitlines()
+    assert lines[-1] == "dog_park.jpg · coco_tvmax_v0 (tvmax attention)"
+    assert " ".join(lines[:-1]) == record.caption.strip() and len(lines) == 3
+    empty = AttentionRecord("x.png", "", [], np.zeros((0, 2, 2), np.float32), "softmax", 1.0)
+    assert strip_title(empty) == "(empty caption)\nx.png · softmax attention"

@@ -119,7 +119,7 @@ def _write_figures(out: Path, args: argparse.Namespace, models: list[_Model], ca
                                      model.captioner.output_attention_name, vmax)
             files = write_heatmaps(out / model.name / folder, image, record,
                                    zero_style=args.zero_style, upsample=args.upsample,
-                                   max_side=args.size)
+                                   max_side=args.size, model=model.name)
             index["images"].append({
                 "image": str(path), "model": model.name, "checkpoint": str(model.checkpoint),
                 "mapping": record.mapping, "caption": caption.text,
