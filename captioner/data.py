@@ -250,17 +250,18 @@ class CaptionImages(Dataset):
 
     def __getitem__(self, index: int):
         entry = self.entries[index]
-        return self.inputs(entry), entry.image_id, _references(entry)
+        return self.inputs(entry), entry.image_id, reference_strings(entry)
 
     def __getitems__(self, indices: list[int]) -> dict:
         """The validation or test batch of ``indices`` (see the module docstring)."""
         entries = [self.entries[index] for index in indices]
         return {"inputs": self.inputs.many(entries),
                 "image_ids": torch.tensor([entry.image_id for entry in entries]),
-                "references": [_references(entry) for entry in entries]}
+                "references": [reference_strings(entry) for entry in entries]}
 
 
-def _references(entry: ImageEntry) -> list[str]:
+def reference_strings(entry: ImageEntry) -> list[str]:
+    """The image's reference captions as the metrics read them: its tokens joined by spaces."""
     return [" ".join(tokens) for tokens in entry.sentences]
 
 

@@ -17,7 +17,9 @@ legend. Unlike the rating kit nothing is blinded: each column names its model.
 The page reads its data from a JSON element (format ``captioner-gallery/1``): ``vmax``,
 ``vmax_given`` (False: vmax is the largest weight), ``max_weight``, ``zero_style``,
 ``upsample``, ``colorbar``, ``models`` [{name, mapping}] and ``images`` [{name, src, width,
-height, captions: one per model [{text, words: [{word, overlay}]}]}], paths relative to the page.
+height, references, captions: one per model [{text, cider, words: [{word, overlay}]}]}], paths
+relative to the page; ``references`` (the image's reference captions) is empty and ``cider``
+(CIDEr-D against them, the split's IDF) null where no references are known.
 
 `caption_gallery` captions image files with several `captioner.inference.Captioner` objects
 and returns what `build_gallery` needs.
@@ -25,9 +27,10 @@ and returns what `build_gallery` needs.
 
 from __future__ import annotations
 
+import math
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -64,21 +67,48 @@ class GalleryModel:
 
 @dataclass
 class GalleryCaption:
-    """One model's caption of one image: tokens (T) and output attention float (T, h, w)."""
+    """One model's caption of one image: tokens (T) and output attention float (T, h, w);
+    ``cider``, its CIDEr-D against the image's references, where they are known."""
 
     text: str
     tokens: list[str]
     attention: np.ndarray
+    cider: float | None = None
 
 
 @dataclass
 class GalleryImage:
     """An image of the gallery: ``name`` is shown, ``pixels`` is the image as displayed
-    (uint8 (H, W, 3), see `captioner.heatmaps.image_array`), ``captions`` one per model."""
+    (uint8 (H, W, 3), see `captioner.heatmaps.image_array`), ``captions`` one per model,
+    ``references`` its reference captions where they are known (a Karpathy split's)."""
 
     name: str
     pixels: np.ndarray
     captions: list[GalleryCaption]
+    references: list[str] = field(default_factory=list)
+
+
+def add_references(images: Sequence[GalleryImage], shown_ids: Mapping[str, int],
+                   split_references: Mapping[int, Sequence[str]]) -> None:
+    """Give each image its reference captions and each of its captions its CIDEr-D against
+    them. ``shown_ids`` maps an image's shown name to its id in ``split_references``, every
+    image of the split with its tokenized references: the IDF weights are the whole split's,
+    as in the scores of ``captioner test`` and ``evaluate``, not those of the few images shown.
+    """
+    from captioner.cider import cider_d
+
+    ids = [shown_ids[item.name] for item in images]
+    for item, image_id in zip(images, ids, strict=True):
+        item.references = list(split_references[image_id])
+    models = len(images[0].captions) if images else 0
+    for model in range(models):
+        hypotheses = {image_id: [""] for image_id in split_references}
+        hypotheses.update({image_id: [item.captions[model].text]
+                           for item, image_id in zip(images, ids, strict=True)})
+        _, scores = cider_d(split_references, hypotheses)
+        by_id = dict(zip(hypotheses, scores, strict=True))
+        for item, image_id in zip(images, ids, strict=True):
+            item.captions[model].cider = by_id[image_id]
 
 
 def zero_styled_overlay(weights: np.ndarray, vmax: float, zero_style: str) -> np.ndarray:
@@ -185,10 +215,12 @@ def build_gallery(
                 pixels = zero_styled_overlay(weights, vmax, zero_style)
                 Image.fromarray(pixels).save(out_dir / overlay)
                 words.append({"word": word, "overlay": overlay})
-            captions.append({"text": caption.text, "words": words})
+            captions.append({"text": caption.text, "words": words,
+                             "cider": _finite_or_none(caption.cider)})
         page_images.append({
             "name": item.name, "src": src, "width": int(item.pixels.shape[1]),
             "height": int(item.pixels.shape[0]), "captions": captions,
+            "references": item.references,
         })
 
     content = {
@@ -207,6 +239,11 @@ def build_gallery(
     with atomic_write(page) as handle:
         handle.write(render_page("gallery", content, title))
     return page
+
+
+def _finite_or_none(score: float | None) -> float | None:
+    """A score as the page's JSON holds it: NaN (CIDEr of a one-image split) is none."""
+    return score if score is not None and math.isfinite(score) else None
 
 
 def gallery_files(folder: Path) -> set[str]:

@@ -329,3 +329,38 @@ def test_command_refuses_an_out_inside_the_image_root_of_a_karpathy_split(
         f"captioner gallery: {out}: the output folder lies inside the input folder {images}, so "
         "its figures would be read as input images by the next run; choose an --out outside "
         "the inputs\n")
+
+
+def test_a_split_gallery_shows_references_and_each_captions_cider(tiny_checkpoint,
+                                                                   synthetic_data, tmp_path):
+    """With --data every image shows its reference captions and every caption its CIDEr-D,
+    whose IDF weights are the whole split's (pycocoevalcap's Cider over the split, the images
+    not shown given no caption), as the test scores' are."""
+    from pycocoevalcap.cider.cider import Cider
+
+    from data_prep.karpathy import load_karpathy
+
+    out = tmp_path / "out"
+    code = command.main(["--data", str(synthetic_data.karpathy_json), "--images",
+                         str(synthetic_data.image_root), "--split", "test", "--n", "3",
+                         "--ckpt", str(tiny_checkpoint), "--out", str(out), *FAST])
+    assert code == 0
+    entries = load_karpathy(synthetic_data.karpathy_json, synthetic_data.image_root).split("test")
+    references = {e.image_id: [" ".join(tokens) for tokens in e.sentences] for e in entries}
+    images = _page_data(out / "index.html")["images"]
+    assert len(images) == 3
+    for image in images:
+        image_id = int(re.fullmatch(r".* \(id (\d+)\)", image["name"]).group(1))
+        assert image["references"] == references[image_id] and len(image["references"]) >= 1
+        hypotheses = {i: [""] for i in references}
+        hypotheses.update({int(re.fullmatch(r".* \(id (\d+)\)", other["name"]).group(1)):
+                           [other["captions"][0]["text"]] for other in images})
+        _, scores = Cider().compute_score(references, hypotheses)
+        expected = dict(zip(hypotheses, scores, strict=True))[image_id]
+        assert image["captions"][0]["cider"] == pytest.approx(float(expected), abs=1e-12)
+    # Files given as IMAGE_OR_DIR have no references, and no score.
+    files = tmp_path / "files"
+    assert command.main([str(entries[0].path), "--ckpt", str(tiny_checkpoint), "--out",
+                         str(files), *FAST]) == 0
+    [image] = _page_data(files / "index.html")["images"]
+    assert image["references"] == [] and image["captions"][0]["cider"] is None

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from captioner.commands.options import (
     add_decoding_arguments,
@@ -70,10 +71,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _images(args: argparse.Namespace) -> tuple[list[Path], list[str], list[str], str]:
-    """Paths of the images to show, their shown names, the errors of unreadable images passed
-    over while sampling a Karpathy split, and a note when fewer than --n are available ("" if
-    not)."""
+class _Selection(NamedTuple):
+    """The images to show: their paths and shown names, the errors of unreadable images passed
+    over while sampling a Karpathy split, a note when fewer than --n are available ("" if
+    not), and with --data each shown name's image id and every image of the split with its
+    references (empty without --data)."""
+
+    paths: list[Path]
+    names: list[str]
+    skipped: list[str]
+    note: str
+    ids: dict[str, int]
+    split_references: dict[int, list[str]]
+
+
+def _images(args: argparse.Namespace) -> _Selection:
     if args.data is None:
         from captioner.image_files import collect_images
 
@@ -81,7 +93,8 @@ def _images(args: argparse.Namespace) -> tuple[list[Path], list[str], list[str],
         paths = given[: args.n]
         note = (f"--n {args.n} but IMAGE_OR_DIR holds only {len(given)} images; showing all "
                 f"{len(given)}" if args.n and len(given) < args.n else "")
-        return paths, [str(p) for p in paths], [], note
+        return _Selection(paths, [str(p) for p in paths], [], note, {}, {})
+    from captioner.data import reference_strings
     from data_prep.karpathy import load_karpathy
     from eval.rating_kit import fewer_than_asked, sample_readable
 
@@ -97,7 +110,10 @@ def _images(args: argparse.Namespace) -> tuple[list[Path], list[str], list[str],
                          f"the {args.split} split is readable ({first_names(skipped, 2, '; ')})")
     note = (f"{fewer_than_asked(n, len(sample), len(candidates), f'the {args.split} split')}"
             f"; showing those {len(sample)}" if len(sample) < n else "")
-    return [path for _, path, _ in sample], [name for name, _, _ in sample], skipped, note
+    ids = {f"{e.path.name} (id {e.image_id})": e.image_id for e in entries}
+    return _Selection([path for _, path, _ in sample], [name for name, _, _ in sample], skipped,
+                      note, {name: ids[name] for name, _, _ in sample},
+                      {e.image_id: reference_strings(e) for e in entries})
 
 
 def _write_page(args: argparse.Namespace, images, models, earlier: bool) -> Path:
@@ -123,7 +139,13 @@ def main(argv: list[str]) -> int:
     from captioner.heatmaps import checkpoint_names
     from captioner.inference import open_captioner
     from data_prep.files import check_output_folder, refuse_inputs_in_output
-    from eval.gallery import GALLERY_FORMAT, GalleryModel, caption_gallery, gallery_files
+    from eval.gallery import (
+        GALLERY_FORMAT,
+        GalleryModel,
+        add_references,
+        caption_gallery,
+        gallery_files,
+    )
 
     try:
         names = checkpoint_names(args.ckpt)
@@ -132,23 +154,25 @@ def main(argv: list[str]) -> int:
                                       gallery_files)
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         options = [decoding_options(args, captioner.decoding) for captioner in captioners]
-        paths, shown_names, skipped, note = _images(args)
+        chosen = _images(args)
         # With --data, the image root is an input folder too.
-        refuse_inputs_in_output(args.out, [*map(Path, args.inputs), *paths,
+        refuse_inputs_in_output(args.out, [*map(Path, args.inputs), *chosen.paths,
                                            *([args.images] if args.data is not None else [])])
     except (OSError, ValueError) as exc:
         return report_error("captioner gallery", exc)
-    for error in skipped:
+    for error in chosen.skipped:
         print(f"captioner gallery: skipped {error}", file=sys.stderr)
-    if note:
-        print(f"captioner gallery: {note}", file=sys.stderr)
+    if chosen.note:
+        print(f"captioner gallery: {chosen.note}", file=sys.stderr)
 
     models = [GalleryModel(name, str(path), captioner.output_attention_name)
               for name, path, captioner in zip(names, args.ckpt, captioners, strict=True)]
     images, failed = caption_gallery(
-        captioners, options, paths, names=shown_names, batch_size=args.batch_size,
+        captioners, options, chosen.paths, names=chosen.names, batch_size=args.batch_size,
         max_side=args.size, progress=not args.no_progress,
     )
+    if chosen.split_references:
+        add_references(images, chosen.ids, chosen.split_references)
     for error in failed.values():
         print(f"captioner gallery: skipped {error}", file=sys.stderr)
     if not images:
@@ -161,9 +185,9 @@ def main(argv: list[str]) -> int:
         return report_error("captioner gallery", exc, status=1)
     print(f"gallery of {counted(len(images), 'image')} x {counted(len(models), 'model')}: "
           f"{page}")
-    unreadable = len(skipped) + len(failed)
+    unreadable = len(chosen.skipped) + len(failed)
     if unreadable:
-        print(f"captioner gallery: {unreadable} of {len(paths) + len(skipped)} images could "
-              "not be read (each is named above)", file=sys.stderr)
+        print(f"captioner gallery: {unreadable} of {len(chosen.paths) + len(chosen.skipped)} "
+              "images could not be read (each is named above)", file=sys.stderr)
         return 1
     return 0

@@ -102,6 +102,15 @@
     const title = node("div", {});
     title.appendChild(node("h2", {}, "Image " + (index + 1) + " of " + count));
     title.appendChild(node("div", { class: "image-name" }, image.name));
+    if (image.references.length) {
+      const references = node("details", { class: "references" });
+      references.appendChild(node("summary", {},
+                                  "reference captions (" + image.references.length + ")"));
+      const list = node("ol", {});
+      for (const reference of image.references) list.appendChild(node("li", {}, reference));
+      references.appendChild(list);
+      title.appendChild(references);
+    }
     head.appendChild(title);
     main.appendChild(head);
     const columns = node("div", { class: "models" });
@@ -111,6 +120,12 @@
       column.appendChild(node("h2", {}, model.name));
       column.appendChild(node("div", { class: "mapping" }, "output attention: " + model.mapping));
       column.appendChild(node("p", { class: "caption" }, caption.text));
+      if (caption.cider !== null) {
+        column.appendChild(node("div", { class: "score",
+                                         title: "CIDEr-D of this caption against the image's " +
+                                                "references (IDF of the whole split)" },
+                                "CIDEr-D " + caption.cider.toFixed(3)));
+      }
       const words = node("div", { class: "words" });
       for (const word of caption.words) {
         words.appendChild(wordFigure(model, caption, word));
