@@ -10,14 +10,17 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from jinja2 import Environment, PackageLoader, select_autoescape
+from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
 
 @cache
 def _environment() -> Environment:
-    """Jinja2 over ``eval/templates``, escaping every value put in an HTML template."""
-    return Environment(loader=PackageLoader("eval", "templates"),
+    """Jinja2 over ``eval/templates``, escaping every value put in an HTML template. The folder
+    is found from the ``eval.templates`` package itself: Jinja2's PackageLoader looks up
+    ``eval``, which in a working folder holding an ``eval/`` (``captioner evaluate --out eval``)
+    is that folder."""
+    return Environment(loader=FileSystemLoader(str(resources.files("eval.templates"))),
                        autoescape=select_autoescape(["html"]), keep_trailing_newline=True)
 
 

@@ -364,3 +364,18 @@ def test_a_split_gallery_shows_references_and_each_captions_cider(tiny_checkpoin
                          str(files), *FAST]) == 0
     [image] = _page_data(files / "index.html")["images"]
     assert image["references"] == [] and image["captions"][0]["cider"] is None
+
+
+def test_pages_render_from_a_folder_holding_an_eval_folder(tmp_path, monkeypatch):
+    """``captioner evaluate --out eval`` leaves an ``eval/`` in the working folder, which a
+    look-up of the package ``eval`` by name finds first: the templates are not looked for there.
+    """
+    import subprocess
+    import sys
+
+    (tmp_path / "eval").mkdir()
+    run = subprocess.run([sys.executable, "-c", "from eval.static_page import render_page; "
+                          "print(len(render_page('gallery', {'images': []}, 'title')))"],
+                         cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert int(run.stdout) > 1000
