@@ -19,6 +19,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from PIL import Image
@@ -39,6 +40,9 @@ from captioner.model.encoder import EncoderWeightsError
 from data_prep.files import first_names
 from data_prep.images import imagenet_transform, load_image
 from data_prep.vocab import Vocabulary
+
+if TYPE_CHECKING:
+    from data_prep.features import FeatureCache
 
 _HPARAMS_KEY = CaptioningModule.CHECKPOINT_HYPER_PARAMS_KEY
 
@@ -198,21 +202,74 @@ class Captioner:
         for start in tqdm(starts, desc="captioning", unit="batch", disable=not progress):
             chunk = images[start : start + batch_size]
             features = self.module.model.encoder(self._batch(chunk))
-            hypotheses = self.module.decode(features, options)
-            for offset, (item, hypothesis) in enumerate(zip(chunk, hypotheses, strict=True)):
-                tokens = self.module.words(hypothesis.token_ids)
-                source = str(item) if isinstance(item, (str, Path)) else f"<image {start + offset}>"
-                captions.append(
-                    Caption(
-                        text=" ".join(tokens),
-                        tokens=tokens,
-                        attention=hypothesis.output_attention.float().cpu(),
-                        input_attention=hypothesis.input_attention.float().cpu(),
-                        log_prob=float(hypothesis.log_prob),
-                        source=source,
-                    )
-                )
+            sources = [str(item) if isinstance(item, (str, Path)) else f"<image {start + k}>"
+                       for k, item in enumerate(chunk)]
+            captions += self._captions(features, options, sources)
         return captions
+
+    @torch.no_grad()
+    def caption_cached(
+        self,
+        cache: FeatureCache,
+        image_ids: Sequence[int],
+        options: DecodingOptions | None = None,
+        *,
+        batch_size: int = 16,
+        progress: bool = False,
+    ) -> list[Caption]:
+        """:meth:`caption` of images by their features in ``cache`` (float16 (h, w, C) rows of
+        this checkpoint's frozen encoder; see :func:`cache_problem`), in ``image_ids`` order:
+        no image is read or encoded. Each caption's ``source`` is ``image id N``."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        image_ids = list(image_ids)
+        captions: list[Caption] = []
+        starts = range(0, len(image_ids), batch_size)
+        for start in tqdm(starts, desc="captioning", unit="batch", disable=not progress):
+            chunk = image_ids[start : start + batch_size]
+            rows = torch.from_numpy(cache.get_many(chunk))
+            features = rows.to(device=self.module.device, dtype=torch.float32)
+            captions += self._captions(features, options, [f"image id {i}" for i in chunk])
+        return captions
+
+    def _captions(self, features: Tensor, options: DecodingOptions | None,
+                  sources: Sequence[str]) -> list[Caption]:
+        """The captions of encoded images ``features`` (B, h, w, C), named by ``sources``."""
+        hypotheses = self.module.decode(features, options)
+        captions = []
+        for source, hypothesis in zip(sources, hypotheses, strict=True):
+            tokens = self.module.words(hypothesis.token_ids)
+            captions.append(Caption(
+                text=" ".join(tokens),
+                tokens=tokens,
+                attention=hypothesis.output_attention.float().cpu(),
+                input_attention=hypothesis.input_attention.float().cpu(),
+                log_prob=float(hypothesis.log_prob),
+                source=source,
+            ))
+        return captions
+
+    def cache_problem(self, cache: FeatureCache, image_ids: Sequence[int]) -> str | None:
+        """Why ``cache`` cannot stand in for this checkpoint's encoder on ``image_ids``, in
+        one line, or None: the encoder must be the frozen one that wrote it (architecture,
+        weights, layer, image size: :func:`captioner.lightning_module.check_feature_cache`)
+        and every image must be in it."""
+        from captioner.lightning_module import check_feature_cache
+
+        hp = self.module.hparams
+        encoder = self.module.model.encoder
+        settings = {"model.encoder_arch": hp.encoder_arch,
+                    "model.encoder_weights": encoder.weights_source or hp.encoder_weights,
+                    "data.image_size": hp.image_size, "model.encoder_layer": hp.encoder_layer,
+                    "model.encoder_trainable": hp.encoder_trainable}
+        try:
+            check_feature_cache(settings, cache, checkpoint=str(self.checkpoint))
+        except ValueError as exc:
+            return str(exc).split(": give ")[0]  # the mismatch, without fit's advice
+        missing = [i for i in image_ids if i not in cache]
+        if missing:
+            return f"{cache.path} lacks {len(missing)} of the {len(image_ids)} images"
+        return None
 
     def caption_files(
         self,

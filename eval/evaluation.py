@@ -14,6 +14,7 @@ from eval.table import format_table1
 if TYPE_CHECKING:
     from captioner.decoding_options import DecodingOptions
     from captioner.inference import Captioner
+    from data_prep.features import FeatureCache
 
 
 @dataclass
@@ -69,6 +70,8 @@ def evaluate_captioner(
     spice_timeout: float | None = None,
     progress: bool = True,
     on_results: Callable[[list[dict]], None] | None = None,
+    features: str = "images",
+    on_features: Callable[[str], None] | None = None,
 ) -> EvaluationReport:
     """Caption every image of ``split`` with ``captioner`` (decoding ``options``, default: the
     checkpoint's own) and report the caption metrics against the split's raw references, the
@@ -76,7 +79,10 @@ def evaluate_captioner(
     attention precision. ``spice_timeout``: seconds before SPICE is stopped (default: as
     :func:`eval.spice.spice_scores` scales it). ``on_results`` gets the COCO results
     (``[{"image_id", "caption"}]``) as soon as the captions are made, before any metric, so
-    that a caller can keep them."""
+    that a caller can keep them. ``features``: "images" encodes the images; "run" reads the
+    features of the feature cache the checkpoint's run trained on instead, where it can stand
+    in for the encoder (:func:`run_features`); ``on_features`` gets the line that says which
+    (and why not the cache) where the run trained on a cache, before captioning starts."""
     from data_prep.karpathy import load_karpathy
     from eval.attention_stats import attention_statistics
     from eval.objects import InstanceAnnotations, category_words_for, object_statistics
@@ -93,10 +99,17 @@ def evaluate_captioner(
         except KeyError as exc:
             raise ValueError(f"{instances}: {exc.args[0]}") from None
     options = options or captioner.decoding
-    captions = captioner.caption(
-        [entry.path for entry in entries], options, batch_size=batch_size, progress=progress
-    )
     ids = [entry.image_id for entry in entries]
+    cache, told = run_features(captioner, ids) if features == "run" else (None, None)
+    if on_features is not None and told is not None:
+        on_features(told)
+    if cache is not None:
+        with cache:
+            captions = captioner.caption_cached(cache, ids, options, batch_size=batch_size,
+                                                progress=progress)
+    else:
+        captions = captioner.caption([entry.path for entry in entries], options,
+                                     batch_size=batch_size, progress=progress)
     hypotheses = {i: c.text for i, c in zip(ids, captions, strict=True)}
     results = [{"image_id": i, "caption": hypotheses[i]} for i in ids]
     if on_results is not None:
@@ -126,8 +139,46 @@ def evaluate_captioner(
             "output_attention": captioner.output_attention_name,
             "decoding": asdict(options),
             "instances": None if instances is None else str(instances),
+            "features": "images" if cache is None else str(cache.path),
         },
     )
+
+
+def run_features(captioner: Captioner,
+                 image_ids: Sequence[int]) -> tuple[FeatureCache | None, str | None]:
+    """The feature cache the checkpoint's run trained on (``data.feature_cache`` of the
+    ``config.yaml`` beside its ``checkpoints/`` folder, as fit writes them, a relative path
+    read from the working folder, as fit read it), when it holds every image of ``image_ids``
+    and was written by the checkpoint's frozen encoder; else None. With it, one line saying
+    which features the evaluation reads and, where it encodes the images, why; None where
+    there was no cache to read (a checkpoint outside a run folder, a run without a cache)."""
+    import yaml
+
+    from data_prep.features import FeatureCache
+
+    checkpoint = Path(captioner.checkpoint).resolve()
+    config = checkpoint.parent.parent / "config.yaml"
+    if checkpoint.parent.name != "checkpoints" or not config.is_file():
+        return None, None
+    try:
+        data = yaml.safe_load(config.read_text(encoding="utf-8")).get("data") or {}
+        cached = data.get("feature_cache")
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
+        return None, f"features: encoding the images ({config} cannot be read)"
+    if not isinstance(cached, str) or not cached:
+        return None, None
+    if not Path(cached).is_file():
+        return None, f"features: encoding the images (the run's feature cache {cached} is gone)"
+    try:
+        cache = FeatureCache(cached)
+    except (OSError, ValueError) as exc:
+        return None, f"features: encoding the images (the run's feature cache: {exc})"
+    problem = captioner.cache_problem(cache, image_ids)
+    if problem is not None:
+        cache.close()
+        return None, f"features: encoding the images ({' '.join(problem.split())})"
+    return cache, (f"features: the run's cache {cached}, written by this checkpoint's frozen "
+                   "encoder (--features images encodes the images instead)")
 
 
 def _statistic(value: float) -> str:

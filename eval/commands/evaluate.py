@@ -29,6 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--images", required=True, help="image root of the Karpathy file")
     parser.add_argument("--split", default="test", help="split to evaluate (default: %(default)s)")
     parser.add_argument("--instances", help="COCO instances JSON for object mentions")
+    parser.add_argument("--features", choices=("run", "images"), default="run",
+                        help="run: read the features of the feature cache the checkpoint's run "
+                             "trained on, where it was written by the checkpoint's frozen "
+                             "encoder and holds every image of the split (else the images are "
+                             "encoded, and a line says why); images: always encode the images "
+                             "(default: %(default)s)")
     add_decoding_arguments(parser)
     add_metric_arguments(parser)
     parser.add_argument("--out", default="evaluation", help="output folder (default: %(default)s)")
@@ -110,7 +116,8 @@ def main(argv: list[str]) -> int:
                 captioner, args.data, args.images, split=args.split, instances=args.instances,
                 options=options, batch_size=args.batch_size, metrics=metrics,
                 spice_timeout=args.spice_timeout, progress=not args.no_progress,
-                on_results=keep,
+                on_results=keep, features=args.features,
+                on_features=lambda told: print(f"captioner evaluate: {told}", file=sys.stderr),
             )  # fmt: skip
     except (SpiceJarsError, JavaToolError, FileNotFoundError, KeyError, ValueError) as exc:
         if not written:  # the inputs: a user error
