@@ -194,18 +194,12 @@ class Captioner:
         ``images``: file paths or PIL images. An unreadable file raises
         :class:`data_prep.images.ImageLoadError` naming it.
         """
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        images = list(images)
-        captions: list[Caption] = []
-        starts = range(0, len(images), batch_size)
-        for start in tqdm(starts, desc="captioning", unit="batch", disable=not progress):
-            chunk = images[start : start + batch_size]
-            features = self.module.model.encoder(self._batch(chunk))
+        def encoded(chunk: list, start: int) -> tuple[Tensor, list[str]]:
             sources = [str(item) if isinstance(item, (str, Path)) else f"<image {start + k}>"
                        for k, item in enumerate(chunk)]
-            captions += self._captions(features, options, sources)
-        return captions
+            return self.module.model.encoder(self._batch(chunk)), sources
+
+        return self._in_batches(list(images), encoded, options, batch_size, progress)
 
     @torch.no_grad()
     def caption_cached(
@@ -220,16 +214,24 @@ class Captioner:
         """:meth:`caption` of images by their features in ``cache`` (float16 (h, w, C) rows of
         this checkpoint's frozen encoder; see :func:`cache_problem`), in ``image_ids`` order:
         no image is read or encoded. Each caption's ``source`` is ``image id N``."""
+        def cached(chunk: list, start: int) -> tuple[Tensor, list[str]]:
+            rows = torch.from_numpy(cache.get_many(chunk))
+            return (rows.to(device=self.module.device, dtype=torch.float32),
+                    [f"image id {i}" for i in chunk])
+
+        return self._in_batches(list(image_ids), cached, options, batch_size, progress)
+
+    def _in_batches(self, items: list, features_of, options: DecodingOptions | None,
+                    batch_size: int, progress: bool) -> list[Caption]:
+        """The captions of ``items``, ``batch_size`` at a time: ``features_of(chunk, start)``
+        gives a chunk's features (B, h, w, C) and the names of its images."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        image_ids = list(image_ids)
         captions: list[Caption] = []
-        starts = range(0, len(image_ids), batch_size)
+        starts = range(0, len(items), batch_size)
         for start in tqdm(starts, desc="captioning", unit="batch", disable=not progress):
-            chunk = image_ids[start : start + batch_size]
-            rows = torch.from_numpy(cache.get_many(chunk))
-            features = rows.to(device=self.module.device, dtype=torch.float32)
-            captions += self._captions(features, options, [f"image id {i}" for i in chunk])
+            features, sources = features_of(items[start : start + batch_size], start)
+            captions += self._captions(features, options, sources)
         return captions
 
     def _captions(self, features: Tensor, options: DecodingOptions | None,
