@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import math
 import os
 import random
 import re
@@ -504,6 +505,29 @@ def read_progress(checkpoints: Path) -> dict:
     ):
         return {}
     return progress
+
+
+def test_scores(folder: Path) -> str | None:
+    """The scores of the last ``captioner test`` of the run version ``folder`` (the last row
+    of ``folder/test/metrics.csv``, where test logs beside the run), as ``CIDEr 0.8123 Bleu_4
+    0.2345``; None when it was not tested or the file cannot be read (a run's files are
+    untrusted: a value that is not a number is left out)."""
+    try:
+        with (folder / "test" / "metrics.csv").open(newline="", encoding="utf-8") as handle:
+            rows = list(csv.DictReader(handle))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    scores = []
+    for key, value in (rows[-1] if rows else {}).items():
+        if not (isinstance(key, str) and key.startswith("test/")):
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(number):
+            scores.append(f"{key.removeprefix('test/')} {number:.4f}")
+    return " ".join(sorted(scores, key=lambda score: not score.startswith("CIDEr "))) or None
 
 
 def evaluation_only(folder: Path) -> tuple[str, str] | None:

@@ -479,3 +479,29 @@ def test_a_process_that_exits_while_its_loader_workers_live_ends():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_runs_show_the_scores_of_a_tested_run(tmp_path, capsys):
+    import json
+
+    from captioner.commands import runs
+
+    folder = tmp_path / "runs" / "coco_tvmax" / "version_0"
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints" / "progress.json").write_text(json.dumps({
+        "epochs_done": 3, "global_step": 30, "best_score": 0.5, "monitor": "val/CIDEr",
+        "best_checkpoint": None, "last_checkpoint": "last.ckpt"}))
+    assert runs.main(["--root", str(tmp_path / "runs")]) == 0
+    untested = capsys.readouterr().out.splitlines()[1]
+    assert "test:" not in untested
+    (folder / "test").mkdir()
+    # As Lightning's CSV logger writes a test's scores (an earlier test first, then the last).
+    (folder / "test" / "metrics.csv").write_text(
+        "epoch,step,test/Bleu_4,test/CIDEr\n0,30,0.1,0.2\n0,30,0.2345,0.81234\n")
+    assert runs.main(["--root", str(tmp_path / "runs")]) == 0
+    row = capsys.readouterr().out.splitlines()[1]
+    assert row == untested + "  test: CIDEr 0.8123 Bleu_4 0.2345"
+    # A damaged file (the run's files are untrusted) shows what can be read, or nothing.
+    (folder / "test" / "metrics.csv").write_text("epoch,test/CIDEr,test/x\n0,nan,\x1b[2J\n")
+    assert runs.main(["--root", str(tmp_path / "runs")]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == untested

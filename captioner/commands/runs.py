@@ -5,7 +5,8 @@ input/output attention it trained with (and the output's keywords, from its conf
 done, global step, the best score with the metric it is of (``CIDEr``, the validation CIDEr,
 unless the run monitored another: ``Bleu_4``, ``train/loss``) and the best and last
 checkpoints, as recorded in ``checkpoints/progress.json`` at the run's last
-save. A version that holds only the scores of
+save, and the scores of its last ``captioner test`` (``test: CIDEr ... Bleu_4 ...``) where it
+was tested. A version that holds only the scores of
 ``test`` or ``validate`` of a checkpoint from outside the runs names that checkpoint instead.
 """
 
@@ -30,6 +31,7 @@ def main(argv: list[str]) -> int:
         evaluation_only,
         list_runs,
         run_attention,
+        test_scores,
         training_now,
         version_folders,
         version_number,
@@ -79,9 +81,10 @@ def main(argv: list[str]) -> int:
             continue
         best_file, last_file = (_where(run.folder, progress.get(key))
                                 for key in ("best_checkpoint", "last_checkpoint"))
+        tested = test_scores(run.folder)
         print(f"{run.name:<24} {run.folder.name:<10} {attention:<{wide}} "
               f"{progress['epochs_done']:>6} {progress['global_step']:>8} {best:<{width}}  "
-              f"best {best_file}  last {last_file}")
+              f"best {best_file}  last {last_file}" + (f"  test: {tested}" if tested else ""))
     return 0
 
 
