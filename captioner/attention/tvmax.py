@@ -56,7 +56,10 @@ _KERNEL_DTYPES = (torch.float32, torch.float64)
 # The forward pass of CUDA scores: "host", the exact CPU solver (a round trip per call), or
 # "device", certified Dykstra on the GPU (Triton), whose uncertified grids go to the host. The
 # backward pass runs on the device either way. Chosen by the environment variable
-# CAPTIONER_TVMAX_SOLVER; "host" measured faster on an H100 (README, GPU section).
+# CAPTIONER_TVMAX_SOLVER. "host" is the default: the device kernel lasts as long as its slowest
+# grid, and on smooth (trained) scores many grids fail its certificate and cross to the host
+# anyway (docs/attention.md, "TVmax solvers on a GPU"; `captioner bench attention --device
+# cuda` times both).
 SOLVERS = ("host", "device")
 _solver = os.environ.get("CAPTIONER_TVMAX_SOLVER", "host")
 if _solver not in SOLVERS:
@@ -65,8 +68,9 @@ DEVICE_SOLVER = _solver == "device"
 # Grids solved by the device solver, and how many of them its certificate left to the CPU.
 DEVICE_STATS = {"grids": 0, "fallback": 0}
 # CAPTIONER_TVMAX_OVERLAP=1: TVMax.start solves on the host in a background thread while its
-# caller (the decoder's teacher-forced pass) goes on launching work. Off by default: on an
-# H200 it gained nothing beyond the spread between runs (README, "TVmax on a GPU").
+# caller (the decoder's teacher-forced pass) goes on launching work. Off by default: it can
+# only save the host solves that overlap the loop, a small part of a step that launching
+# kernels bounds (`captioner bench model --tvmax-overlap` times both ways).
 _overlap = os.environ.get("CAPTIONER_TVMAX_OVERLAP", "0")
 if _overlap not in ("0", "1"):
     raise ValueError(f"CAPTIONER_TVMAX_OVERLAP must be 0 or 1, got {_overlap!r}")
