@@ -26,6 +26,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -114,7 +115,9 @@ def options_of(command: tuple[str, ...]) -> frozenset[str]:
     from captioner.cli import main
 
     out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+    # The command line of pytest is not the command's (LightningCLI warns when both exist).
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit), \
+            mock.patch.object(sys, "argv", ["captioner"]):
         main([*command, "--help"])
     return frozenset(re.findall(r"--[A-Za-z0-9][A-Za-z0-9_.-]*", out.getvalue()))
 

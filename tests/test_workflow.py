@@ -1,7 +1,7 @@
 """The researcher's workflow on their own photos, as the README gives it, through the command
 line.
 
-The commands are the README's own: its shell block marked ``<!-- run: tests/test_workflow.py
+The commands are the README's own: its shell blocks marked ``<!-- run: tests/test_workflow.py
 -->``, run in order in one working folder, each in a subprocess, on the files the previous
 steps wrote: prepare-dataset (a JSONL over generated photos) -> prepare-features -> fit, killed
 with SIGKILL during a later epoch -> the README's resume -> runs -> test -> evaluate -> caption
@@ -61,14 +61,17 @@ EXTRA = {
 
 
 def readme_workflow() -> list[list[str]]:
-    """The README's workflow: the commands of its shell block marked :data:`MARKER`, each as
-    its arguments after ``captioner`` (comments left out)."""
-    text = README.read_text(encoding="utf-8")
-    assert MARKER in text, f"README.md has no shell block marked {MARKER}"
-    block = text.split(MARKER, 1)[1].split("```bash\n", 1)[1].split("\n```", 1)[0]
-    commands = [shlex.split(line, comments=True) for line in block.splitlines()]
-    assert all(words[0] == "captioner" for words in commands if words), block
-    return [words[1:] for words in commands if words]
+    """The README's workflow: the commands of its shell blocks marked :data:`MARKER`, in
+    order, each as its arguments after ``captioner`` (comments left out)."""
+    parts = README.read_text(encoding="utf-8").split(MARKER)
+    assert len(parts) > 1, f"README.md has no shell block marked {MARKER}"
+    commands = []
+    for part in parts[1:]:
+        block = part.split("```bash\n", 1)[1].split("\n```", 1)[0]
+        words = [shlex.split(line, comments=True) for line in block.splitlines()]
+        assert all(w[0] == "captioner" for w in words if w), block
+        commands += [w[1:] for w in words if w]
+    return commands
 
 
 def adapted(argv: list[str], overrides: dict[str, str]) -> list[str]:
