@@ -1,7 +1,8 @@
 """The README and docs/ stay true: no commit hashes in their prose, a README short enough to
 read, links that resolve, and every shell block either run by a test or marked as needing what
 the machine lacks (COCO, a GPU, the network, ...), with every option of its ``captioner``
-commands one that the command takes.
+commands one that the command takes; Python examples that run; and docs/benchmarks.md, which
+``captioner bench page`` regenerates changing only figures.
 
 A shell block (```bash, ```sh, ```console or ```shell) is preceded by an HTML comment, which
 a rendered page does not show:
@@ -373,3 +374,27 @@ def test_bench_markdown_names_machine_versions_and_date_and_changes_only_figures
     assert "| mapping | train step ms | x softmax |" in tables[0]
     assert re.search(r"^\| sparsemax \| [0-9.]+ \| [0-9.]+x \|", tables[0], re.M)
     assert without_figures(tables[0]) == without_figures(tables[1])
+
+
+# The Python examples of README.md and docs/ run, with a real checkpoint and image.
+
+def python_blocks(page: Path) -> list[tuple[int, str]]:
+    """(1-based line of the opening fence, code) of each ```python block of ``page``."""
+    text = page.read_text(encoding="utf-8")
+    return [(text[:match.start()].count("\n") + 1, match[1])
+            for match in re.finditer(r"^```python\n(.*?)^```", text, re.M | re.S)]
+
+
+PYTHON_BLOCKS = [(page, line, code) for page in PAGES for line, code in python_blocks(page)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page, line, code", PYTHON_BLOCKS,
+                         ids=[f"{p.relative_to(ROOT)}:{n}" for p, n, _ in PYTHON_BLOCKS])
+def test_a_python_example_runs(page, line, code, tiny_checkpoint, synthetic_data):
+    image = next(synthetic_data.image_root.rglob("*.png"))
+    # The examples' checkpoint and photo are the reader's; these are the tests'.
+    code = re.sub(r'"[^"\s]+\.ckpt"', repr(str(tiny_checkpoint)), code)
+    code = code.replace('"photo.jpg"', repr(str(image)))
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(code, f"{page.relative_to(ROOT)}:{line}", "exec"), {})
