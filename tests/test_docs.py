@@ -398,3 +398,11 @@ def test_a_python_example_runs(page, line, code, tiny_checkpoint, synthetic_data
     code = code.replace('"photo.jpg"', repr(str(image)))
     with contextlib.redirect_stdout(io.StringIO()):
         exec(compile(code, f"{page.relative_to(ROOT)}:{line}", "exec"), {})
+
+
+def test_every_config_the_docs_name_exists():
+    missing = [f"{page.relative_to(ROOT)}: {name}"
+               for page in PAGES
+               for name in re.findall(r"configs/[\w./-]+\.yaml", page.read_text(encoding="utf-8"))
+               if not (ROOT / name).is_file()]
+    assert not missing, missing
