@@ -280,7 +280,7 @@ def test_pretrain_encoder_then_prepare_features_through_the_cli(synthetic_data, 
     assert run.returncode == 0, run.stderr[-2000:]
     assert FeatureCache(tmp_path / "features.h5").encoder["weights"] == "encoder.pt"
 
-    # A file written before d815c3e held the untrained layer4 too, and loaded for layer4
+    # A file of an earlier version held the untrained layer4 too, and loaded for layer4
     # without a word: its report beside it says which layer was trained.
     old = {**state, **{k: v for k, v in torchvision.models.resnet18().state_dict().items()
                        if k.startswith("layer4.")}}

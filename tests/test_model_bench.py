@@ -128,7 +128,7 @@ def test_bench_help_names_every_benchmark(capsys):
         assert f"  {name} " in out and importlib.import_module(target).HELP in out
     assert command.main(["nope"]) == 2
     assert capsys.readouterr().err == (
-        "captioner bench: unknown benchmark 'nope'; expected one of attention, model, fit\n")
+        "captioner bench: unknown benchmark 'nope'; expected one of attention, model, fit, page\n")
     assert command.main([]) == 2
     assert capsys.readouterr().err.startswith("usage: captioner bench")
 

@@ -13,11 +13,9 @@ a following sparsemax gives them zero weight.
 
 The kernels run on the CPU in float64: CUDA tensors are copied to the host and back. Each
 kernel has a serial and a prange-parallel driver over rows. The parallel one runs when numba
-has more than one thread and the batch is not tiny: on an idle 16-core machine it won from 512
-cells up at 2 to 16 threads (TVmax forward on 768 grids of 8 x 8, before TVmax screened out
-zero-weight cells: 5.9 ms serial, 0.8 ms on 16 threads), and on 2 cores with the screening
-(768 grids: 1.15 ms serial, 0.51 ms on 2 threads; 8 grids: 12 and 8 us). On a machine whose
-cores are busy with other work the parallel driver's spinning threads can cost 10x instead: run
+has more than one thread and the batch is not tiny (below that, starting the threads costs
+more than they save). On a machine whose cores are busy with other work the parallel driver's
+spinning threads can cost more than the serial loop: run
 with one numba thread there (``numba.set_num_threads(1)``, as ``captioner demo`` and the tests
 do).
 """

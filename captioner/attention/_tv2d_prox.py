@@ -50,8 +50,7 @@ MAX_MERGE_ROUNDS = 40
 # Free edges (sign not fixed by Eq. 16) per active cell above which the fast path is skipped: a
 # grid has at most 2 edges per cell, and when most are free (lam large against the scores'
 # spread) groups grow large, merging takes many rounds and certifying them takes min-cuts, so
-# the divide and conquer is faster (measured: 1.5-1.7x at lam 1 on N(0, 1) and trained scores,
-# same speed at lam 0.01, on 8 x 8 to 16 x 16 grids).
+# the divide and conquer is faster.
 FAST_PATH_MAX_FREE_EDGES = 1.5
 # Sets of the divide and conquer from this size on route their flow by push-relabel before the
 # min-cut's augmenting paths (``_tv2d_maxflow._push_relabel``); smaller ones take a few paths.

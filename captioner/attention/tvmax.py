@@ -56,7 +56,10 @@ _tvmax_backward_rows = by_size(tvmax_backward_rows_serial, tvmax_backward_rows_p
 _KERNEL_DTYPES = (torch.float32, torch.float64)
 # The forward pass of CUDA scores: "host", the exact CPU solver (a round trip per call), or
 # "device", certified Dykstra on the GPU (Triton), whose uncertified grids go to the host. The
-# backward pass runs on the device either way. CPU scores always take the CPU solver.
+# backward pass runs on the device either way; CPU scores always take the CPU solver. "host" is
+# the default: the device kernel lasts as long as its slowest grid, and on smooth (trained)
+# scores many grids fail its certificate and cross to the host anyway (docs/attention.md,
+# "TVmax solvers on a GPU"; `captioner bench attention --device cuda` times both).
 SOLVERS = ("host", "device")
 # Grids solved by the device solver, and how many of them its certificate left to the CPU.
 DEVICE_STATS = {"grids": 0, "fallback": 0}

@@ -2,15 +2,20 @@
 
 What they share: the option types that refuse a bad value (an unknown name, a device the
 machine lacks) while the options are parsed, so that no benchmark starts, or runs for minutes,
-before it fails on one of its own options.
+before it fails on one of its own options; and ``--markdown FILE``, which writes a benchmark's
+table as markdown under one line naming the machine, the library versions and the date (the
+tables of docs/benchmarks.md, which ``captioner bench page`` regenerates).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib
+import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -95,3 +100,76 @@ def torch_device(name: str):
         return resolve_device(name)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_markdown_argument(parser: argparse.ArgumentParser) -> None:
+    """``--markdown FILE``: the table also as markdown (see :func:`write_markdown`)."""
+    parser.add_argument("--markdown", type=Path, default=None, metavar="FILE",
+                        help="also write the table as markdown to FILE, under a line naming "
+                        "the machine, the library versions and the date (checked before "
+                        "anything is timed)")
+
+
+def cpu_name() -> str:
+    """The CPU's model name as Linux gives it (``/proc/cpuinfo``), else as Python's platform
+    module does."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _versions() -> str:
+    """Python and the libraries whose code a benchmark times, with their versions."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = [f"Python {platform.python_version()}"]
+    for package in ("torch", "numba", "lightning", "triton"):
+        try:
+            found.append(f"{package} {version(package)}")
+        except PackageNotFoundError:
+            continue
+    return ", ".join(found)
+
+
+def machine_line(device) -> str:
+    """One line naming the machine (the CPU model and the CPUs this process may use, the GPU
+    where ``device``, a torch device, is one), the library versions and today's date (UTC)."""
+    import torch
+
+    from data_prep.machine import usable_cpus
+
+    gpu = (f"GPU {torch.cuda.get_device_name(device)}" if device.type == "cuda"
+           else "no GPU used")
+    today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    return (f"Machine: {cpu_name()}, {usable_cpus()} CPUs, {gpu}. {_versions()}. "
+            f"Date: {today}.")
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]],
+                   text_columns: int = 1) -> str:
+    """A markdown table of string cells; the first ``text_columns`` columns are left-aligned,
+    the others (figures) right-aligned."""
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+
+    rule = ["---" if i < text_columns else "---:" for i in range(len(header))]
+    return "\n".join([line(header), line(rule), *map(line, rows)])
+
+
+def write_markdown(path: Path | None, device, settings: str, table: str,
+                   notes: Sequence[str] = ()) -> None:
+    """Write (atomically) a benchmark's ``table`` (markdown) to ``path`` (None: nothing), under
+    the :func:`machine_line` of ``device`` and the line ``settings``, with ``notes`` below,
+    one paragraph each."""
+    if path is None:
+        return
+    from data_prep.files import atomic_write
+
+    parts = [machine_line(device), settings, table, *notes]
+    with atomic_write(path) as file:
+        file.write("\n\n".join(parts) + "\n")

@@ -28,8 +28,17 @@ import sys
 import time
 from collections.abc import Callable
 
-from captioner.benchmarks import refuse_more_threads_than_numba_has, torch_device, use_threads
+from captioner.benchmarks import (
+    add_markdown_argument,
+    markdown_table,
+    refuse_more_threads_than_numba_has,
+    refuse_unwritable,
+    torch_device,
+    use_threads,
+    write_markdown,
+)
 from captioner.commands.options import at_least, command_parser, torch_seed
+from data_prep.files import check_output_file
 
 PROG = "captioner bench attention"
 HELP = "time forward+backward of softmax, sparsemax, entmax15 and TVmax (ratios printed)"
@@ -68,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
         "than wall time on a machine busy with other work, but blind to parallel speed-up) "
         "(default: %(default)s)",
     )
+    add_markdown_argument(parser)
     return parser
 
 
@@ -78,6 +88,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if args.device.type == "cuda" and args.clock == "cpu":
         parser.error(f"--clock cpu only measures CPU devices, not --device {args.device}")
     refuse_more_threads_than_numba_has(parser, args.threads)
+    refuse_unwritable(parser, "--markdown", args.markdown, check_output_file)
     return args
 
 
@@ -161,13 +172,19 @@ def _scores(kind: str, shape: tuple[int, int, int], device: str):
     return z
 
 
-def _table(rows: list[tuple[str, str, float]], baselines: list[str]) -> str:
+def _cells(rows: list[tuple[str, str, float]], baselines: list[str]) -> tuple[list, list]:
+    """The header and the rows of the table, as strings: shape, mapping, microseconds per
+    call and the ratio to each of ``baselines`` at the same shape."""
     header = ["shape", "mapping", "us/call"] + [f"/{b}" for b in baselines]
     lines = []
     for shape, name, seconds in rows:
         ref = {n: s for sh, n, s in rows if sh == shape}
         ratios = [f"{seconds / ref[b]:.2f}" if b in ref else "-" for b in baselines]
         lines.append([shape, name, f"{seconds * 1e6:.1f}", *ratios])
+    return header, lines
+
+
+def _table(header: list[str], lines: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
     fmt = "  ".join(f"{{:<{w}}}" if i < 2 else f"{{:>{w}}}" for i, w in enumerate(widths))
     return "\n".join(fmt.format(*r) for r in [header, *lines])
@@ -200,15 +217,16 @@ def main(argv: list[str]) -> int:
                   for name, (grids, left) in fallbacks.items() if grids]
         print(f"done {shape}", file=sys.stderr, flush=True)  # progress, not the table
     where = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "CPU"
-    print(
-        f"forward+backward, float32, scores {SCORES[args.scores]}, {where}, {args.clock} clock, "
-        f"torch {torch.__version__}, "
-        f"{threads}, "
-        f"median of {args.repeats} rounds"
-    )
+    settings = (f"forward+backward, float32, scores {SCORES[args.scores]}, {args.clock} clock, "
+                f"{threads}, median of {args.repeats} rounds")
+    print(f"{settings}, {where}, torch {torch.__version__}")
     baselines = [b for b in ("softmax", "sparsemax", "entmax.sparsemax (pkg)") if b in mappings]
-    print(_table(rows, baselines))
+    header, cells = _cells(rows, baselines)
+    print(_table(header, cells))
     if notes:
-        print(f"TVmax device solver, same scores at every call ({SCORES[args.scores]}):")
+        notes.insert(0, f"TVmax device solver, same scores at every call ({SCORES[args.scores]}):")
         print("\n".join(notes))
+    write_markdown(args.markdown, args.device, f"Settings: {settings}.",
+                   markdown_table(header, cells, text_columns=2),
+                   ["<br>\n".join(notes)] if notes else [])
     return 0

@@ -23,9 +23,16 @@ import time
 from pathlib import Path
 
 from captioner import CONFIGS
-from captioner.benchmarks import PhaseClock, refuse_unwritable, torch_device
+from captioner.benchmarks import (
+    PhaseClock,
+    add_markdown_argument,
+    markdown_table,
+    refuse_unwritable,
+    torch_device,
+    write_markdown,
+)
 from captioner.commands.options import at_least, command_parser, names, torch_seed
-from data_prep.files import check_output_dir
+from data_prep.files import check_output_dir, check_output_file
 from data_prep.machine import usable_cpus
 
 PROG = "captioner bench fit"
@@ -80,6 +87,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=torch_seed, default=0,
                         help="seed of the generated data and of the model step's batch "
                         "(default: %(default)s)")
+    add_markdown_argument(parser)
     return parser
 
 
@@ -131,6 +139,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                      f"captions, one batch of --batch-size {args.batch_size}; timing the loader "
                      f"needs two: give --images {min_images(args.batch_size)} or more")
     refuse_unwritable(parser, "--data", args.data, check_output_dir)
+    refuse_unwritable(parser, "--markdown", args.markdown, check_output_file)
     return args
 
 
@@ -383,45 +392,66 @@ def main(argv: list[str]) -> int:
                              "grids": fit["grids"], "fallback": fit["fallback"],
                              "workers": fit["workers"], "precision": fit["precision"]}
     print(_report(rows, args))
+    first = next(iter(rows.values()))
+    write_markdown(args.markdown, torch_device(first["device"]),
+                   f"Settings: {_settings(rows, args)}.",
+                   markdown_table(COLUMNS, _cells(rows, args)), _notes(rows, args))
     return 0
 
 
-def _report(rows: dict[str, dict], args: argparse.Namespace) -> str:
-    steps_per_epoch = -(-COCO_TRAIN_PAIRS // args.batch_size)
+COLUMNS = ("mapping", "loader it/s", "loop ms", "fit it/s", "fit ms", "model ms", "fit/model",
+           "COCO epoch min", f"{PAPER_EPOCHS} epochs h")
+# The text report's column widths (the mapping's left-aligned, the figures right-aligned).
+WIDTHS = (10, 12, 9, 10, 9, 10, 11, 16, 13)
+
+
+def _settings(rows: dict[str, dict], args: argparse.Namespace) -> str:
     first = next(iter(rows.values()))  # the mappings share the paper configs' settings
     precision = args.precision or f"{first['precision']} (the config's)"
-    lines = [
-        f"{args.images} images x {CAPTIONS_PER_IMAGE} captions, features {args.grid}x{args.grid}"
-        f"x{CHANNELS} float16, batch {args.batch_size}, device {first['device']}, precision "
-        f"{precision}, loader workers {first['workers']}, float32 matmul "
-        f"{args.float32_matmul_precision}, preload {args.preload_features}; "
-        f"steps {args.warmup_steps + 1}-{args.steps} timed",
-        f"{'mapping':<10}{'loader it/s':>12}{'loop ms':>9}{'fit it/s':>10}{'fit ms':>9}"
-        f"{'model ms':>10}{'fit/model':>11}{'COCO epoch min':>16}{f'{PAPER_EPOCHS} epochs h':>13}",
-    ]
+    return (f"{args.images} images x {CAPTIONS_PER_IMAGE} captions, features {args.grid}x"
+            f"{args.grid}x{CHANNELS} float16, batch {args.batch_size}, device {first['device']}, "
+            f"precision {precision}, loader workers {first['workers']}, float32 matmul "
+            f"{args.float32_matmul_precision}, preload {args.preload_features}; "
+            f"steps {args.warmup_steps + 1}-{args.steps} timed")
+
+
+def _cells(rows: dict[str, dict], args: argparse.Namespace) -> list[list[str]]:
+    """One row of strings per mapping (see :data:`COLUMNS`)."""
+    steps_per_epoch = -(-COCO_TRAIN_PAIRS // args.batch_size)
+    cells = []
     for mapping, row in rows.items():
         epoch_min = row["fit_ms"] * steps_per_epoch / 60_000
-        lines.append(
-            f"{mapping:<10}{1000 / row['loader_ms']:>12.1f}{row['loop_ms']:>9.3f}"
-            f"{1000 / row['fit_ms']:>10.1f}"
-            f"{row['fit_ms']:>9.1f}{row['model_ms']:>10.1f}"
-            f"{row['fit_ms'] / row['model_ms']:>10.2f}x"
-            f"{epoch_min:>16.1f}{epoch_min * PAPER_EPOCHS / 60:>13.1f}"
-        )
-    lines.append("loop ms: the training thread's CPU time per loader batch (with workers, to "
-                 "receive it)")
-    lines.append(f"COCO epoch: {COCO_TRAIN_PAIRS:,} caption pairs = {steps_per_epoch:,} steps, "
-                 "training only (no validation)")
-    for mapping, row in rows.items():
-        lines.append(f"{mapping} phases, ms a step: fit {_phases(row['fit_phases_ms'])}; model "
-                     f"{_phases(row['model_phases_ms'])}")
-    lines.append("phases: the host's time between Lightning's hooks (fit) and in the model's own "
-                 "step, no sync added: a step bound by launching kernels spends its time where "
-                 "they are launched, one bound by the GPU where the host waits for it (the "
-                 "checks; in the fit they are read between steps)")
-    lines += [f"{mapping}: TVmax device solver left {row['fallback']} of {row['grids']} grids "
+        cells.append([mapping, f"{1000 / row['loader_ms']:.1f}", f"{row['loop_ms']:.3f}",
+                      f"{1000 / row['fit_ms']:.1f}", f"{row['fit_ms']:.1f}",
+                      f"{row['model_ms']:.1f}", f"{row['fit_ms'] / row['model_ms']:.2f}x",
+                      f"{epoch_min:.1f}", f"{epoch_min * PAPER_EPOCHS / 60:.1f}"])
+    return cells
+
+
+def _notes(rows: dict[str, dict], args: argparse.Namespace) -> list[str]:
+    steps_per_epoch = -(-COCO_TRAIN_PAIRS // args.batch_size)
+    notes = ["loop ms: the training thread's CPU time per loader batch (with workers, to "
+             "receive it)",
+             f"COCO epoch: {COCO_TRAIN_PAIRS:,} caption pairs = {steps_per_epoch:,} steps, "
+             "training only (no validation)"]
+    notes += [f"{mapping} phases, ms a step: fit {_phases(row['fit_phases_ms'])}; model "
+              f"{_phases(row['model_phases_ms'])}" for mapping, row in rows.items()]
+    notes.append("phases: the host's time between Lightning's hooks (fit) and in the model's "
+                 "own step, no sync added: a step bound by launching kernels spends its time "
+                 "where they are launched, one bound by the GPU where the host waits for it "
+                 "(the checks; in the fit they are read between steps)")
+    notes += [f"{mapping}: TVmax device solver left {row['fallback']} of {row['grids']} grids "
               "to the CPU solver" for mapping, row in rows.items() if row["grids"]]
-    return "\n".join(lines)
+    return notes
+
+
+def _report(rows: dict[str, dict], args: argparse.Namespace) -> str:
+    def line(cells) -> str:
+        return "".join(f"{cell:<{width}}" if i == 0 else f"{cell:>{width}}"
+                       for i, (cell, width) in enumerate(zip(cells, WIDTHS, strict=True)))
+
+    return "\n".join([_settings(rows, args), line(COLUMNS),
+                      *map(line, _cells(rows, args)), *_notes(rows, args)])
 
 
 def _phases(milliseconds: dict[str, float]) -> str:

@@ -33,10 +33,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from captioner.benchmarks import (
+    add_markdown_argument,
+    markdown_table,
     refuse_more_threads_than_numba_has,
     refuse_unwritable,
     torch_device,
     use_threads,
+    write_markdown,
 )
 from captioner.commands.options import at_least, command_parser, names, torch_seed
 from data_prep.files import check_output_file, write_json
@@ -101,6 +104,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="seed of the batch and the decoders (default: %(default)s)")
     parser.add_argument("--json", type=Path, default=None,
                         help="also write the results here (checked before anything is timed)")
+    add_markdown_argument(parser)
     return parser
 
 
@@ -132,6 +136,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if args.tvmax_overlap and "tvmax" not in args.mappings:
         parser.error("--tvmax-overlap times TVmax a second way: give --mappings with tvmax")
     refuse_unwritable(parser, "--json", args.json, check_output_file)
+    refuse_unwritable(parser, "--markdown", args.markdown, check_output_file)
     refuse_more_threads_than_numba_has(parser, args.threads)
     return args
 
@@ -298,16 +303,26 @@ def _run_all(
     return results
 
 
-def _table(results: dict[str, dict]) -> str:
+COLUMNS = ("mapping", "train step ms", "x softmax", "rounds", "beam search ms", "x softmax",
+           "rounds", "words", "mapping us")
+# The text table's column widths (the mapping's left-aligned, the figures right-aligned).
+WIDTHS = (14, 15, 11, 12, 16, 11, 12, 7, 12)
+NOTES = (
+    "rounds: the least and the greatest ratio to softmax of the runs of one round, which ran "
+    "one after the other",
+    "mapping us: host time of one call of the output attention's mapping in beam search (a "
+    "word's; its syncs and copies included), median",
+)
+
+
+def _cells(results: dict[str, dict]) -> list[list[str]]:
+    """The rows of the table as strings (see :data:`COLUMNS`); a failed mapping's row holds
+    its error in the second cell."""
     base = results.get("softmax", {})
-    header = (
-        f"{'mapping':<14}{'train step ms':>15}{'x softmax':>11}{'rounds':>12}"
-        f"{'beam search ms':>16}{'x softmax':>11}{'rounds':>12}{'words':>7}{'mapping us':>12}"
-    )
-    lines = [header, "-" * len(header)]
+    rows = []
     for mapping, row in results.items():
         if "error" in row:
-            lines.append(f"{mapping:<14}error: {row['error']}")
+            rows.append([mapping, f"error: {row['error']}"])
             continue
         ratios = [
             f"{row[key] / base[key]:.2f}x" if key in base else "n/a"
@@ -318,16 +333,27 @@ def _table(results: dict[str, dict]) -> str:
             if f"{key}_round_ratios" in row else "n/a"
             for key in ("train_step_ms", "beam_search_ms")
         ]
-        lines.append(
-            f"{mapping:<14}{row['train_step_ms']:>15.1f}{ratios[0]:>11}{rounds[0]:>12}"
-            f"{row['beam_search_ms']:>16.1f}{ratios[1]:>11}{rounds[1]:>12}"
-            f"{row['mean_caption_length']:>7.1f}{row['output_mapping_us']:>12.0f}"
-        )
-    lines.append("rounds: the least and the greatest ratio to softmax of the runs of one round, "
-                 "which ran one after the other")
-    lines.append("mapping us: host time of one call of the output attention's mapping in beam "
-                 "search (a word's; its syncs and copies included), median")
-    return "\n".join(lines)
+        rows.append([mapping, f"{row['train_step_ms']:.1f}", ratios[0], rounds[0],
+                     f"{row['beam_search_ms']:.1f}", ratios[1], rounds[1],
+                     f"{row['mean_caption_length']:.1f}", f"{row['output_mapping_us']:.0f}"])
+    return rows
+
+
+def _table(rows: list[list[str]]) -> str:
+    def line(cells) -> str:
+        return "".join(f"{cell:<{width}}" if i == 0 else f"{cell:>{width}}"
+                       for i, (cell, width) in enumerate(zip(cells, WIDTHS, strict=False)))
+
+    header = line(COLUMNS)
+    lines = [header, "-" * len(header)]
+    lines += [f"{row[0]:<{WIDTHS[0]}}{row[1]}" if len(row) == 2 else line(row) for row in rows]
+    return "\n".join([*lines, *NOTES])
+
+
+def _markdown(rows: list[list[str]]) -> str:
+    padded = [row if len(row) == len(COLUMNS) else [*row, *[""] * (len(COLUMNS) - len(row))]
+              for row in rows]
+    return markdown_table(COLUMNS, padded)
 
 
 def main(argv: list[str]) -> int:
@@ -351,24 +377,30 @@ def main(argv: list[str]) -> int:
     captions[:, 0] = START_ID
     captions = captions.to(device)
 
-    print(
+    settings = (
         f"batch {args.batch_size}, grid {args.grid}x{args.grid}x{args.channels}, vocab "
         f"{args.vocab_size}, caption length {args.caption_length}, beam {args.beam_size}, "
         f"max length {args.max_length}, input attention {args.input_attention}, device "
         f"{device}, {threads}; {args.clock} clock, fastest of "
         f"{args.repeats} runs"
     )
+    print(settings)
     tvmax_module = importlib.import_module("captioner.attention.tvmax")
+    notes = list(NOTES)
     if tvmax_module.SOLVER_OVERRIDE is not None:
-        print(f"TVmax solver: {tvmax_module.SOLVER_OVERRIDE} (CAPTIONER_TVMAX_SOLVER overrides "
-              "the model's setting)")
+        notes.append(f"TVmax solver: {tvmax_module.SOLVER_OVERRIDE} (CAPTIONER_TVMAX_SOLVER "
+                     "overrides the model's setting)")
+        print(notes[-1])
     rows = [*args.mappings, *([OVERLAP_ROW] if args.tvmax_overlap else [])]
     results = _run_all(rows, args, features, captions, synchronize)
-    print(_table(results))
+    cells = _cells(results)
+    print(_table(cells))
     stats = tvmax_module.DEVICE_STATS
     if stats["grids"]:
-        print(f"TVmax device solver: {stats['fallback']} of {stats['grids']} grids left to the "
-              "CPU solver by its certificate")
+        notes.append(f"TVmax device solver: {stats['fallback']} of {stats['grids']} grids left "
+                     "to the CPU solver by its certificate")
+        print(notes[-1])
+    write_markdown(args.markdown, device, f"Settings: {settings}.", _markdown(cells), notes)
     if args.json is not None:
         write_json(args.json, results, indent=2)
     failed = [name for name, row in results.items() if "error" in row]

@@ -6,12 +6,14 @@ import importlib
 import sys
 
 HELP = ("benchmarks: 'bench attention' (mappings), 'bench model' (training step, beam search) or "
-        "'bench fit' (a real fit on COCO-shaped data)")
+        "'bench fit' (a real fit on COCO-shaped data); 'bench page' regenerates the tables of "
+        "docs/benchmarks.md")
 
 _TARGETS = {
     "attention": "captioner.benchmarks.attention",
     "model": "captioner.benchmarks.model",
     "fit": "captioner.benchmarks.fit",
+    "page": "captioner.benchmarks.page",
 }
 
 
