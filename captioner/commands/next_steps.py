@@ -25,7 +25,7 @@ class Setup:
 
 # The settings of configs/base/cpu_small.yaml and of the paper's configs (the model's defaults,
 # configs/base/flickr30k_data.yaml); tests/test_next_steps.py checks them against the files.
-CPU_SETUP = Setup("cpu_small_tvmax.yaml", "resnet18", "layer3", "IMAGENET1K_V1", 224)
+CPU_SETUP = Setup("cpu_small_tvmax.yaml", "resnet18", "layer4", "IMAGENET1K_V1", 224)
 GPU_SETUP = Setup("flickr30k_tvmax.yaml", "resnet101", "layer4", "IMAGENET1K_V2", 256)
 
 
