@@ -5,21 +5,29 @@ Every sub-command is a module registered under the ``captioner.commands`` entry-
 one module serves several commands) and ``main(argv: list[str]) -> int``.
 Plugins keep the layering intact: commands that evaluate captions live in the ``eval``
 package, which this module never imports by name. A command module is imported only when
-it runs, so ``captioner --help`` stays fast.
+it runs; ``captioner --help`` reads each ``HELP`` from the module's source, so that it starts
+at once. A command module imports torch, Lightning and the like inside ``main``, after its
+arguments are parsed, so that ``captioner COMMAND --help`` starts at once too.
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import importlib
+import importlib.util
+import logging
 import os
 import re
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
 from importlib.metadata import entry_points
+from pathlib import Path
 
 from data_prep.files import STOP_SIGNALS
 
@@ -32,11 +40,27 @@ def _commands() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=GROUP)}
 
 
+def _help_of(module_name: str) -> str | dict[str, str]:
+    """The ``HELP`` of a command module: the literal its source assigns, read without running
+    the module (which finds its parent packages but imports nothing else); the module's
+    attribute, imported, where its source gives no literal."""
+    spec = importlib.util.find_spec(module_name)
+    if spec is not None and spec.origin and spec.origin.endswith(".py"):
+        source = Path(spec.origin).read_text(encoding="utf-8")
+        for statement in ast.parse(source, spec.origin).body:
+            if (isinstance(statement, ast.Assign)
+                    and any(isinstance(target, ast.Name) and target.id == "HELP"
+                            for target in statement.targets)):
+                with contextlib.suppress(ValueError):
+                    return ast.literal_eval(statement.value)
+    return importlib.import_module(module_name).HELP
+
+
 def _usage(commands: dict[str, str]) -> str:
     lines = ["usage: captioner COMMAND [ARGS...]", "", "commands:"]
     for name in sorted(commands):
         try:
-            help_text = importlib.import_module(commands[name]).HELP
+            help_text = _help_of(commands[name])
             if isinstance(help_text, dict):
                 help_text = help_text[name]
         except Exception as exc:  # a broken plugin must not hide the others
@@ -44,6 +68,33 @@ def _usage(commands: dict[str, str]) -> str:
         lines.append(f"  {name:<18} {help_text}")
     lines += ["", "Run 'captioner COMMAND --help' for the options of a command."]
     return "\n".join(lines)
+
+
+class _NoAdvertisements(logging.Filter):
+    """Drops Lightning's tips that advertise its cloud services (litlogger, litmodels), logged
+    at INFO at the start of every fit, validate and test, and of the encoder's pretraining."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("\N{ELECTRIC LIGHT BULB} Tip:")
+
+
+_NO_ADVERTISEMENTS = _NoAdvertisements()
+# Lightning logs its messages through lightning_utilities' rank_zero_info, under the logger of
+# whichever of its two packages was imported last.
+_LIGHTNING_INFO_LOGGERS = ("lightning.pytorch.utilities.rank_zero",
+                           "lightning.fabric.utilities.rank_zero")
+
+
+def _quiet_dependencies() -> None:
+    """Keep what the libraries say to their own developers off the user's terminal, for every
+    command: Lightning's advertisements, and deprecation warnings that Lightning's own use of
+    torch raises, which no user can act on. Each is dropped by its message and where it comes
+    from; every other warning and message is shown. Installed before a command is imported, so
+    that it holds in every process the command starts (loader workers fork from it)."""
+    for name in _LIGHTNING_INFO_LOGGERS:
+        logging.getLogger(name).addFilter(_NO_ADVERTISEMENTS)
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                            category=FutureWarning, module=r"lightning\.")
 
 
 _stop_came = False  # whether a Ctrl-C or stop signal came while the command runs
@@ -154,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         # A file name of bytes that are not UTF-8 reaches Python as surrogate escapes: printed
         # as the bytes it is (as ls prints it), not a UnicodeEncodeError once the work is done.
         sys.stdout.reconfigure(errors="surrogateescape")
+    _quiet_dependencies()
     module = importlib.import_module(commands[name])
     # LightningCLI commands need to know which sub-command they were called as.
     args = [name, *rest] if getattr(module, "NEEDS_COMMAND_NAME", False) else rest

@@ -24,7 +24,7 @@ datasets of thousands of images, not for COCO, whose encoder is ImageNet's.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import lightning as L
@@ -39,58 +39,13 @@ from torchvision.transforms.functional import pil_to_tensor
 
 from captioner.checkpointing import save_atomically
 from captioner.lightning_stops import stops_as_keyboard_interrupt
-from captioner.model.encoder import (
-    ARCHITECTURES,
-    GridEncoder,
-    later_stages,
-    pretraining_report_path,
-)
+from captioner.model.encoder import GridEncoder, later_stages
+from captioner.pretraining_settings import STRIDES, PretrainingSettings, pretraining_report_path
 from data_prep.cell_labels import CellLabeller
 from data_prep.files import check_output_file, stops_held, write_json
 from data_prep.images import IMAGENET_MEAN, IMAGENET_STD, load_image
 from data_prep.karpathy import ImageEntry, load_karpathy
 from data_prep.machine import available_memory
-
-STRIDES = {"layer3": 16, "layer4": 32}
-
-
-@dataclass(frozen=True)
-class PretrainingSettings:
-    """What ``captioner pretrain-encoder`` trains and how (its options; defaults: the demo's)."""
-
-    arch: str = "resnet18"
-    layer: str = "layer3"
-    image_size: int = 256
-    crop: int = 128
-    # Shapes are learned late and only with many steps: on the demo's data (seed 0), the
-    # validation shape accuracy on object cells was 36% after 8 epochs of batches of 32, 65%
-    # with batches of 8, 79% after 10 epochs and 95% after 16 (colour and size: over 96% from
-    # 10 epochs on).
-    epochs: int = 16
-    batch_size: int = 8
-    lr: float = 1e-3
-    seed: int = 0
-
-    def check(self) -> None:
-        """ValueError naming the first inconsistent setting."""
-        if self.arch not in ARCHITECTURES:
-            raise ValueError(f"unknown encoder arch {self.arch!r}; valid: "
-                             f"{', '.join(ARCHITECTURES)}")
-        if self.layer not in STRIDES:
-            raise ValueError(f"layer must be one of {sorted(STRIDES)}, got {self.layer!r}")
-        stride = STRIDES[self.layer]
-        if self.image_size % stride or self.image_size < stride:
-            raise ValueError(f"image size must be a multiple of {stride} (the stride of "
-                             f"{self.layer}), got {self.image_size}")
-        if self.crop % stride or not stride <= self.crop <= self.image_size:
-            raise ValueError(f"crop must be a multiple of {stride} between {stride} and the image "
-                             f"size {self.image_size}, got {self.crop}")
-        for name in ("epochs", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name.replace('_', ' ')} must be at least 1, got "
-                                 f"{getattr(self, name)}")
-        if not 0 < self.lr < math.inf:
-            raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
 
 
 class CellLabelledImages(Dataset):
@@ -252,22 +207,3 @@ def pretrain_encoder(karpathy_json, image_root, instances: dict[str, Path], out:
         save_atomically(model.resnet_state_dict(), out)
         write_json(pretraining_report_path(out), report, indent=2)
     return report
-
-
-def describe_accuracy(report: dict) -> str:
-    """The report's per-cell validation accuracy, one line per attribute, in %."""
-    accuracy = report["val_cell_accuracy"]
-    lines = [f"per-cell accuracy on the validation split ({report['images']['val']} images):"]
-    for attribute in report["classes"]:
-        lines.append(f"  {attribute:<9} {_percent(accuracy[f'{attribute}_accuracy'])} of all "
-                     f"cells, {_percent(accuracy[f'{attribute}_accuracy_on_objects'])} of "
-                     "cells on an object")
-    lines.append(f"  all attributes right on {_percent(accuracy['all_accuracy_on_objects'])} "
-                 "of the cells on an object")
-    if accuracy["all_accuracy_on_objects"] is None:
-        lines.append("  (n/a: no cell of the validation images lies on an object)")
-    return "\n".join(lines)
-
-
-def _percent(value: float | None) -> str:
-    return "  n/a " if value is None else f"{100 * value:5.1f}%"

@@ -20,7 +20,7 @@ biased). This module draws exactly that and nothing more:
   as PIL and ``align_corners=False``); never a Gaussian, which would hide exact zeros. With
   either mode a pixel is zero exactly when every cell contributing to it is zero;
 * one colour scale for everything drawn together: weight w maps to the colour
-  ``COLORMAP(clip(w / vmax, 0, 1))`` with vmax chosen by the caller (`shared_vmax`: the largest
+  ``colormap()(clip(w / vmax, 0, 1))`` with vmax chosen by the caller (`shared_vmax`: the largest
   weight of all maps in the run, all words and all models) and recorded next to the figures;
 * zero weight is exact: such pixels get overlay alpha 0 (the image shows through unchanged) or
   pure white; non-zero weights get a green of constant opacity `OVERLAY_OPACITY`, starting at
@@ -33,6 +33,7 @@ uint8 RGBA (H, W, 4).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -41,13 +42,15 @@ import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import matplotlib
 import numpy as np
-from matplotlib.colors import ListedColormap
 from PIL import Image
 
 from data_prep.files import parse_json, refuse_repeated
+
+if TYPE_CHECKING:
+    from matplotlib.colors import ListedColormap
 
 ZERO_STYLES = ("transparent", "white")
 UPSAMPLE_MODES = ("nearest", "bilinear")
@@ -63,11 +66,19 @@ MAX_MAX_SIDE = 4096
 EMPTY_CAPTION = "(empty caption)"
 # Longest displayed side over shortest: beyond it the short side is stretched (see above).
 MAX_ASPECT = 4.0
-# The lightest quarter of matplotlib's "Greens" is near-white; dropping it keeps every non-zero
-# weight visibly green, also against the white mask.
-COLORMAP = ListedColormap(
-    matplotlib.colormaps["Greens"](np.linspace(0.25, 1.0, 256)), name="GreensNZ"
-)
+
+
+@functools.cache
+def colormap() -> ListedColormap:
+    """The heatmaps' colour map. The lightest quarter of matplotlib's "Greens" is near-white;
+    dropping it keeps every non-zero weight visibly green, also against the white mask. Made
+    on first use: matplotlib is imported by what draws, not by the commands' options."""
+    import matplotlib
+    from matplotlib.colors import ListedColormap
+
+    return ListedColormap(
+        matplotlib.colormaps["Greens"](np.linspace(0.25, 1.0, 256)), name="GreensNZ"
+    )
 
 
 def display_size(width: int, height: int, max_side: int = DEFAULT_MAX_SIDE) -> tuple[int, int]:
@@ -143,7 +154,7 @@ def attention_overlay(weights: np.ndarray, vmax: float) -> np.ndarray:
     if vmax <= 0:
         raise ValueError(f"vmax must be positive, got {vmax}")
     weights = np.asarray(weights, dtype=np.float32)
-    rgba = COLORMAP(np.clip(weights / vmax, 0.0, 1.0), bytes=True)
+    rgba = colormap()(np.clip(weights / vmax, 0.0, 1.0), bytes=True)
     rgba[..., 3] = np.where(weights > 0, round(255 * OVERLAY_OPACITY), 0).astype(np.uint8)
     return rgba
 
@@ -227,7 +238,7 @@ def render_strip(
         colorbar_ax.set_position([bar_box.x0, panel_box.y0, bar_box.width, panel_box.height])
     # At the overlays' opacity, over the page's white: the colours of the panels' cells
     # where they lie over white (the mask), as the gallery's colour bar draws them.
-    fig.colorbar(ScalarMappable(Normalize(0.0, vmax), COLORMAP), cax=colorbar_ax,
+    fig.colorbar(ScalarMappable(Normalize(0.0, vmax), colormap()), cax=colorbar_ax,
                  label="attention weight", alpha=OVERLAY_OPACITY)
     if title:
         fig.suptitle(title, parse_math=False)
@@ -337,7 +348,7 @@ def checkpoint_names(paths: Sequence[Path]) -> list[str]:
         ValueError: a checkpoint given twice (also as another path to the same file): its
             figures would go twice into one folder, under a name made unique by hashing.
     """
-    from captioner.training_runs import version_number
+    from captioner.run_folders import version_number
 
     paths = [Path(p) for p in paths]
     refuse_repeated(paths, "checkpoint")

@@ -54,6 +54,7 @@ from captioner.lightning_stops import (
     lost_processes_told,
     stops_as_keyboard_interrupt,
 )
+from captioner.run_folders import version_number
 from captioner.training_runs import (
     LAST_NAME,
     PROGRESS_NAME,
@@ -72,7 +73,6 @@ from captioner.training_runs import (
     read_progress,
     recorded_checkpoint,
     remove_interrupted_writes,
-    version_number,
 )
 from data_prep.features import FeatureCache
 from data_prep.files import check_output_dir, counted, first_names, let_go
@@ -153,8 +153,6 @@ for _message in (
     # max_steps or max_time stopped before its first validation has no score to pick a best
     # checkpoint by, and none is due.
     r"`ModelCheckpoint\(monitor=.*\)` could not find the monitored key",
-    # Lightning's own use of a torch API, nothing a user can act on.
-    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
     # validate/test on several devices: the DistributedSampler repeats a few images to even
     # out the batches, but the captions are gathered by image id (CaptioningModule._gather),
     # so each image counts once and the metrics equal one device's.

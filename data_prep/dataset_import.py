@@ -1,4 +1,8 @@
-"""Turn a folder of photos and a captions file into a Karpathy-split JSON file.
+"""Turn a folder of photos and a captions file into a Karpathy-split JSON file; or several
+captions files, each with its folder, into one (:func:`image_root`: COCO's train2017 and
+val2017 captions and folders become one dataset whose paths are ``train2017/NAME.jpg`` and
+``val2017/NAME.jpg``). An image, or a COCO id, that an earlier captions file gave is a
+``duplicate_entry`` of the later one.
 
 The result is read unchanged by :func:`data_prep.karpathy.load_karpathy` (and so by
 ``captioner prepare-features`` and ``captioner fit``). Image names are paths relative to the
@@ -54,7 +58,7 @@ import shlex
 import unicodedata
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path, PurePosixPath
 
@@ -904,12 +908,20 @@ def karpathy_json(splits: dict[str, list[Item]], name: str) -> dict:
 
 
 @dataclass(frozen=True)
-class ImportOptions:
-    """What :func:`import_dataset` reads and writes; ``name`` None: the output file's stem
-    without a leading ``dataset_``."""
+class Source:
+    """A captions file and the folder of its images, whose paths it gives relative to it."""
 
     captions: Path
     images: Path
+
+
+@dataclass(frozen=True)
+class ImportOptions:
+    """What :func:`import_dataset` reads and writes; ``name`` None: the output file's stem
+    without a leading ``dataset_``. Several ``sources`` (COCO's train2017 and val2017 captions
+    with their folders) make one dataset: see :func:`image_root`."""
+
+    sources: tuple[Source, ...]
     out: Path
     fmt: str = "auto"
     split: str = DEFAULT_SPLIT
@@ -923,11 +935,13 @@ class ImportOptions:
 class ImportReport:
     """What was written: ``images`` / ``captions`` per split, ``problems`` by reason,
     ``left_out`` (usable images beyond ``--split`` counts) and ``uncaptioned`` (image files
-    in the folder that the captions file does not name)."""
+    in the sources' folders that their captions files do not name); the dataset's paths are
+    relative to ``image_root``, ``fmt`` the formats the captions files were read as."""
 
     out: Path
     name: str
     fmt: str
+    image_root: Path
     images: dict[str, int]
     captions: dict[str, int]
     problems: dict[str, list[Problem]] = field(default_factory=dict)
@@ -964,37 +978,37 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
             first in file order of the captions file's, else the first image's); the output
             file is then not written.
     """
-    images, out = Path(options.images), Path(options.out)
-    if not images.is_dir():
-        problem = "is a file, not the folder of the images" if images.exists() else (
-            "image folder not found")
-        raise DatasetImportError(f"{images}: {problem}")
+    out = Path(options.out)
+    if not options.sources:
+        raise DatasetImportError("no captions file given")
+    for source in options.sources:
+        if not Path(source.images).is_dir():
+            problem = ("is a file, not the folder of the images" if Path(source.images).exists()
+                       else "image folder not found")
+            raise DatasetImportError(f"{source.images}: {problem}")
+    images = image_root(options.sources)
     spec = parse_split(options.split)
-    reads = [("captions file", options.captions)]
+    reads = [("captions file", source.captions) for source in options.sources]
     if spec.lists is not None:
         reads.append(("split file", options.split))
     _check_output(out, reads, overwrite=True)
     log = ProblemLog(options.on_error)
-    fmt = options.fmt
-    if fmt == "auto" and Path(options.captions).is_file():
-        fmt = detect_format(Path(options.captions))
-    records = read_captions(Path(options.captions), fmt, log)
-    if not records:
-        empty = Path(options.captions).stat().st_size == 0
-        unread = (f" as {fmt} ({counted(len(log.problems), 'line')} could not be read, the first: "
-                  f"{log.problems[0].skipped}; is --format right?)") if log.problems else ""
-        raise DatasetImportError(
-            f"{options.captions}: {'captions file is empty' if empty else 'holds no captions'}"
-            f"{unread}"
-        )
+    records, formats = [], []
+    for source in options.sources:
+        read, fmt = _read_source(source, images, options.fmt, log, first_order=_next_order(
+            records, log))
+        records += read
+        formats.append(fmt)
+    records = _unique_across_sources(records, log)
+    fmt = ", ".join(dict.fromkeys(formats))
     listed = {record.image for record in records}
     # Before any image is decoded: an output named like one of the images would replace it,
     # and so would one named like an image file of the folder that no caption lists.
-    _check_output(out, [("image", images / name) for name in map(normalize_image_path, listed)
-                        if name is not None], overwrite=True)
+    _check_output(out, [("image", images / name) for name in listed], overwrite=True)
     target = Path(os.path.realpath(out))
     if (target.suffix.lower() in IMAGE_SUFFIXES and target.is_file()
-            and target.is_relative_to(os.path.realpath(images))):
+            and any(target.is_relative_to(os.path.realpath(source.images))
+                    for source in options.sources)):
         raise DatasetImportError(f"{out}: is an image file in the --images folder; writing the "
                                  "output there would replace it")
     _check_output(out, [], overwrite=options.overwrite)  # an earlier file, no input at stake
@@ -1020,9 +1034,97 @@ def import_dataset(options: ImportOptions, *, progress: bool = False) -> ImportR
         out=out,
         name=name,
         fmt=fmt,
+        image_root=images,
         images={split: len(splits[split]) for split in SPLITS},
         captions={split: sum(len(i.sentences) for i in splits[split]) for split in SPLITS},
         problems=log.by_reason(),
         left_out=left_out,
-        uncaptioned=uncaptioned_images(images, listed),
+        uncaptioned=[name for source in options.sources
+                     for name in _uncaptioned_in(source, images, listed)],
     )
+
+
+def image_root(sources: tuple[Source, ...]) -> Path:
+    """The folder the dataset's image paths are relative to: the one image folder, or the
+    deepest folder holding all of them (``data/coco`` for ``data/coco/train2017`` and
+    ``data/coco/val2017``, whose images are then ``train2017/NAME.jpg`` and ``val2017/...``,
+    as in Karpathy's COCO file)."""
+    folders = list(dict.fromkeys(Path(os.path.abspath(source.images)) for source in sources))
+    if len(folders) == 1:
+        return Path(sources[0].images)
+    return Path(os.path.commonpath(folders))
+
+
+def _prefix(source: Source, root: Path) -> str:
+    """The path of ``source``'s image folder under ``root``, with ``/`` ("" for the root)."""
+    relative = Path(os.path.relpath(os.path.abspath(source.images), os.path.abspath(root)))
+    return "" if relative == Path(".") else relative.as_posix()
+
+
+def _read_source(source: Source, root: Path, fmt: str, log: ProblemLog, *,
+                 first_order: int) -> tuple[list[CaptionRecord], str]:
+    """The records of ``source``'s captions file with their paths relative to ``root``, and the
+    format it was read as. Its records, captions and problems are placed after ``first_order``
+    (the end of the files read before), so that problems sort in the order of the files."""
+    captions = Path(source.captions)
+    if fmt == "auto" and captions.is_file():
+        fmt = detect_format(captions)
+    start = len(log.problems)
+    records = read_captions(captions, fmt, log)
+    if not records:
+        empty = captions.stat().st_size == 0
+        problems = log.problems[start:]
+        unread = (f" as {fmt} ({counted(len(problems), 'line')} could not be read, the first: "
+                  f"{problems[0].skipped}; is --format right?)") if problems else ""
+        raise DatasetImportError(
+            f"{captions}: {'captions file is empty' if empty else 'holds no captions'}{unread}"
+        )
+    log.problems[start:] = [replace(problem, order=problem.order + first_order)
+                            for problem in log.problems[start:]]
+    prefix = _prefix(source, root)
+    for record in records:
+        record.image = f"{prefix}/{record.image}" if prefix else record.image
+        record.order += first_order
+        record.captions = [replace(caption, order=caption.order + first_order)
+                           for caption in record.captions]
+    return records, fmt
+
+
+def _next_order(records: list[CaptionRecord], log: ProblemLog) -> int:
+    """The first place after every record, caption and problem read so far."""
+    places = [record.order for record in records]
+    places += [caption.order for record in records for caption in record.captions]
+    places += [problem.order for problem in log.problems if math.isfinite(problem.order)]
+    return int(max(places, default=-1)) + 1
+
+
+def _unique_across_sources(records: list[CaptionRecord], log: ProblemLog
+                           ) -> list[CaptionRecord]:
+    """The records of all sources, an image path or COCO id that an earlier source gave
+    reported as a duplicate entry (its first record is kept, as within one file)."""
+    kept: list[CaptionRecord] = []
+    first_of: dict[str | int, CaptionRecord] = {}
+    for record in records:
+        earlier = first_of.get(record.image) or (
+            first_of.get(record.cocoid) if record.cocoid is not None else None)
+        if earlier is not None:
+            log.add("duplicate_entry", record.image, f"{record.image}: listed again at "
+                    f"{record.where} (first at {earlier.where}"
+                    f"{f', COCO id {record.cocoid}' if record.cocoid == earlier.cocoid else ''})",
+                    where=record.where, order=record.order,
+                    skipping="the later entry is skipped")
+            continue
+        kept.append(record)
+        first_of[record.image] = record
+        if record.cocoid is not None:
+            first_of[record.cocoid] = record
+    return kept
+
+
+def _uncaptioned_in(source: Source, root: Path, listed: set[str]) -> list[str]:
+    """The image files in ``source``'s folder that no captions file names, as paths under
+    ``root``."""
+    prefix = _prefix(source, root)
+    own = {name.removeprefix(f"{prefix}/") for name in listed} if prefix else listed
+    return [f"{prefix}/{name}" if prefix else name
+            for name in uncaptioned_images(Path(source.images), own)]

@@ -33,8 +33,9 @@ def photos(tmp_path: Path) -> Path:
 
 
 def run(capsys, captions: Path, photos: Path, out: Path, *extra: str) -> tuple[int, str, str]:
+    split = [] if "--split" in extra else ["--split", "20,5,5"]  # given once: see options
     code = cli_main(["prepare-dataset", "--captions", str(captions), "--images", str(photos),
-                     "--out", str(out), "--split", "20,5,5", "--no-progress", *extra])
+                     "--out", str(out), *split, "--no-progress", *extra])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 

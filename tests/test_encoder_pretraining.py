@@ -18,8 +18,9 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 from turned_photo import turned_photo
 
-from captioner.encoder_pretraining import CellLabelledImages, PretrainingSettings
+from captioner.encoder_pretraining import CellLabelledImages
 from captioner.model.encoder import EncoderWeightsError, build_encoder
+from captioner.pretraining_settings import PretrainingSettings
 from data_prep.cell_labels import MIN_COVER, CellLabeller, downsample_mask
 from data_prep.features import FeatureCache
 

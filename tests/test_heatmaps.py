@@ -9,11 +9,11 @@ import pytest
 from PIL import Image
 
 from captioner.heatmaps import (
-    COLORMAP,
     OVERLAY_OPACITY,
     AttentionRecord,
     attention_overlay,
     checkpoint_names,
+    colormap,
     compose,
     display_size,
     image_array,
@@ -124,7 +124,7 @@ def test_overlay_is_transparent_exactly_where_attention_is_zero():
     np.testing.assert_array_equal(overlay[..., 3] == 0, weights == 0)
     assert set(np.unique(overlay[..., 3])) == {0, round(255 * OVERLAY_OPACITY)}
     # Colour of the largest weight is the top of the colour map; larger weights are darker.
-    np.testing.assert_array_equal(overlay[2, 4, :3], COLORMAP(1.0, bytes=True)[:3])
+    np.testing.assert_array_equal(overlay[2, 4, :3], colormap()(1.0, bytes=True)[:3])
     assert overlay[2, 4, :3].sum() < overlay[0, 0, :3].sum()
 
 
@@ -180,7 +180,7 @@ def test_the_strips_colour_bar_has_the_overlays_opacity(tmp_path):
     panels = np.full((2, 48, 48, 3), 128, np.uint8)
     render_strip(panels, ["a", "b"], 0.5, tmp_path / "strip.png")
     pixels = np.asarray(Image.open(tmp_path / "strip.png").convert("RGB")).astype(float)
-    top = np.array(COLORMAP(1.0)[:3]) * 255
+    top = np.array(colormap()(1.0)[:3]) * 255
     shown = OVERLAY_OPACITY * top + (1 - OVERLAY_OPACITY) * 255
 
     def nearest(colour):

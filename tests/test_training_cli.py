@@ -1135,7 +1135,8 @@ def _wait_a_minute(started) -> None:
 def test_a_run_held_for_an_instant_as_runs_looks_at_it_is_not_refused(tmp_path):
     import threading
 
-    from captioner.training_runs import RunLock, training_now
+    from captioner.run_folders import training_now
+    from captioner.training_runs import RunLock
     from data_prep.files import hold_exclusively, let_go
 
     probe = hold_exclusively(tmp_path)  # as training_now holds it, for an instant

@@ -54,6 +54,7 @@ def main(argv: list[str]) -> int:
         end_distributed,
     )
 
+    argv = _with_the_runs_config(argv)
     for config in config_files(argv):
         if _expanded_values(config) > MOST_CONFIG_VALUES:
             return report_error(f"captioner {argv[0]}", ValueError(
@@ -97,6 +98,26 @@ def main(argv: list[str]) -> int:
         print(summary)
     end_distributed()
     return 0
+
+
+def _with_the_runs_config(argv: list[str]) -> list[str]:
+    """``validate`` or ``test`` of a run by its name, ``--run_name R --ckpt_path best|last``
+    without ``--config``: the config.yaml of R's newest version that holds checkpoints as the
+    first config, so that nothing given to the fit is given again (that config.yaml names the
+    data, the model and the runs folder, and the CLI takes the checkpoint from its run). The
+    runs folder is ``--trainer.logger.init_args.save_dir`` where given, else ``runs``."""
+    from captioner.run_folders import version_folders
+    from captioner.training_cli import config_files, option_values
+
+    names, checkpoints = option_values(argv, "run_name"), option_values(argv, "ckpt_path")
+    if (argv[0] == "fit" or config_files(argv) or not names or not checkpoints
+            or checkpoints[-1] not in ("best", "last")):
+        return argv
+    root = Path((option_values(argv, "trainer.logger.init_args.save_dir") or ["runs"])[-1])
+    for _, folder in reversed(version_folders(root, names[-1])):
+        if (folder / "config.yaml").is_file() and (folder / "checkpoints").is_dir():
+            return [argv[0], "--config", str(folder / "config.yaml"), *argv[1:]]
+    return argv  # the CLI names what is missing
 
 
 def _end_told(command: str):

@@ -28,22 +28,60 @@ _DECODING_HELP = {
 }
 
 
+class _GivenOnce(argparse.Action):
+    """argparse's ``store``, refusing an option given a second time: argparse keeps the last
+    value, so that ``--out a --out b`` would silently drop ``a``. Options meant to be repeated
+    say so with ``action="append"``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string is not None:
+            given = parser.given_options
+            if self.dest in given:
+                parser.error(f"{option_string} is given twice ({_shown(given[self.dest])} and "
+                             f"{_shown(values)}); give it once")
+            given[self.dest] = values
+        setattr(namespace, self.dest, values)
+
+
+def _shown(value: object) -> str:
+    """An option's value as the command line gave it: ``a.json``, ``1 2`` for several."""
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
 class CommandParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are one line, ``prog: error: message``, and status 2:
     argparse prints the whole usage first, which for a command of twenty options buries the
-    line that says what is wrong (``--help`` shows the usage)."""
+    line that says what is wrong (``--help`` shows the usage). With ``refuse_repeats``, an
+    option that takes a value is refused when given twice (:class:`_GivenOnce`), where a
+    second value more likely means a second input than a correction of the first; otherwise
+    the last value holds, as in argparse (an alias's default overridden on the command line).
+    """
+
+    def __init__(self, *args, refuse_repeats: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if refuse_repeats:
+            self.register("action", None, _GivenOnce)
+            self.register("action", "store", _GivenOnce)
+        self.given_options: dict[str, object] = {}
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.given_options = {}
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def command_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+def command_parser(prog: str, doc: str, *, refuse_repeats: bool = False
+                   ) -> argparse.ArgumentParser:
     """The parser of command ``prog`` with its module docstring ``doc`` as the description,
     as plain text: the docstring's layout is kept, its reStructuredText markup (``code``,
-    :role:`target`) is not shown in the terminal."""
+    :role:`target`) is not shown in the terminal. ``refuse_repeats``: see
+    :class:`CommandParser`."""
     plain = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc).replace("`", "")
     return CommandParser(
-        prog=prog, description=plain, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=plain, formatter_class=argparse.RawDescriptionHelpFormatter,
+        refuse_repeats=refuse_repeats,
     )
 
 

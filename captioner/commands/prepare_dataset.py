@@ -4,6 +4,15 @@ captions file, ready for ``captioner prepare-features`` and ``captioner fit``.
     captioner prepare-dataset --captions captions.txt --images photos/ \\
         --out data/mine/dataset_mine.json --split 0.8,0.1,0.1 --seed 0
 
+Several captions files, each followed by its image folder, make one dataset, whose image paths
+are relative to the folder that holds all the image folders (COCO 2017's, as ``train2017/...``
+and ``val2017/...`` under data/coco):
+
+    captioner prepare-dataset \\
+        --captions annotations/captions_train2017.json --images data/coco/train2017 \\
+        --captions annotations/captions_val2017.json --images data/coco/val2017 \\
+        --out data/coco/dataset_coco2017.json --split karpathy_split.json
+
 Captions files: JSONL (``{"image": "dir/a.jpg", "captions": ["...", ...]}`` per line) or a
 JSON array of such records, CSV or TSV with the header ``image,caption`` (one caption per line,
 as Flickr8k's ``captions.txt``), or a COCO captions file (ids kept as ``cocoid``). Captions are
@@ -25,7 +34,6 @@ stops it; the output file is then not written.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
@@ -40,10 +48,13 @@ PROG = "captioner prepare-dataset"
 def _parser() -> argparse.ArgumentParser:
     from data_prep.dataset_import import DEFAULT_SPLIT, FORMATS, ON_ERROR
 
-    parser = command_parser(PROG, __doc__)
-    parser.add_argument("--captions", required=True, type=Path, help="captions file")
-    parser.add_argument("--images", required=True, type=Path,
-                        help="image folder; the captions' image paths are relative to it")
+    # A second --out or --split is more likely a second dataset's than a correction.
+    parser = command_parser(PROG, __doc__, refuse_repeats=True)
+    parser.add_argument("--captions", required=True, type=Path, action="append",
+                        help="captions file; repeated, one per image folder")
+    parser.add_argument("--images", required=True, type=Path, action="append",
+                        help="image folder of the --captions before it; the captions' image "
+                             "paths are relative to it")
     parser.add_argument("--out", required=True, type=Path, help="Karpathy JSON file to write")
     add_overwrite_argument(parser)
     parser.add_argument("--format", choices=FORMATS, default="auto",
@@ -62,17 +73,25 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     from data_prep.dataset_import import (
         REASONS,
         DatasetImportError,
         ImportOptions,
+        Source,
         import_dataset,
     )
     from data_prep.files import agreeing, counted, first_names
 
+    if len(args.captions) != len(args.images):
+        parser.error(f"{counted(len(args.captions), '--captions file')} but "
+                     f"{counted(len(args.images), '--images folder')}: give each captions file "
+                     "its image folder (--captions A --images DIR_A --captions B --images DIR_B)")
     options = ImportOptions(
-        captions=args.captions, images=args.images, out=args.out, fmt=args.format,
+        sources=tuple(Source(captions, images)
+                      for captions, images in zip(args.captions, args.images, strict=True)),
+        out=args.out, fmt=args.format,
         split=args.split, seed=args.seed, on_error=args.on_error, name=args.name,
         overwrite=args.overwrite,
     )
@@ -82,6 +101,8 @@ def main(argv: list[str]) -> int:
         return report_error(PROG, exc)
 
     print(f"wrote {report.out} (dataset {report.name!r}, captions read as {report.fmt})")
+    if len(options.sources) > 1:
+        print(f"  image root: {report.image_root} (the images' paths are relative to it)")
     for split, count in report.images.items():
         print(f"  {split + ':':<6} {counted(count, 'image')}, "
               f"{counted(report.captions[split], 'caption')}")
@@ -94,26 +115,30 @@ def main(argv: list[str]) -> int:
               f"--split counts: {first_names(report.left_out)}", file=sys.stderr)
     if report.uncaptioned:
         count = len(report.uncaptioned)
-        print(f"{PROG}: note: {counted(count, 'image')} in {args.images} "
+        folders = ", ".join(map(str, args.images))
+        print(f"{PROG}: note: {counted(count, 'image')} in {folders} "
               f"{agreeing(count, 'has', 'have')} no captions and "
               f"{agreeing(count, 'was', 'were')} not used: {first_names(report.uncaptioned)}",
               file=sys.stderr)
-    _print_next_steps(args.out, args.images)
+    _print_next_steps(args.out, report.image_root)
     return 0
 
 
 def _print_next_steps(out: Path, images: Path) -> None:
-    from captioner import CONFIGS
+    from captioner.commands.next_steps import (
+        CPU_SETUP,
+        cache_path,
+        fit_command,
+        machine_setup,
+        prepare_features_command,
+        setup_encoder,
+    )
 
-    features = out.with_name("features_resnet101.h5")
-    config = CONFIGS / "flickr30k_tvmax.yaml"
-    data, root, cache, config_arg = (shlex.quote(str(path))
-                                     for path in (out, images, features, config))
-    # The run is named after the dataset, not after the config (runs/flickr30k_tvmax holds
-    # Flickr30k's runs, which --ckpt_path last / best would otherwise mix with these).
-    run_name = shlex.quote(f"{out.stem.removeprefix('dataset_')}_tvmax")
-    print("next:")
-    print(f"  captioner prepare-features --data {data} --images {root} "
-          f"--arch resnet101 --weights IMAGENET1K_V2 --out {cache}")
-    print(f"  captioner fit --config {config_arg} --run_name {run_name} "
-          f"--data.karpathy_json {data} --data.image_root {root} --data.feature_cache {cache}")
+    setup = machine_setup()
+    cache = cache_path(out, setup.arch, setup.layer)
+    print("next" + (" (no GPU here: the small CPU config)" if setup is CPU_SETUP else "") + ":")
+    print(f"  {prepare_features_command(out, images, setup)}")
+    print(f"  {fit_command(setup.config, out, images, cache, setup_encoder(setup))}")
+    print(f"(where {setup.weights} cannot be downloaded: prepare-features --weights none, a "
+          "random encoder whose captions barely depend on the image; it prints the fit command "
+          "for its cache)")

@@ -113,4 +113,12 @@ def main(argv: list[str]) -> int:
     except (ValueError, OSError, EncoderWeightsError) as exc:
         return report_error(PROG, exc)
     print(f"feature cache {args.out} (encoder: {config})")
+    _print_next_steps(args.data, args.images, args.out, config)
     return 0
+
+
+def _print_next_steps(data: Path, images: Path, cache: Path, encoder: dict) -> None:
+    from captioner.commands.next_steps import fit_command, machine_setup
+
+    print("next:")
+    print(f"  {fit_command(machine_setup().config, data, images, cache, encoder)}")

@@ -22,8 +22,11 @@ from dataclasses import fields
 from pathlib import Path
 
 from captioner.commands.options import add_overwrite_argument, command_parser
-from captioner.encoder_pretraining import PretrainingSettings, describe_accuracy
-from captioner.model.encoder import pretraining_report_path
+from captioner.pretraining_settings import (
+    PretrainingSettings,
+    describe_accuracy,
+    pretraining_report_path,
+)
 
 HELP = "pretrain a ResNet grid encoder on per-cell labels from COCO instance masks"
 PROG = "captioner pretrain-encoder"

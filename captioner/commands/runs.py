@@ -27,11 +27,11 @@ def main(argv: list[str]) -> int:
                         help="runs folder (default: %(default)s)")
     args = parser.parse_args(argv)
 
-    from captioner.training_runs import (
+    from captioner.run_folders import (
         evaluation_only,
         list_runs,
         run_attention,
-        test_scores,
+        tested_scores,
         training_now,
         version_folders,
         version_number,
@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
             continue
         best_file, last_file = (_where(run.folder, progress.get(key))
                                 for key in ("best_checkpoint", "last_checkpoint"))
-        tested = test_scores(run.folder)
+        tested = tested_scores(run.folder)
         print(f"{run.name:<24} {run.folder.name:<10} {attention:<{wide}} "
               f"{progress['epochs_done']:>6} {progress['global_step']:>8} {best:<{width}}  "
               f"best {best_file}  last {last_file}" + (f"  test: {tested}" if tested else ""))
@@ -92,7 +92,7 @@ def _where(run: Path, recorded: str | None) -> str:
     """A checkpoint that the run's progress.json records, where it is now (its own
     checkpoints/ folder for a moved or copied run); ``-`` for none, ``(missing)`` after a
     file that is not there."""
-    from captioner.training_runs import recorded_checkpoint
+    from captioner.run_folders import recorded_checkpoint
 
     path = recorded_checkpoint(run / "checkpoints", recorded)
     if path is None:

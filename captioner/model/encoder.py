@@ -21,6 +21,7 @@ import torch
 import torchvision
 from torch import Tensor, nn
 
+from captioner.pretraining_settings import pretraining_report_path
 from data_prep.files import file_sha256, first_names, require_file
 
 ARCHITECTURES = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
@@ -168,12 +169,6 @@ def _read_state_dict(path: Path) -> dict[str, Tensor]:
             f"encoder weights file {path} does not hold a state_dict (a dict of tensors)"
         )
     return state_dict
-
-
-def pretraining_report_path(weights_path: str | Path) -> Path:
-    """Where ``pretrain-encoder`` writes the report of the weights it writes to
-    ``weights_path`` (its settings, classes and accuracy)."""
-    return Path(weights_path).with_suffix(".json")
 
 
 def _check_pretrained_layer(path: Path, layer: str) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 
 from captioner.commands.options import at_least
-from eval.scoring import ALL_METRICS
 
 
 def add_metric_arguments(parser: argparse.ArgumentParser) -> None:
     """``--metrics`` and ``--spice-timeout``, as the commands that score captions (score,
     evaluate) take them."""
+    from eval.scoring import ALL_METRICS
+
     parser.add_argument(
         "--metrics",
         default=",".join(ALL_METRICS),

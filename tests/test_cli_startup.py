@@ -1,0 +1,101 @@
+"""The CLI starts at once: the usage, the options of the commands and ``runs`` import none of the
+heavy libraries (torch, Lightning, numba, ...), which take seconds to import.
+
+Counted by the modules a fresh interpreter holds after the command, not by wall time, which
+depends on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# What the options and listings must not need: each takes from 0.3 s (matplotlib) to
+# several seconds (torch with Lightning) to import. (pycocoevalcap's package is light: SPICE's
+# jars are found beside its ``spice`` module; its scorers are imported where they score.)
+HEAVY = ("torch", "lightning", "numba", "torchvision", "h5py", "matplotlib",
+         "pycocoevalcap.bleu", "pycocoevalcap.meteor", "pycocoevalcap.tokenizer")
+# fit, validate and test print LightningCLI's options, which only Lightning knows.
+LIGHTNING_COMMANDS = {"fit", "validate", "test"}
+
+
+def _imported_after(argv: list[str], cwd: Path = ROOT) -> tuple[int, str, list[str]]:
+    """Run ``captioner.cli.main(argv)`` in a fresh interpreter: (its status, its output, the
+    heavy libraries it left imported)."""
+    code = (
+        "import contextlib, io, json, sys\n"
+        "import captioner.cli\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        "    try:\n"
+        f"        code = captioner.cli.main({argv!r})\n"
+        "    except SystemExit as exc:\n"
+        "        code = exc.code\n"
+        f"heavy = [name for name in {HEAVY!r} if name in sys.modules]\n"
+        "print(json.dumps([code, out.getvalue(), heavy]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=120, check=True)
+    return tuple(json.loads(done.stdout.splitlines()[-1]))
+
+
+def _commands() -> list[str]:
+    from importlib.metadata import entry_points
+
+    return sorted(ep.name for ep in entry_points(group="captioner.commands"))
+
+
+def test_usage_imports_no_heavy_library():
+    code, out, heavy = _imported_after(["--help"])
+    assert code == 0
+    assert heavy == []
+    # Every command's line is there, read from its module's source.
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    assert sorted(lines) == _commands()
+    assert "(unavailable" not in out
+    assert "train a captioner from YAML configs" in lines["fit"]
+    assert "score a checkpoint on the test split" in lines["test"]
+
+
+@pytest.mark.parametrize("command", [c for c in _commands() if c not in LIGHTNING_COMMANDS])
+def test_command_options_import_no_heavy_library(command):
+    code, out, heavy = _imported_after([command, "--help"])
+    assert code == 0
+    assert f"captioner {command}" in out  # the command's own usage, not the CLI's
+    assert heavy == []
+
+
+def _write_run(root: Path) -> Path:
+    """A run as fit leaves it: config.yaml, and progress.json beside its checkpoints."""
+    folder = root / "cpu_small_tvmax" / "version_0"
+    checkpoints = folder / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (folder / "config.yaml").write_text(
+        "model:\n  input_attention: softmax\n  output_attention: tvmax\n", encoding="utf-8")
+    best = checkpoints / "epoch=2-step=30.ckpt"
+    last = checkpoints / "last.ckpt"
+    best.write_bytes(b"")
+    last.write_bytes(b"")
+    (checkpoints / "progress.json").write_text(json.dumps({
+        "epochs_done": 3, "global_step": 30, "monitor": "val/CIDEr", "best_score": 0.25,
+        "best_checkpoint": str(best), "last_checkpoint": str(last)}), encoding="utf-8")
+    return folder
+
+
+def test_runs_lists_without_torch_or_lightning(tmp_path):
+    folder = _write_run(tmp_path / "runs")
+    code, out, heavy = _imported_after(["runs", "--root", str(tmp_path / "runs")])
+    assert code == 0
+    assert heavy == []
+    row = out.splitlines()[1].split()
+    assert row[:6] == ["cpu_small_tvmax", "version_0", "softmax/tvmax", "3", "30", "CIDEr"]
+    assert row[6] == "0.2500"
+    assert str(folder / "checkpoints" / "last.ckpt") in out
