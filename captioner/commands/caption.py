@@ -41,6 +41,7 @@ from captioner.commands.options import (
     report_error,
 )
 from data_prep.files import counted
+from data_prep.text import printable
 
 HELP = "caption images or folders of images (text, jsonl with per-word attention, COCO results)"
 
@@ -65,7 +66,7 @@ def _record(path: Path, caption, output_format: str, mapping: str) -> str:
         from captioner.inference import jsonl_record
 
         return json.dumps(jsonl_record(path, caption, mapping), ensure_ascii=False)
-    return f"{str(path).translate(_ESCAPES)}\t{caption.text}"
+    return f"{str(path).translate(_ESCAPES)}\t{printable(caption.text)}"
 
 
 def _coco_record(image_id: int, text: str, path: Path) -> dict:
