@@ -319,8 +319,8 @@ _EXECUTION_SETTINGS = frozenset({"batch_size", "device"})
 def _differences(recorded: dict[str, Any], key: dict[str, Any],
                  ignore: frozenset[str] = frozenset()) -> list[str]:
     """What differs between a cache's recorded resume key and this run's (settings, images),
-    but for the settings named in ``ignore``; a weights file whose SHA-256 both record is the
-    same weights under any path."""
+    but for the settings named in ``ignore``; a weights file is the same weights by its content
+    (the SHA-256 both record), under any path, and other weights under the same path."""
     differences = []
     before, now = recorded.get("settings") or {}, key["settings"]
     same_file = recorded.get("weights_sha256") is not None and (
@@ -330,6 +330,10 @@ def _differences(recorded: dict[str, Any], key: dict[str, Any],
             continue
         if before.get(name) != now.get(name):
             differences.append(f"{name} {before.get(name)!r} there, {now.get(name)!r} now")
+    # A weights file replaced at the same path is other weights: its rows would be stale.
+    if recorded.get("weights_sha256") and key.get("weights_sha256") and not same_file:
+        differences.append(f"the weights file's content (SHA-256 {recorded['weights_sha256'][:12]}"
+                           f"... there, {key['weights_sha256'][:12]}... now)")
     if recorded.get("images") != key["images"]:
         count = (recorded.get("images") or {}).get("count")
         differences.append(f"another list of images ({count} there, {key['images']['count']} now)")
