@@ -16,6 +16,7 @@ list of files (or other items) that a one-line message names.
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import json
 import math
@@ -306,13 +307,20 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
     on a clean exit it is fsynced, given :func:`file_mode` and renamed over ``path``; on an
     exception it is removed and ``path`` is left as it was. A symbolic link stays a link: the
     file it leads to is replaced. A folder, device or other non-regular file at ``path`` is
-    refused (:class:`OutputPathError`), never replaced (:func:`_file_to_replace`)."""
+    refused (:class:`OutputPathError`), never replaced (:func:`_file_to_replace`).
+
+    The writer holds a ``flock`` on its temporary file while it writes: the temporaries of
+    ``path`` that nobody holds were left by a writer that was killed (kill -9, the OOM
+    killer), and are removed before a new one is made (:func:`remove_stale_temporaries`)."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write mode must be 'w' or 'wb', got {mode!r}")
     path = _file_to_replace(Path(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_stale_temporaries(path)
+    fd, tmp_name = tempfile.mkstemp(prefix=_temporary_prefix(path.name), suffix=".tmp",
+                                    dir=path.parent)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a new file: nobody else holds it
         os.fchmod(fd, file_mode())
         encoding = "utf-8" if mode == "w" else None
         with os.fdopen(fd, mode, encoding=encoding) as handle:
@@ -325,8 +333,46 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
         raise
 
 
+# mkstemp's random part and the suffix of atomic_write's temporary files.
+_RANDOM_AND_SUFFIX = r"[a-z0-9_]{8}\.tmp"
+
+
+def _temporary_prefix(name: str) -> str:
+    """``.NAME.`` for the temporary files of ``name``, NAME cut so that the whole temporary
+    name (``.NAME.`` + 8 random characters + ``.tmp``) fits the system's limit on a file
+    name: an output named near that limit would fail only once its work was done."""
+    room = os.pathconf("/", "PC_NAME_MAX") - len(".") - len(".") - 8 - len(".tmp")
+    encoded = os.fsencode(name)
+    return f".{os.fsdecode(encoded[:room]) if len(encoded) > room else name}."
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Remove the temporary files of :func:`atomic_write` for ``path`` that no writer holds
+    (one killed while writing left them, as large as the file); returns them."""
+    prefix = _temporary_prefix(path.name)
+    pattern = re.compile(re.escape(prefix) + _RANDOM_AND_SUFFIX)
+    removed = []
+    for candidate in path.parent.glob(glob.escape(prefix) + "*.tmp"):
+        if not pattern.fullmatch(candidate.name) or candidate.is_symlink():
+            continue
+        try:
+            fd = os.open(candidate, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a writer at work
+        else:
+            candidate.unlink(missing_ok=True)
+            removed.append(candidate)
+        finally:
+            os.close(fd)
+    return removed
+
+
 # The names of atomic_write's temporary files: ".NAME." + mkstemp's 8 random characters + ".tmp".
-_TEMPORARY_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+_TEMPORARY_NAME = re.compile(r"\..+\." + _RANDOM_AND_SUFFIX)
 
 
 def atomic_temporaries(folder: Path) -> list[Path]:
