@@ -608,7 +608,9 @@ def check_output_folder(folder: Path, what: str, marker: str, tag: str, overwrit
             False, or holds files that are no earlier result's.
     """
     check_output_dir(folder)
-    entries = sorted(entry.name for entry in folder.iterdir()) if folder.exists() else []
+    # A staging folder left by a killed run is nobody's result: result_folder removes it.
+    entries = sorted(entry.name for entry in folder.iterdir()
+                     if not entry.name.startswith(STAGING_PREFIX)) if folder.exists() else []
     if not entries:
         return False
     if not _holds(folder / marker, tag):
@@ -733,22 +735,19 @@ def stops_held() -> Iterator[None]:
 def result_folder(folder: Path, earlier: bool) -> Iterator[Path]:
     """The folder that a command writing a whole result (heatmaps, gallery, rating kit) fills,
     for ``folder``: new or empty, or holding an ``earlier`` result that --overwrite replaces
-    (:func:`check_output_folder`).
+    (:func:`check_output_folder`). Hold the folder's claim (:func:`claimed_output`) around
+    both, so that no other run writes there meanwhile.
 
-    Without an earlier result it yields ``folder``; an exception (Ctrl-C too) empties it again,
-    so that half a result, with no index or page to mark it, does not block the rerun. With
-    one, it yields a hidden staging folder inside ``folder`` (the same file system, also where
+    It yields a hidden staging folder inside ``folder`` (the same file system, also where
     ``folder`` is a link or a mount point), and only once the new result is whole are the
-    earlier result's entries removed and the new ones moved in; an exception removes the
-    staging folder and leaves the earlier result as it was."""
-    if not earlier:
-        try:
-            yield folder
-        except BaseException:
-            if folder.is_dir():
-                clear_folder(folder)
-            raise
-        return
+    earlier result's entries removed and the new ones moved in. An exception (Ctrl-C too)
+    removes the staging folder and leaves ``folder`` as it was (made, if it was not there,
+    and empty); a run killed outright leaves
+    its staging folder, which no check counts as a result and the next run removes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for leftover in folder.glob(glob.escape(STAGING_PREFIX) + "*"):
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=folder))
     try:
         yield staging
@@ -756,10 +755,40 @@ def result_folder(folder: Path, earlier: bool) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     with stops_held():  # never half the earlier result and half the new one
-        clear_folder(folder, [entry.name for entry in folder.iterdir() if entry != staging])
+        if earlier:
+            clear_folder(folder, [entry.name for entry in folder.iterdir() if entry != staging])
         for entry in staging.iterdir():
             entry.rename(folder / entry.name)
         staging.rmdir()
+
+
+def output_lock_path(path: Path) -> Path:
+    """The lock file of the output ``path`` (a file or a folder) that the run writing it holds
+    (:func:`claimed_output`): ``dir/.NAME.lock`` for ``dir/NAME``, beside what a symbolic link
+    leads to (two runs reaching one output by two names hold one lock), cut to fit the
+    system's limit on a name."""
+    real = Path(os.path.realpath(path))
+    return real.with_name(f"{_temporary_prefix(real.name)}lock")
+
+
+@contextmanager
+def claimed_output(path: Path, what: str, check: Callable[[], Any]) -> Iterator[Any]:
+    """Claim the output ``path`` of a command (a folder it fills, a file it writes) for the
+    block: ``check()`` (the command's check of its output, raising :class:`OutputPathError`)
+    runs, then the output's lock is taken (:func:`output_lock_path`, removed at the end; the
+    kernel drops it when a run is killed), then ``check()`` runs again, as the output now
+    stands; yields what it returns. Two runs into one output would mix their files, or the
+    second replace the first's; one killed would remove the other's.
+
+    Raises:
+        OutputPathError: from ``check()``, or, naming the lock, while another run holds it.
+    """
+    check()
+    lock = output_lock_path(path)
+    busy = (f"{path}: another run is writing its {what} there now (it holds {lock}); wait for "
+            "it to end, or choose another --out")
+    with made_folder(lock.parent), held_alone(lock, busy):
+        yield check()
 
 
 def clear_folder(folder: Path, names: Iterable[str] | None = None) -> None:

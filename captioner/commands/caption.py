@@ -28,6 +28,7 @@ which is then left as it was (half a result does not replace a whole one).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -81,18 +82,23 @@ def _coco_record(image_id: int, text: str, path: Path) -> dict:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    with contextlib.ExitStack() as claim:  # the --out file, held until the command ends
+        return _caption(args, claim)
+
+
+def _caption(args: argparse.Namespace, claim: contextlib.ExitStack) -> int:
     from tqdm import tqdm
 
     from captioner.image_files import coco_image_ids, collect_images
     from captioner.inference import open_captioner
-    from data_prep.files import check_output_file
+    from data_prep.files import check_output_file, claimed_output
 
     try:
         paths = collect_images(args.inputs)
         if args.out is not None:
-            check_output_file(args.out, [("checkpoint", args.ckpt),
-                                         *(("image", path) for path in paths)],
-                              overwrite=args.overwrite)
+            claim.enter_context(claimed_output(args.out, "captions", lambda: check_output_file(
+                args.out, [("checkpoint", args.ckpt), *(("image", path) for path in paths)],
+                overwrite=args.overwrite)))
         captioner = open_captioner(args.ckpt, args.device)
         options = decoding_options(args, captioner.decoding)
     except (OSError, ValueError) as exc:
