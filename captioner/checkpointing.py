@@ -55,7 +55,33 @@ def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
     shutdown does not recognize, so a fit stopped while writing a checkpoint would end with a
     traceback and without that checkpoint (:func:`data_prep.files.stops_held`)."""
     with stops_held(), atomic_write(path, "wb") as handle:
-        torch.save(checkpoint, handle)
+        kept = _KeepsWriteError(handle)
+        try:
+            torch.save(checkpoint, kept)
+        except RuntimeError:
+            if kept.error is None:
+                raise
+            raise kept.error from None  # atomic_write says a full disk in one line
+
+
+class _KeepsWriteError:
+    """A binary file for ``torch.save`` that keeps the OSError its ``write`` raised: torch
+    turns it into a RuntimeError of its own ("unexpected pos"), which says nothing of a full
+    disk."""
+
+    def __init__(self, handle: Any):
+        self.handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.handle.flush()
 
 
 def load_safely(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:

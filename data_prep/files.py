@@ -15,6 +15,7 @@ list of files (or other items) that a one-line message names.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import glob
 import hashlib
@@ -322,15 +323,50 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # a new file: nobody else holds it
         os.fchmod(fd, file_mode())
-        encoding = "utf-8" if mode == "w" else None
-        with os.fdopen(fd, mode, encoding=encoding) as handle:
+        # A file name of bytes that are not UTF-8 (surrogate escapes) is written as its bytes.
+        text = {"encoding": "utf-8", "errors": "surrogateescape"} if mode == "w" else {}
+        with os.fdopen(fd, mode, **text) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_name, path)
+    except OSError as exc:
+        written = _size(tmp_name)
+        Path(tmp_name).unlink(missing_ok=True)
+        if exc.errno in DISK_FULL:
+            raise disk_full(exc.errno, path, written) from None
+        raise
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+
+
+# The errors of a write that the disk, a quota or the file size limit (ulimit -f) stopped.
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def disk_full(number: int, path: Path, written: int | None) -> OSError:
+    """The error of a write of ``path`` that ``number`` (one of :data:`DISK_FULL`) stopped
+    after ``written`` bytes, naming the folder and saying what was kept: one line."""
+    reason = {errno.EFBIG: "the file size limit (ulimit -f) was reached",
+              errno.EDQUOT: "the disk quota is used up"}.get(number, "no space left on device")
+    so_far = "" if written is None else f" after {_megabytes(written)} of {path.name}"
+    kept = (f"the previous {path.name} is kept" if path.exists()
+            else f"{path.name} was not written")
+    advice = ("raise the limit and run again" if number == errno.EFBIG
+              else "free space there and run again")
+    return OSError(number, f"{reason}{so_far}; {kept}; {advice}", str(path.parent))
+
+
+def _megabytes(count: int) -> str:
+    return f"{count / 1e6:,.1f} MB"
+
+
+def _size(name: str) -> int | None:
+    try:
+        return os.stat(name).st_size
+    except OSError:
+        return None
 
 
 # mkstemp's random part and the suffix of atomic_write's temporary files.
