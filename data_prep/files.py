@@ -157,11 +157,14 @@ def parse_json(text: str | bytes) -> Any:
     Python's recursion limit, and a plain ValueError for an integer of more than 4,300 digits,
     which the readers of users' files, naming the file for a JSONDecodeError, would miss.
     So does a string escaping half of a UTF-16 surrogate pair (``"\\ud83d"``, an emoji cut in
-    two), which json accepts but is no Unicode text: nothing could write it as UTF-8."""
+    two), which json accepts but is no Unicode text: nothing could write it as UTF-8, and an
+    object that gives one key twice, of which json would keep the last value without a word."""
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=_without_repeated_keys)
     except json.JSONDecodeError:
         raise
+    except _RepeatedKey as exc:
+        raise json.JSONDecodeError(str(exc), "", 0) from None
     except RecursionError:
         raise json.JSONDecodeError("arrays or objects nested too deeply", "", 0) from None
     except ValueError as exc:  # the limit of int() on digit strings
@@ -274,6 +277,19 @@ def _expanded_size(document: Any) -> tuple[float, int]:
             stack.append((node, depth, True))
             stack.extend((child, depth + 1, False) for child in containers)
     return sizes[id(document)], heights[id(document)]
+
+
+class _RepeatedKey(ValueError):
+    """An object of a JSON text gives a key twice."""
+
+
+def _without_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        seen: set[str] = set()
+        key = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise _RepeatedKey(f"an object gives the key {shown(key)} twice")
+    return document
 
 
 def _lone_surrogate(value: Any) -> str | None:

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from data_prep.files import parse_json, require_file
+from data_prep.files import parse_json, require_file, shown
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # Karpathy's split names -> the split an image is used in.
 _SPLIT_OF: dict[str, str] = {"train": "train", "restval": "train", "val": "val", "test": "test"}
 
@@ -200,6 +201,11 @@ def _parse_image(record: Any, json_path: Path, index: int, image_root: Path) -> 
     image_id = imgid
     if "cocoid" in record:
         image_id = _require(record, "cocoid", int, fail)
+    for field in ("imgid", "cocoid"):
+        # Ids are stored as int64 (feature caches, tensors, COCO results).
+        if field in record and not INT64_MIN <= record[field] <= INT64_MAX:
+            raise fail(field, f"is {shown(record[field], 30)}, outside the 64-bit integers an "
+                              "image id must fit in")
 
     split_name = _require(record, "split", str, fail)
     if split_name not in _SPLIT_OF:

@@ -10,8 +10,11 @@ finds the first one, for readers that refuse such text outright.
 
 from __future__ import annotations
 
+import os
 import re
 import unicodedata
+from collections.abc import Iterable
+from pathlib import Path
 
 # C0 and C1 control characters (tab, line feed, escape, ..., NEL) and the Unicode
 # line/paragraph separators: none of them belongs inside a word or a name shown on one line.
@@ -38,3 +41,19 @@ def printable(text: str) -> str:
     unambiguously."""
     return "".join(char.encode("unicode_escape").decode() if char == "\\" or _unsafe(char)
                    else char for char in text)
+
+
+def check_utf8_names(paths: Iterable[Path], output: str) -> None:
+    """Refuse, before any work, a file of ``paths`` whose name is not UTF-8: Python holds its
+    bytes as surrogate escapes, which the UTF-8 text of ``output`` ("a JSON file") cannot
+    hold (it would fail once the work is done).
+
+    Raises:
+        ValueError: naming the first such file, its bytes that are not UTF-8 as ``\\xNN``.
+    """
+    for path in paths:
+        name = str(path)
+        if any("\udc80" <= char <= "\udcff" for char in name):
+            shown = os.fsencode(printable(name)).decode("utf-8", "backslashreplace")
+            raise ValueError(f"{shown}: the file name is not UTF-8 text, which "
+                             f"{output} cannot hold; rename the file")

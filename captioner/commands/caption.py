@@ -42,7 +42,7 @@ from captioner.commands.options import (
     report_error,
 )
 from data_prep.files import counted
-from data_prep.text import printable
+from data_prep.text import check_utf8_names, printable
 
 HELP = "caption images or folders of images (text, jsonl with per-word attention, COCO results)"
 
@@ -95,6 +95,8 @@ def _caption(args: argparse.Namespace, claim: contextlib.ExitStack) -> int:
 
     try:
         paths = collect_images(args.inputs)
+        if args.format != "text":
+            check_utf8_names(paths, f"the {args.format} output (JSON)")
         if args.out is not None:
             claim.enter_context(claimed_output(args.out, "captions", lambda: check_output_file(
                 args.out, [("checkpoint", args.ckpt), *(("image", path) for path in paths)],

@@ -151,6 +151,7 @@ def _make_heatmaps(args: argparse.Namespace, claim: contextlib.ExitStack) -> int
         refuse_inputs_in_output,
         result_folder,
     )
+    from data_prep.text import check_utf8_names
 
     try:
         names = checkpoint_names(args.ckpt)
@@ -158,6 +159,7 @@ def _make_heatmaps(args: argparse.Namespace, claim: contextlib.ExitStack) -> int
             args.out, "heatmaps", lambda: check_output_folder(
                 args.out, "heatmaps", "index.json", INDEX_TAG, args.overwrite, index_entries)))
         paths = collect_images(args.inputs)
+        check_utf8_names(paths, "the heatmaps' index.json")
         refuse_inputs_in_output(args.out, [*map(Path, args.inputs), *paths])
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         models = [_Model(name, path, captioner, decoding_options(args, captioner.decoding))

@@ -128,6 +128,7 @@ def _make_gallery(args: argparse.Namespace, claim: contextlib.ExitStack) -> int:
     from captioner.heatmaps import checkpoint_names
     from captioner.inference import open_captioner
     from data_prep.files import check_output_folder, claimed_output, refuse_inputs_in_output
+    from data_prep.text import check_utf8_names
     from eval.gallery import GALLERY_FORMAT, GalleryModel, caption_gallery, gallery_files
 
     try:
@@ -139,6 +140,7 @@ def _make_gallery(args: argparse.Namespace, claim: contextlib.ExitStack) -> int:
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         options = [decoding_options(args, captioner.decoding) for captioner in captioners]
         paths, shown_names, skipped, note = _images(args)
+        check_utf8_names(paths, "the gallery's page")
         # With --data, the image root is an input folder too.
         refuse_inputs_in_output(args.out, [*map(Path, args.inputs), *paths,
                                            *([args.images] if args.data is not None else [])])

@@ -157,11 +157,13 @@ def _make_kit(args: argparse.Namespace, key_path: Path, claim: contextlib.ExitSt
     from captioner.heatmaps import checkpoint_names
     from captioner.inference import open_captioner
     from data_prep.files import check_output_folder, claimed_output, refuse_inputs_in_output
+    from data_prep.text import check_utf8_names
     from eval.rating_kit import KIT_FORMAT, KitModel, fewer_than_asked, kit_files, sample_readable
 
     try:
         names = checkpoint_names(args.ckpt)
         candidates = _candidates(args)
+        check_utf8_names((path for _, path in candidates), "the rating kit's page")
         # With --data, the image root is an input folder too.
         roots = [args.image_dir] if args.image_dir is not None else [args.images]
         refuse_inputs_in_output(args.out, [*roots, *(path for _, path in candidates)])
