@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -53,6 +54,7 @@ from data_prep.files import (
     atomic_write,
     check_integers,
     check_output_file,
+    check_room,
     counted,
     file_sha256,
     held_alone,
@@ -210,6 +212,10 @@ def extract_features(
         try:
             with writer:
                 _report_start(writer, len(entries), say)
+                # float16 rows, and a little for HDF5's own structures.
+                row_bytes = 2 * math.prod(grid) * encoder.channels * 1.01
+                check_room(out.parent, int((len(entries) - writer.done) * row_bytes),
+                           int(len(entries) * row_bytes), f"the cache of {len(entries)} images")
                 encoded = _encode(
                     writer, encoder, entries, reasons, image_size=image_size,
                     batch_size=batch_size, num_workers=num_workers, device=device,

@@ -374,6 +374,29 @@ def disk_full(number: int, path: Path, written: int | None) -> OSError:
     return OSError(number, f"{reason}{so_far}; {kept}; {advice}", str(path.parent))
 
 
+def check_room(folder: Path, needed: int, largest_file: int, what: str) -> None:
+    """Refuse, before a long write into ``folder``, one that cannot fit: ``needed`` more bytes
+    than the file system has free there, or a file of ``largest_file`` bytes past the file size
+    limit (``ulimit -f``). HDF5 does not survive a write that fails midway (h5py ends in a
+    segmentation fault), so a cache must not start one. ``what`` names it in the message.
+
+    Raises:
+        OSError: ENOSPC or EFBIG, one line naming ``folder``, the size needed and the room.
+    """
+    import resource
+
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        raise OSError(errno.ENOSPC, f"{what} needs about {_megabytes(needed)} more, and "
+                      f"{_megabytes(free)} are free; free space there and run again",
+                      str(folder))
+    limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if limit != resource.RLIM_INFINITY and largest_file > limit:
+        raise OSError(errno.EFBIG, f"{what} grows to about {_megabytes(largest_file)}, past "
+                      f"the file size limit (ulimit -f) of {_megabytes(limit)}; raise the "
+                      "limit and run again", str(folder))
+
+
 def _megabytes(count: int) -> str:
     return f"{count / 1e6:,.1f} MB"
 

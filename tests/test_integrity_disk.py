@@ -109,3 +109,45 @@ def test_a_fit_that_cannot_save_its_checkpoint_stops_in_one_line_and_resumes(
     # With room again, the run resumes from the checkpoint that was whole.
     assert lightning_main([*args, "--trainer.max_epochs", "2", "--ckpt_path", "last"]) == 0
     assert load_safely(last)["epoch"] == 1
+
+
+def _split(tmp_path, count=6):
+    images = tmp_path / "images"
+    images.mkdir()
+    records = []
+    for i in range(count):
+        bad.write_png(images / f"{i}.png", seed=i)
+        records.append(bad.karpathy_record(f"{i}.png", i, "train" if i < count - 1 else "test"))
+    return bad.write_karpathy(tmp_path / "split.json", records), images
+
+
+ENCODER = ["--arch", "resnet18", "--layer", "layer3", "--image-size", "256", "--batch-size",
+           "8", "--num-workers", "0", "--no-progress", "--device", "cpu"]
+
+
+@pytest.mark.parametrize("limit", ["full disk", "ulimit -f"])
+def test_prepare_features_refuses_a_cache_that_cannot_fit_before_encoding(
+        limit, tmp_path, capsys, monkeypatch):
+    import shutil as shutil_module
+
+    data, images = _split(tmp_path)
+    weights = bad.write_foreign_state_dict(tmp_path / "encoder.pt")
+    out = tmp_path / "out" / "f.h5"
+    argv = ["prepare-features", "--data", data, "--images", images, "--out", out,
+            "--weights", weights, *ENCODER]
+    # 6 rows of 16x16x256 float16 (layer3 at 256 px): 786 KB.
+    if limit == "full disk":
+        usage = shutil_module.disk_usage(tmp_path)
+        monkeypatch.setattr(shutil_module, "disk_usage",
+                            lambda path: usage._replace(free=100_000))
+        outcome = bad.run_cli(capsys, argv)
+        phrase = "the cache of 6 images needs about 0.8 MB more, and 0.1 MB are free"
+    else:
+        with file_size_limit(200_000):
+            outcome = bad.run_cli(capsys, argv)
+        phrase = ("the cache of 6 images grows to about 0.8 MB, past the file size limit "
+                  "(ulimit -f) of 0.2 MB")
+    assert outcome.code != 0 and "Traceback" not in outcome.err, outcome.err[-2000:]
+    [line] = outcome.error_lines("captioner prepare-features: ")
+    assert line.startswith(f"captioner prepare-features: {out.parent}: {phrase}"), line
+    assert not out.exists() and not bad.leftover_temporaries(tmp_path)
