@@ -76,3 +76,13 @@ def test_the_shared_loader_counts_aliases_and_depth_without_recursing(tmp_path):
     fine = tmp_path / "fine.yaml"
     fine.write_text("a: &x [1, 2]\nb: *x\nc: {d: [[[1]]]}\n", encoding="utf-8")
     assert read_settings(fine) == {"a": [1, 2], "b": [1, 2], "c": {"d": [[[1]]]}}
+
+
+@pytest.mark.parametrize("text", ["", "# settings to come\n"], ids=["empty", "only a comment"])
+def test_fit_names_a_config_that_holds_no_settings(text, tmp_path, capsys):
+    base = tmp_path / "base.yaml"
+    base.write_text("trainer:\n  max_epochs: 1\n", encoding="utf-8")
+    empty = tmp_path / "second.yaml"
+    empty.write_text(text, encoding="utf-8")
+    outcome = bad.run_cli(capsys, ["fit", "--config", base, "--config", empty])
+    bad.assert_user_error(outcome, "fit", f"--config {empty}: holds no settings")

@@ -54,11 +54,14 @@ def main(argv: list[str]) -> int:
 
     for config in config_files(argv):
         try:
-            read_settings(config, "config")
+            document = read_settings(config, "config")
         except SettingsLimitError as exc:
             return report_error(f"captioner {argv[0]}", ValueError(f"--config {exc}"))
         except (OSError, ValueError):
-            pass  # a config that cannot be read: the parser says why, naming the option
+            continue  # a config that cannot be read: the parser says why, naming the option
+        if document is None:  # jsonargparse says "Unexpected config:" and nothing more
+            return report_error(f"captioner {argv[0]}", ValueError(
+                f"--config {config}: holds no settings (an empty YAML document)"))
     # LightningCLI warns when it is handed args while sys.argv also holds some; from the console
     # script they are the same words, so let it read sys.argv itself.
     args = None if list(argv) == sys.argv[1:] else list(argv)
