@@ -583,6 +583,11 @@ class CaptionerCLI(LightningCLI):
                 self._resumed_run = run
 
     def before_fit(self) -> None:
+        if self.trainer.limit_train_batches == 0:
+            # Lightning skips training without a word: a run folder without a checkpoint.
+            raise UserError("--trainer.limit_train_batches 0 trains on no batch, so the fit "
+                            "would save no checkpoint; give 1 or more batches, or a fraction "
+                            "above 0")
         resumed = None
         if self._resumed_run is not None:
             resumed = (self._resumed_run, self._checkpoint_step)

@@ -58,3 +58,25 @@ def test_a_second_fit_into_a_checkpoint_folder_in_use_is_refused(synthetic_data,
     assert not any(checkpoints.iterdir())
     assert lightning_main(args) == 0  # once the first has ended
     assert (checkpoints / "last.ckpt").is_file()
+
+
+@pytest.mark.parametrize("limit", ["0", "0.0"])
+def test_a_fit_on_no_batch_is_refused_before_its_run_folder_is_made(limit, synthetic_data,
+                                                                    tiny_cache, tmp_path,
+                                                                    capsys):
+    args = [
+        "fit", "--config", str(REPO / "configs" / "demo_softmax.yaml"),
+        "--data.karpathy_json", str(synthetic_data.karpathy_json),
+        "--data.image_root", str(synthetic_data.image_root),
+        "--data.feature_cache", str(tiny_cache), "--data.image_size", "32",
+        "--model.encoder_weights", FeatureCache(tiny_cache).encoder["weights"],
+        "--trainer.limit_train_batches", limit, "--trainer.max_epochs", "1",
+        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+    ]
+    assert lightning_main(args) == 2
+    err = capsys.readouterr().err
+    [line] = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
+    assert line == ("captioner fit: --trainer.limit_train_batches 0 trains on no batch, so "
+                    "the fit would save no checkpoint; give 1 or more batches, or a fraction "
+                    "above 0"), err[-2000:]
+    assert not (tmp_path / "runs").exists()
