@@ -5,7 +5,8 @@ destination folder, fsync, the user's file mode, ``os.replace``): an interrupted
 either the previous checkpoint or the new one, never a truncated file that a resume would
 choke on.
 
-Reading treats every checkpoint as untrusted. :func:`load_safely` uses
+Reading treats every checkpoint as untrusted. :func:`load_safely` checks the CRC-32 that the
+zip archive holds for every member (torch.load does not: a damaged tensor would load), uses
 ``torch.load(weights_only=True)`` (tensors and plain containers only; no pickled code runs) and
 :func:`constructor_arguments` checks the stored hyperparameters as plain data against the
 model's constructor before anything is built from them: numbers, strings, booleans, None and
@@ -54,7 +55,33 @@ def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
     shutdown does not recognize, so a fit stopped while writing a checkpoint would end with a
     traceback and without that checkpoint (:func:`data_prep.files.stops_held`)."""
     with stops_held(), atomic_write(path, "wb") as handle:
-        torch.save(checkpoint, handle)
+        kept = _KeepsWriteError(handle)
+        try:
+            torch.save(checkpoint, kept)
+        except RuntimeError:
+            if kept.error is None:
+                raise
+            raise kept.error from None  # atomic_write says a full disk in one line
+
+
+class _KeepsWriteError:
+    """A binary file for ``torch.save`` that keeps the OSError its ``write`` raised: torch
+    turns it into a RuntimeError of its own ("unexpected pos"), which says nothing of a full
+    disk."""
+
+    def __init__(self, handle: Any):
+        self.handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.handle.flush()
 
 
 def load_safely(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
@@ -81,6 +108,10 @@ def load_safely(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
     problem = _format_problem(path)
     if problem is not None:
         raise CheckpointError(f"{path}: not a torch checkpoint ({problem})")
+    damage = _checksum_problem(path)
+    if damage is not None:
+        raise CheckpointError(f"{path}: damaged ({damage}); the file changed after it was "
+                              "written: use another checkpoint or a good copy of it")
     try:
         with warnings.catch_warnings():
             # torch's note that the file's pickle protocol is not its own: the error, if the
@@ -119,6 +150,23 @@ def _format_problem(path: Path) -> str | None:
     if head[:1] == b"\x80":
         return None
     return "neither the zip archive that torch.save writes nor pickle data"
+
+
+def _checksum_problem(path: Path) -> str | None:
+    """Why the zip archive of a checkpoint fails its checksums, or None (also for the pickle
+    data of torch before 1.6, which has none). ``torch.save`` records the CRC-32 of every
+    member and ``torch.load`` never checks them: a flipped bit in a tensor loads as another
+    weight, silently."""
+    if not zipfile.is_zipfile(path):
+        return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            failed = archive.testzip()  # reads every member, checking its CRC-32
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as exc:
+        return f"its zip archive cannot be read: {exc}"
+    if failed is not None:
+        return f"the data of {failed} fails its CRC-32 checksum"
+    return None
 
 
 def _unpickler_reason(exc: Exception) -> str:

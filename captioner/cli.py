@@ -13,6 +13,7 @@ arguments are parsed, so that ``captioner COMMAND --help`` starts at once too.
 from __future__ import annotations
 
 import ast
+import codecs
 import contextlib
 import importlib
 import importlib.util
@@ -29,7 +30,7 @@ from functools import partial
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from data_prep.files import STOP_SIGNALS
+from data_prep.files import DISK_FULL, STOP_SIGNALS
 
 GROUP = "captioner.commands"
 SIGPIPE_STATUS = 141  # 128 + SIGPIPE, as a shell reports a process that signal ended
@@ -201,10 +202,17 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"captioner {name}: {exc}", file=sys.stderr)
             return 2
+    if sys.stdout is None:  # started with standard output closed (>&-)
+        print(f"captioner {name}: standard output is closed; give the command one (> FILE "
+              "or > /dev/null)", file=sys.stderr)
+        return 2
     if hasattr(sys.stdout, "reconfigure"):
         # A file name of bytes that are not UTF-8 reaches Python as surrogate escapes: printed
         # as the bytes it is (as ls prints it), not a UnicodeEncodeError once the work is done.
-        sys.stdout.reconfigure(errors="surrogateescape")
+        # Another encoding (PYTHONIOENCODING=ascii, a C locale) shows what it cannot hold as
+        # escapes, rather than failing on the first caption that holds it.
+        utf8 = codecs.lookup(sys.stdout.encoding).name == "utf-8"
+        sys.stdout.reconfigure(errors="surrogateescape" if utf8 else "backslashreplace")
     _quiet_dependencies()
     module = importlib.import_module(commands[name])
     # LightningCLI commands need to know which sub-command they were called as.
@@ -237,6 +245,15 @@ def main(argv: list[str] | None = None) -> int:
         # otherwise print a traceback, and again when it flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return SIGPIPE_STATUS
+    except OSError as exc:
+        # Standard output on a full device (> /dev/full): the commands name every file they
+        # write, so a write error without a file name is one of standard output's.
+        if exc.errno not in DISK_FULL or exc.filename is not None:
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush
+        print(f"captioner {name}: cannot write to standard output ({os.strerror(exc.errno)})",
+              file=sys.stderr)
+        return 1
     return code
 
 

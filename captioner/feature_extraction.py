@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -53,6 +54,7 @@ from data_prep.files import (
     atomic_write,
     check_integers,
     check_output_file,
+    check_room,
     counted,
     file_sha256,
     held_alone,
@@ -210,6 +212,10 @@ def extract_features(
         try:
             with writer:
                 _report_start(writer, len(entries), say)
+                # float16 rows, and a little for HDF5's own structures.
+                row_bytes = 2 * math.prod(grid) * encoder.channels * 1.01
+                check_room(out.parent, int((len(entries) - writer.done) * row_bytes),
+                           int(len(entries) * row_bytes), f"the cache of {len(entries)} images")
                 encoded = _encode(
                     writer, encoder, entries, reasons, image_size=image_size,
                     batch_size=batch_size, num_workers=num_workers, device=device,
@@ -319,8 +325,8 @@ _EXECUTION_SETTINGS = frozenset({"batch_size", "device"})
 def _differences(recorded: dict[str, Any], key: dict[str, Any],
                  ignore: frozenset[str] = frozenset()) -> list[str]:
     """What differs between a cache's recorded resume key and this run's (settings, images),
-    but for the settings named in ``ignore``; a weights file whose SHA-256 both record is the
-    same weights under any path."""
+    but for the settings named in ``ignore``; a weights file is the same weights by its content
+    (the SHA-256 both record), under any path, and other weights under the same path."""
     differences = []
     before, now = recorded.get("settings") or {}, key["settings"]
     same_file = recorded.get("weights_sha256") is not None and (
@@ -330,6 +336,10 @@ def _differences(recorded: dict[str, Any], key: dict[str, Any],
             continue
         if before.get(name) != now.get(name):
             differences.append(f"{name} {before.get(name)!r} there, {now.get(name)!r} now")
+    # A weights file replaced at the same path is other weights: its rows would be stale.
+    if recorded.get("weights_sha256") and key.get("weights_sha256") and not same_file:
+        differences.append(f"the weights file's content (SHA-256 {recorded['weights_sha256'][:12]}"
+                           f"... there, {key['weights_sha256'][:12]}... now)")
     if recorded.get("images") != key["images"]:
         count = (recorded.get("images") or {}).get("count")
         differences.append(f"another list of images ({count} there, {key['images']['count']} now)")

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_prep.files import hold_exclusively, let_go, parse_json
+from data_prep.files import hold_exclusively, let_go, path_problem, read_settings
 
 LAST_NAME = "last.ckpt"
 PROGRESS_NAME = "progress.json"
@@ -88,15 +88,20 @@ _PROGRESS_FIELDS = {
 
 def read_progress(checkpoints: Path) -> dict:
     """The ``progress.json`` of a run's checkpoints folder ({} when absent or unreadable, or
-    when a field is missing or of another type: a damaged file is no run's progress)."""
+    when a field is missing or of another type, or a checkpoint path no file can have: a
+    damaged file is no run's progress), read within the limits of every settings file
+    (:func:`data_prep.files.read_settings`)."""
     try:
-        progress = parse_json((checkpoints / PROGRESS_NAME).read_text(encoding="utf-8"))
+        progress = read_settings(checkpoints / PROGRESS_NAME)
     except (OSError, ValueError):
         return {}
     if not isinstance(progress, dict) or any(
         not isinstance(progress.get(field, ...), kinds) or isinstance(progress[field], bool)
         for field, kinds in _PROGRESS_FIELDS.items()
     ):
+        return {}
+    recorded = (progress[field] for field in ("best_checkpoint", "last_checkpoint"))
+    if any(path is not None and path_problem(path) for path in recorded):
         return {}
     return progress
 
@@ -130,15 +135,13 @@ def evaluation_only(folder: Path) -> tuple[str, str] | None:
     new version of its config's name): no checkpoints, a ``config.yaml`` that names a
     ``ckpt_path`` (a new fit's is null) and a ``metrics.csv`` without training columns
     (``train/...``); None for a training run, also one that has not saved a checkpoint yet."""
-    import yaml
-
     if (folder / "checkpoints").exists():
         return None
     try:
-        config = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
+        config = read_settings(folder / "config.yaml")
         with (folder / "metrics.csv").open(newline="", encoding="utf-8") as handle:
             columns = next(csv.reader(handle), [])
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, csv.Error):
+    except (OSError, ValueError, csv.Error):
         return None
     if not isinstance(config, dict) or not config.get("ckpt_path"):
         return None
@@ -154,13 +157,11 @@ def run_attention(folder: Path) -> str:
     """The attention a run trained with, from its ``config.yaml``: ``INPUT/OUTPUT`` mapping,
     the output's keywords after it (``softmax/tvmax lam=0.01``), so that runs of one config
     name with other mappings (``--model.output_attention``) are told apart; ``?`` where the
-    file is missing or says no mapping. Read as data (``yaml.safe_load``): a run's files are
-    untrusted."""
-    import yaml
-
+    file is missing, unreadable or says no mapping. Read as data within the limits of every
+    settings file (:func:`data_prep.files.read_settings`): a run's files are untrusted."""
     try:
-        config = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        config = read_settings(folder / "config.yaml")
+    except (OSError, ValueError):
         return "?"
     model = config.get("model") if isinstance(config, dict) else None
     if not isinstance(model, dict):

@@ -213,6 +213,9 @@ class CaptionerCLI(LightningCLI):
         self._resumed_run: Path | None = None  # the run folder fit resumes into
         self._new_root: Path | None = None  # the runs folder, when this command makes it
         self._run_lock: RunLock | None = None  # fit's hold on its run folder (before_fit)
+        # fit's hold on a checkpoint folder outside its run (--checkpoint.dirpath; before_fit)
+        self._checkpoints_lock: RunLock | None = None
+        self._made_checkpoint_folder: Path | None = None  # to remove if the fit leaves it empty
         self._evaluated_run: Path | None = None  # the run whose checkpoint validate/test score
         self._evaluation_hold: int | None = None  # their hold on their folder in that run
         self._config_keys: dict[str | None, list[str]] = {}  # _keys_set_by, per --config
@@ -269,8 +272,12 @@ class CaptionerCLI(LightningCLI):
             # Here, not at the trainer's teardown: Lightning calls no teardown hook when a fit
             # stops on an exception (Ctrl-C too), and the callbacks' on_exception, which still
             # write into the run, come first.
-            if self._run_lock is not None:
-                self._run_lock.release()
+            for lock in (self._run_lock, self._checkpoints_lock):
+                if lock is not None:
+                    lock.release()
+            made = self._made_checkpoint_folder
+            if made is not None and made.is_dir() and not any(made.iterdir()):
+                made.rmdir()  # a fit refused, or stopped, before its first checkpoint
             if self._evaluation_hold is not None:
                 let_go(self._evaluation_hold)
 
@@ -576,10 +583,17 @@ class CaptionerCLI(LightningCLI):
                 self._resumed_run = run
 
     def before_fit(self) -> None:
+        if self.trainer.limit_train_batches == 0:
+            # Lightning skips training without a word: a run folder without a checkpoint.
+            raise UserError("--trainer.limit_train_batches 0 trains on no batch, so the fit "
+                            "would save no checkpoint; give 1 or more batches, or a fraction "
+                            "above 0")
         resumed = None
         if self._resumed_run is not None:
             resumed = (self._resumed_run, self._checkpoint_step)
         if self.trainer.is_global_zero:
+            if self._checkpoints_outside_the_run():
+                self._hold_checkpoint_folder()
             if self._starts_afresh() and self._checkpoints_outside_the_run():
                 # Before a version folder is made for a fit that will not start.
                 _refuse_earlier_checkpoints(self._checkpoint_folder())
@@ -606,6 +620,21 @@ class CaptionerCLI(LightningCLI):
                           f"that was interrupted: {first_names([p.name for p in removed], 3)}",
                           file=sys.stderr)
         self.trainer.callbacks.append(FitStartGuard(resumed, self._new_root))
+
+    def _hold_checkpoint_folder(self) -> None:
+        """Hold the checkpoint folder outside the run (--checkpoint.dirpath) while the fit
+        trains: two fits started together into one would both pass the check for earlier
+        checkpoints and write one last.ckpt, which would hold only one of the two models."""
+        folder = self._checkpoint_folder()
+        if not folder.exists():
+            folder.mkdir(parents=True)
+            self._made_checkpoint_folder = folder
+        try:
+            self._checkpoints_lock = RunLock(folder)
+        except RunInUse:
+            raise UserError(f"{folder}: another fit is writing its checkpoints there now "
+                            "(--checkpoint.dirpath); give this one another folder, or wait for "
+                            "it to end") from None
 
     def _starts_afresh(self) -> bool:
         """Whether this fit starts from no checkpoint (no --ckpt_path)."""

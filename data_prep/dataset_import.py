@@ -73,7 +73,7 @@ from data_prep.files import (
     shown,
 )
 from data_prep.images import IMAGE_SUFFIXES, ImageLoadError, load_image
-from data_prep.karpathy import tokenize
+from data_prep.karpathy import normalize_image_path, tokenize
 
 FORMATS: tuple[str, ...] = ("auto", "jsonl", "json", "csv", "tsv", "coco")
 SPLITS: tuple[str, ...] = ("train", "val", "test")
@@ -573,15 +573,6 @@ def _read_coco(path: Path, log: ProblemLog) -> list[CaptionRecord]:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def normalize_image_path(name: str) -> str | None:
-    """``name`` as a clean relative POSIX path (``./a//b.jpg`` -> ``a/b.jpg``), or None when
-    it is empty, absolute or leaves the image folder (``..``)."""
-    path = PurePosixPath(name.strip())
-    if not path.parts or path.is_absolute() or ".." in path.parts or str(path) == ".":
-        return None
-    return str(path)
 
 
 def _gather(records: Iterable[CaptionRecord], log: ProblemLog, *, merge: bool

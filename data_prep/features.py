@@ -4,8 +4,14 @@ With a frozen encoder the ResNet runs once per image (``captioner prepare-featur
 training reads the (H, W, C) grid of each image from this file: float16, 8x8x2048 = 256 KiB per
 image for the paper's ResNet at 256 px. Layout of the file:
 
-* ``features``: float16 (N, H, W, C), chunked one image per chunk;
+* ``features``: float16 (N, H, W, C), chunked one image per chunk, each chunk with HDF5's
+  Fletcher-32 checksum (h5py's ``fletcher32``), which HDF5 checks on every read;
 * ``image_ids``: int64 (N,), row i of ``features`` belongs to ``image_ids[i]``;
+* ``row_crc32``: uint32 (N,), the CRC-32 of row i's image id (8 bytes, little-endian int64)
+  followed by its features' bytes (:func:`row_checksum`), checked on every read: it ties a row
+  to its image, which a chunk checksum cannot (a chunk pointer moved to another row's chunk
+  reads a whole chunk), and catches a row rewritten without it (absent in caches of older
+  versions: not checked);
 * ``image_names``: a JSON string, ``{"image id": "filepath/filename"}`` for every source image
   of the split file the cache was made from, so that a split file whose ids name other images
   is refused (absent in caches of older versions: not checked);
@@ -234,8 +240,10 @@ class FeatureCacheWriter:
             maxshape=(None, *shape[1:]),
             dtype=np.float16,
             chunks=(1, *shape[1:]),
+            fletcher32=True,
         )
         self._file.create_dataset("image_ids", shape=(0,), maxshape=(None,), dtype=np.int64)
+        self._file.create_dataset("row_crc32", shape=(0,), maxshape=(None,), dtype=np.uint32)
         self._record_names()
         if self.resumable:
             self._file.attrs["resume_key"] = self._key_json
@@ -277,14 +285,16 @@ class FeatureCacheWriter:
             or attrs["encoder"] != self._encoder_json
         ):
             return "was made by another encoder"
+        if "row_crc32" not in file:
+            return "was made by an older version (no row checksums)"
         progress = json.loads(attrs["progress"])
         rows = int(progress["rows"])
-        features, ids = file["features"], file["image_ids"]
-        if features.shape[0] < rows or ids.shape[0] < rows:
+        features, ids, checksums = file["features"], file["image_ids"], file["row_crc32"]
+        if min(features.shape[0], ids.shape[0], checksums.shape[0]) < rows:
             return f"is damaged (it commits {rows} rows but holds {features.shape[0]})"
         # Rows written after the last commit may be torn: drop them.
-        features.resize(rows, axis=0)
-        ids.resize(rows, axis=0)
+        for dataset in (features, ids, checksums):
+            dataset.resize(rows, axis=0)
         crc = {"features": 0, "image_ids": 0}
         for start in range(0, rows, _VERIFY_ROWS):
             for name in crc:
@@ -328,10 +338,12 @@ class FeatureCacheWriter:
         stored = np.array(ids, dtype=np.int64)
         start = len(self._ids)
         features, stored_ids = self._file["features"], self._file["image_ids"]
-        features.resize(start + len(ids), axis=0)
-        stored_ids.resize(start + len(ids), axis=0)
+        checksums = self._file["row_crc32"]
+        for dataset in (features, stored_ids, checksums):
+            dataset.resize(start + len(ids), axis=0)
         features[start:] = half
         stored_ids[start:] = stored
+        checksums[start:] = [row_checksum(i, row) for i, row in zip(ids, half, strict=True)]
         self._ids.update(ids)
         self._crc["features"] = zlib.crc32(half.tobytes(), self._crc["features"])
         self._crc["image_ids"] = zlib.crc32(stored.tobytes(), self._crc["image_ids"])
@@ -423,6 +435,7 @@ class FeatureCache:
                 # SHA-256 of the encoder weights file it was written with, when recorded.
                 self.weights_sha256: str | None = (self.resume_key or {}).get("weights_sha256")
                 ids = self._image_ids(file)
+                self._checksums = self._row_checksums(file, len(ids))
         except OSError as exc:
             raise ValueError(f"{self.path}: not a readable HDF5 feature cache ({exc})") from exc
         self._row = {int(image_id): row for row, image_id in enumerate(ids)}
@@ -557,6 +570,16 @@ class FeatureCache:
             )
         return values
 
+    def _row_checksums(self, file, rows: int) -> np.ndarray | None:
+        """The ``row_crc32`` of every row, uint32 (N,); None for a cache of an older version."""
+        if "row_crc32" not in file:
+            return None
+        checksums = self._dataset(file, "row_crc32")
+        if checksums.shape != (rows,) or checksums.dtype != np.uint32:
+            raise ValueError(f"{self.path}: dataset 'row_crc32' must hold {rows} uint32 "
+                             f"checksums, got {checksums.dtype} of shape {checksums.shape}")
+        return checksums[:]
+
     def _features(self):
         import h5py
 
@@ -588,9 +611,20 @@ class FeatureCache:
         features = self._features()
         out = np.empty((len(rows), *self.grid, self.channels), dtype=features.dtype)
         for k, row in enumerate(rows):
-            features.read_direct(out, np.s_[row], np.s_[k])
+            try:
+                features.read_direct(out, np.s_[row], np.s_[k])
+            except OSError as exc:  # HDF5's Fletcher-32 check, or a chunk it cannot find
+                raise self._damaged(image_ids[k], f"it cannot be read: {one_line(exc)}") from None
         self._check_finite(out, image_ids)
+        if self._checksums is not None:
+            for k, row in enumerate(rows):
+                if row_checksum(int(image_ids[k]), out[k]) != self._checksums[row]:
+                    raise self._damaged(image_ids[k], "it fails its checksum (row_crc32)")
         return out
+
+    def _damaged(self, image_id: int, problem: str) -> ValueError:
+        return ValueError(f"{self.path}: the features of image id {image_id} are damaged "
+                          f"({problem}); make the cache again with captioner prepare-features")
 
     def _check_finite(self, features: np.ndarray, image_ids: Sequence[int]) -> None:
         """ValueError naming the first image whose features hold NaN or inf: the writer
@@ -635,6 +669,13 @@ class FeatureCache:
 
 
 _F16_EXPONENT = np.uint16(0x7C00)  # the exponent bits of an IEEE half
+
+
+def row_checksum(image_id: int, features: np.ndarray) -> int:
+    """The CRC-32 of a cache row: ``image_id`` as a little-endian int64, then the bytes of its
+    ``features`` (float16 (H, W, C), C order)."""
+    head = zlib.crc32(np.int64(image_id).astype("<i8").tobytes())
+    return zlib.crc32(np.ascontiguousarray(features, dtype=np.float16).tobytes(), head)
 
 
 def _positive_ints(values: Sequence[int], name: str, *, length: int) -> tuple[int, ...]:

@@ -15,7 +15,9 @@ list of files (or other items) that a one-line message names.
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import glob
 import hashlib
 import json
 import math
@@ -155,11 +157,14 @@ def parse_json(text: str | bytes) -> Any:
     Python's recursion limit, and a plain ValueError for an integer of more than 4,300 digits,
     which the readers of users' files, naming the file for a JSONDecodeError, would miss.
     So does a string escaping half of a UTF-16 surrogate pair (``"\\ud83d"``, an emoji cut in
-    two), which json accepts but is no Unicode text: nothing could write it as UTF-8."""
+    two), which json accepts but is no Unicode text: nothing could write it as UTF-8, and an
+    object that gives one key twice, of which json would keep the last value without a word."""
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=_without_repeated_keys)
     except json.JSONDecodeError:
         raise
+    except _RepeatedKey as exc:
+        raise json.JSONDecodeError(str(exc), "", 0) from None
     except RecursionError:
         raise json.JSONDecodeError("arrays or objects nested too deeply", "", 0) from None
     except ValueError as exc:  # the limit of int() on digit strings
@@ -176,6 +181,115 @@ def parse_json(text: str | bytes) -> Any:
                 f"the string {shown(cut)} holds half of a UTF-16 surrogate pair, not text",
                 source, at)
     return value
+
+
+# Limits on a settings file that a command reads as data (a --config, a run folder's
+# config.yaml and progress.json): the paper configs hold about 60 values, 3 levels deep and
+# 2 KB. 400 bytes of nested YAML aliases expand to 10**8 values (all memory), and a file
+# nested past Python's recursion limit fails inside the parser.
+MOST_SETTINGS_BYTES = 1 << 20
+MOST_SETTINGS_VALUES = 100_000
+MOST_SETTINGS_DEPTH = 64
+
+
+class SettingsFileError(ValueError):
+    """A settings file that cannot be read as data (the message names it)."""
+
+
+class SettingsLimitError(SettingsFileError):
+    """A settings file past a limit that every reader shares (size, aliases, nesting)."""
+
+
+def read_settings(path: str | Path, what: str = "settings file") -> Any:
+    """The document of the YAML settings file ``path`` (JSON: a ``.json`` file, read as
+    :func:`parse_json` reads it), read as data (``yaml.safe_load``: no tags that build
+    objects), within the limits every reader shares:
+    :data:`MOST_SETTINGS_BYTES` bytes, :data:`MOST_SETTINGS_VALUES` values with its aliases
+    expanded, :data:`MOST_SETTINGS_DEPTH` levels of nesting. ``what`` names such a file in
+    the messages ("config").
+
+    Raises:
+        SettingsLimitError: past a limit (one line naming ``path``).
+        SettingsFileError: not UTF-8 or not YAML (one line naming ``path``).
+        OSError: the file cannot be read.
+    """
+    import yaml
+
+    path = Path(path)
+    check_input_file(path)
+    too_deep = SettingsLimitError(f"{path}: nested more than {MOST_SETTINGS_DEPTH} levels "
+                                  f"deep; a {what} holds settings")
+    with path.open("rb") as handle:
+        data = handle.read(MOST_SETTINGS_BYTES + 1)
+    if len(data) > MOST_SETTINGS_BYTES:
+        raise SettingsLimitError(f"{path}: larger than {MOST_SETTINGS_BYTES:,} bytes; a {what} "
+                                 "holds settings")
+    try:
+        text = data.decode("utf-8")
+        document = parse_json(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        if "nested too deeply" in exc.msg:
+            raise too_deep from None
+        raise SettingsFileError(f"{path}: not valid JSON ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise SettingsFileError(
+            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except RecursionError:
+        raise too_deep from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = "" if mark is None else f" at line {mark.line + 1}, column {mark.column + 1}"
+        reason = getattr(exc, "problem", None) or type(exc).__name__
+        raise SettingsFileError(f"{path}: not valid YAML ({reason}{where})") from None
+    values, depth = _expanded_size(document)
+    if values > MOST_SETTINGS_VALUES:
+        raise SettingsLimitError(f"{path}: its YAML aliases expand to more than "
+                                 f"{MOST_SETTINGS_VALUES:,} values; a {what} holds settings")
+    if depth > MOST_SETTINGS_DEPTH:
+        raise too_deep
+    return document
+
+
+def _expanded_size(document: Any) -> tuple[float, int]:
+    """How many values ``document`` holds with every alias expanded (a list or dict that
+    occurs in several places counts each time; one inside itself is endless), and how deeply
+    its lists and dicts nest, without recursion (a recursive walk would fail on what it should
+    measure); once the walk passes :data:`MOST_SETTINGS_DEPTH` it stops and gives 0 values."""
+    if not isinstance(document, dict | list):
+        return 1, 0
+    sizes: dict[int, float] = {}
+    heights: dict[int, int] = {}
+    # (node, its depth, whether its children are counted): each list or dict is met twice.
+    stack: list[tuple[Any, int, bool]] = [(document, 1, False)]
+    while stack:
+        node, depth, counted_children = stack.pop()
+        children = list(node.values()) if isinstance(node, dict) else node
+        containers = [child for child in children if isinstance(child, dict | list)]
+        if counted_children:
+            sizes[id(node)] = 1 + len(children) - len(containers) + sum(
+                sizes[id(child)] for child in containers)
+            heights[id(node)] = 1 + max((heights[id(child)] for child in containers), default=0)
+        elif id(node) not in sizes:
+            if depth > MOST_SETTINGS_DEPTH:
+                return 0, depth  # too deep to measure on
+            sizes[id(node)] = math.inf  # until counted: an alias inside itself is endless
+            heights[id(node)] = MOST_SETTINGS_DEPTH + 1
+            stack.append((node, depth, True))
+            stack.extend((child, depth + 1, False) for child in containers)
+    return sizes[id(document)], heights[id(document)]
+
+
+class _RepeatedKey(ValueError):
+    """An object of a JSON text gives a key twice."""
+
+
+def _without_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        seen: set[str] = set()
+        key = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise _RepeatedKey(f"an object gives the key {shown(key)} twice")
+    return document
 
 
 def _lone_surrogate(value: Any) -> str | None:
@@ -210,27 +324,130 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
     on a clean exit it is fsynced, given :func:`file_mode` and renamed over ``path``; on an
     exception it is removed and ``path`` is left as it was. A symbolic link stays a link: the
     file it leads to is replaced. A folder, device or other non-regular file at ``path`` is
-    refused (:class:`OutputPathError`), never replaced (:func:`_file_to_replace`)."""
+    refused (:class:`OutputPathError`), never replaced (:func:`_file_to_replace`).
+
+    The writer holds a ``flock`` on its temporary file while it writes: the temporaries of
+    ``path`` that nobody holds were left by a writer that was killed (kill -9, the OOM
+    killer), and are removed before a new one is made (:func:`remove_stale_temporaries`)."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write mode must be 'w' or 'wb', got {mode!r}")
     path = _file_to_replace(Path(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_stale_temporaries(path)
+    fd, tmp_name = tempfile.mkstemp(prefix=_temporary_prefix(path.name), suffix=".tmp",
+                                    dir=path.parent)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a new file: nobody else holds it
         os.fchmod(fd, file_mode())
-        encoding = "utf-8" if mode == "w" else None
-        with os.fdopen(fd, mode, encoding=encoding) as handle:
+        # A file name of bytes that are not UTF-8 (surrogate escapes) is written as its bytes.
+        text = {"encoding": "utf-8", "errors": "surrogateescape"} if mode == "w" else {}
+        with os.fdopen(fd, mode, **text) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_name, path)
+    except OSError as exc:
+        written = _size(tmp_name)
+        Path(tmp_name).unlink(missing_ok=True)
+        if exc.errno in DISK_FULL:
+            raise disk_full(exc.errno, path, written) from None
+        raise
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
 
 
+# The errors of a write that the disk, a quota or the file size limit (ulimit -f) stopped.
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def disk_full(number: int, path: Path, written: int | None) -> OSError:
+    """The error of a write of ``path`` that ``number`` (one of :data:`DISK_FULL`) stopped
+    after ``written`` bytes, naming the folder and saying what was kept: one line."""
+    reason = {errno.EFBIG: "the file size limit (ulimit -f) was reached",
+              errno.EDQUOT: "the disk quota is used up"}.get(number, "no space left on device")
+    so_far = "" if written is None else f" after {_megabytes(written)} of {path.name}"
+    kept = (f"the previous {path.name} is kept" if path.exists()
+            else f"{path.name} was not written")
+    advice = ("raise the limit and run again" if number == errno.EFBIG
+              else "free space there and run again")
+    return OSError(number, f"{reason}{so_far}; {kept}; {advice}", str(path.parent))
+
+
+def check_room(folder: Path, needed: int, largest_file: int, what: str) -> None:
+    """Refuse, before a long write into ``folder``, one that cannot fit: ``needed`` more bytes
+    than the file system has free there, or a file of ``largest_file`` bytes past the file size
+    limit (``ulimit -f``). HDF5 does not survive a write that fails midway (h5py ends in a
+    segmentation fault), so a cache must not start one. ``what`` names it in the message.
+
+    Raises:
+        OSError: ENOSPC or EFBIG, one line naming ``folder``, the size needed and the room.
+    """
+    import resource
+
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        raise OSError(errno.ENOSPC, f"{what} needs about {_megabytes(needed)} more, and "
+                      f"{_megabytes(free)} are free; free space there and run again",
+                      str(folder))
+    limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if limit != resource.RLIM_INFINITY and largest_file > limit:
+        raise OSError(errno.EFBIG, f"{what} grows to about {_megabytes(largest_file)}, past "
+                      f"the file size limit (ulimit -f) of {_megabytes(limit)}; raise the "
+                      "limit and run again", str(folder))
+
+
+def _megabytes(count: int) -> str:
+    return f"{count / 1e6:,.1f} MB"
+
+
+def _size(name: str) -> int | None:
+    try:
+        return os.stat(name).st_size
+    except OSError:
+        return None
+
+
+# mkstemp's random part and the suffix of atomic_write's temporary files.
+_RANDOM_AND_SUFFIX = r"[a-z0-9_]{8}\.tmp"
+
+
+def _temporary_prefix(name: str) -> str:
+    """``.NAME.`` for the temporary files of ``name``, NAME cut so that the whole temporary
+    name (``.NAME.`` + 8 random characters + ``.tmp``) fits the system's limit on a file
+    name: an output named near that limit would fail only once its work was done."""
+    room = os.pathconf("/", "PC_NAME_MAX") - len(".") - len(".") - 8 - len(".tmp")
+    encoded = os.fsencode(name)
+    return f".{os.fsdecode(encoded[:room]) if len(encoded) > room else name}."
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Remove the temporary files of :func:`atomic_write` for ``path`` that no writer holds
+    (one killed while writing left them, as large as the file); returns them."""
+    prefix = _temporary_prefix(path.name)
+    pattern = re.compile(re.escape(prefix) + _RANDOM_AND_SUFFIX)
+    removed = []
+    for candidate in path.parent.glob(glob.escape(prefix) + "*.tmp"):
+        if not pattern.fullmatch(candidate.name) or candidate.is_symlink():
+            continue
+        try:
+            fd = os.open(candidate, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a writer at work
+        else:
+            candidate.unlink(missing_ok=True)
+            removed.append(candidate)
+        finally:
+            os.close(fd)
+    return removed
+
+
 # The names of atomic_write's temporary files: ".NAME." + mkstemp's 8 random characters + ".tmp".
-_TEMPORARY_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+_TEMPORARY_NAME = re.compile(r"\..+\." + _RANDOM_AND_SUFFIX)
 
 
 def atomic_temporaries(folder: Path) -> list[Path]:
@@ -333,6 +550,19 @@ def _check_writable_parent(path: Path) -> None:
                               "kernel's pseudo-filesystems")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputPathError(f"{path}: cannot write to the folder {parent}: it is not writable")
+
+
+def path_problem(text: str) -> str | None:
+    """Why the path ``text`` (read from a file) cannot name a file on this system, or None:
+    longer than the system's limit on a path, or a component longer than that on a name
+    (every system call on it would fail with "File name too long")."""
+    encoded = os.fsencode(text)
+    if len(encoded) >= os.pathconf("/", "PC_PATH_MAX"):
+        return f"a path of {len(encoded):,} bytes, longer than the system's limit"
+    longest = max((len(part) for part in encoded.split(b"/")), default=0)
+    if longest > os.pathconf("/", "PC_NAME_MAX"):
+        return f"a file name of {longest:,} bytes in it, longer than the system's limit"
+    return None
 
 
 def file_sha256(path: str | Path) -> str:
@@ -453,7 +683,9 @@ def check_output_folder(folder: Path, what: str, marker: str, tag: str, overwrit
             False, or holds files that are no earlier result's.
     """
     check_output_dir(folder)
-    entries = sorted(entry.name for entry in folder.iterdir()) if folder.exists() else []
+    # A staging folder left by a killed run is nobody's result: result_folder removes it.
+    entries = sorted(entry.name for entry in folder.iterdir()
+                     if not entry.name.startswith(STAGING_PREFIX)) if folder.exists() else []
     if not entries:
         return False
     if not _holds(folder / marker, tag):
@@ -578,22 +810,19 @@ def stops_held() -> Iterator[None]:
 def result_folder(folder: Path, earlier: bool) -> Iterator[Path]:
     """The folder that a command writing a whole result (heatmaps, gallery, rating kit) fills,
     for ``folder``: new or empty, or holding an ``earlier`` result that --overwrite replaces
-    (:func:`check_output_folder`).
+    (:func:`check_output_folder`). Hold the folder's claim (:func:`claimed_output`) around
+    both, so that no other run writes there meanwhile.
 
-    Without an earlier result it yields ``folder``; an exception (Ctrl-C too) empties it again,
-    so that half a result, with no index or page to mark it, does not block the rerun. With
-    one, it yields a hidden staging folder inside ``folder`` (the same file system, also where
+    It yields a hidden staging folder inside ``folder`` (the same file system, also where
     ``folder`` is a link or a mount point), and only once the new result is whole are the
-    earlier result's entries removed and the new ones moved in; an exception removes the
-    staging folder and leaves the earlier result as it was."""
-    if not earlier:
-        try:
-            yield folder
-        except BaseException:
-            if folder.is_dir():
-                clear_folder(folder)
-            raise
-        return
+    earlier result's entries removed and the new ones moved in. An exception (Ctrl-C too)
+    removes the staging folder and leaves ``folder`` as it was (made, if it was not there,
+    and empty); a run killed outright leaves
+    its staging folder, which no check counts as a result and the next run removes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for leftover in folder.glob(glob.escape(STAGING_PREFIX) + "*"):
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=folder))
     try:
         yield staging
@@ -601,10 +830,40 @@ def result_folder(folder: Path, earlier: bool) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     with stops_held():  # never half the earlier result and half the new one
-        clear_folder(folder, [entry.name for entry in folder.iterdir() if entry != staging])
+        if earlier:
+            clear_folder(folder, [entry.name for entry in folder.iterdir() if entry != staging])
         for entry in staging.iterdir():
             entry.rename(folder / entry.name)
         staging.rmdir()
+
+
+def output_lock_path(path: Path) -> Path:
+    """The lock file of the output ``path`` (a file or a folder) that the run writing it holds
+    (:func:`claimed_output`): ``dir/.NAME.lock`` for ``dir/NAME``, beside what a symbolic link
+    leads to (two runs reaching one output by two names hold one lock), cut to fit the
+    system's limit on a name."""
+    real = Path(os.path.realpath(path))
+    return real.with_name(f"{_temporary_prefix(real.name)}lock")
+
+
+@contextmanager
+def claimed_output(path: Path, what: str, check: Callable[[], Any]) -> Iterator[Any]:
+    """Claim the output ``path`` of a command (a folder it fills, a file it writes) for the
+    block: ``check()`` (the command's check of its output, raising :class:`OutputPathError`)
+    runs, then the output's lock is taken (:func:`output_lock_path`, removed at the end; the
+    kernel drops it when a run is killed), then ``check()`` runs again, as the output now
+    stands; yields what it returns. Two runs into one output would mix their files, or the
+    second replace the first's; one killed would remove the other's.
+
+    Raises:
+        OutputPathError: from ``check()``, or, naming the lock, while another run holds it.
+    """
+    check()
+    lock = output_lock_path(path)
+    busy = (f"{path}: another run is writing its {what} there now (it holds {lock}); wait for "
+            "it to end, or choose another --out")
+    with made_folder(lock.parent), held_alone(lock, busy):
+        yield check()
 
 
 def clear_folder(folder: Path, names: Iterable[str] | None = None) -> None:

@@ -24,12 +24,13 @@ import json
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from data_prep.files import parse_json, require_file
+from data_prep.files import parse_json, require_file, shown
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # Karpathy's split names -> the split an image is used in.
 _SPLIT_OF: dict[str, str] = {"train": "train", "restval": "train", "val": "val", "test": "test"}
 
@@ -75,13 +76,28 @@ class KarpathyDataset:
         return sum(len(images) for images in self.entries.values())
 
 
+def inside_folder(name: str) -> bool:
+    """Whether the image name ``name``, read from a file, stays inside the image folder it is
+    relative to: not absolute, no ``..``. Every reader of image names from a file (a captions
+    file, a split file) confines them with it: a name like ``../secret/x.png`` would read,
+    copy into a rating kit or show a file the user never gave."""
+    path = PurePosixPath(name.strip())
+    return not path.is_absolute() and ".." not in path.parts
+
+
+def normalize_image_path(name: str) -> str | None:
+    """``name`` as a clean relative POSIX path (``./a//b.jpg`` -> ``a/b.jpg``), or None when
+    it is empty or leaves the image folder (:func:`inside_folder`)."""
+    path = PurePosixPath(name.strip())
+    if not path.parts or str(path) == "." or not inside_folder(name):
+        return None
+    return str(path)
+
+
 def image_name(entry: ImageEntry, image_root: str | Path) -> str:
     """The entry's image as its split file names it, ``filepath/filename``: the path below
     ``image_root`` (a feature cache records it for every image id)."""
-    try:
-        return entry.path.relative_to(Path(image_root)).as_posix()
-    except ValueError:  # an absolute filename in the split file
-        return entry.path.as_posix()
+    return entry.path.relative_to(Path(image_root)).as_posix()
 
 
 def load_karpathy(json_path: str | Path, image_root: str | Path) -> KarpathyDataset:
@@ -177,10 +193,19 @@ def _parse_image(record: Any, json_path: Path, index: int, image_root: Path) -> 
     filepath = record.get("filepath", "")
     if not isinstance(filepath, str):
         raise fail("filepath", f"must be a string, got {type(filepath).__name__}")
+    for field, name in (("filepath", filepath), ("filename", filename)):
+        if not inside_folder(name):
+            raise fail(field, f"leaves the image folder ({name!r}); image paths must be "
+                              "relative to the image folder, without '..'")
     imgid = _require(record, "imgid", int, fail)
     image_id = imgid
     if "cocoid" in record:
         image_id = _require(record, "cocoid", int, fail)
+    for field in ("imgid", "cocoid"):
+        # Ids are stored as int64 (feature caches, tensors, COCO results).
+        if field in record and not INT64_MIN <= record[field] <= INT64_MAX:
+            raise fail(field, f"is {shown(record[field], 30)}, outside the 64-bit integers an "
+                              "image id must fit in")
 
     split_name = _require(record, "split", str, fail)
     if split_name not in _SPLIT_OF:

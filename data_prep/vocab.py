@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from data_prep.files import first_names
+from data_prep.text import printable, unsafe_character
 
 PAD = "<pad>"
 START = "<start>"
@@ -53,6 +54,12 @@ class Vocabulary:
             if not isinstance(word, str) or not word or any(c.isspace() for c in word):
                 raise ValueError(f"vocabulary word {index} must be a non-empty word without "
                                  f"whitespace, got {word!r}")
+            # A word is written raw into every caption shown on a terminal.
+            unsafe = unsafe_character(word)
+            if unsafe is not None:
+                raise ValueError(f"vocabulary word {index} holds the control character "
+                                 f"U+{ord(unsafe):04X} ('{printable(word)}'); a vocabulary holds "
+                                 "words of letters, digits and marks")
         stoi = {word: index for index, word in enumerate(itos)}
         if len(stoi) != len(itos):
             duplicates = sorted(word for word, count in Counter(itos).items() if count > 1)

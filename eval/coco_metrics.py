@@ -11,8 +11,10 @@ returns 0 there even for a caption equal to its reference: with fewer than 2 ima
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from data_prep.files import agreeing, counted, first_names
@@ -92,19 +94,47 @@ def tokenize_for_scoring(
     )
 
 
-def _meteor(gts: dict[int, list[str]], res: dict[int, list[str]]) -> tuple[float, list[float]]:
-    """pycocoevalcap's METEOR, with its JVM always stopped (its __del__ deadlocks on the lock
-    if scoring raised, which leaves the interpreter hanging at exit)."""
-    from pycocoevalcap.meteor.meteor import Meteor
+# pycocoevalcap's METEOR command (Meteor.__init__), run by start_java so that the JVM dies with
+# this process; the scorer's own protocol code then talks to it.
+_METEOR_ARGS = ("-jar", "-Xmx2G", "meteor-1.5.jar", "-", "-", "-stdio", "-l", "en", "-norm")
 
-    meteor = Meteor()
+
+def _meteor(gts: dict[int, list[str]], res: dict[int, list[str]]) -> tuple[float, list[float]]:
+    """pycocoevalcap's METEOR, its JVM started to die with this process and always stopped
+    (its __del__ deadlocks on the lock if scoring raised, which leaves the interpreter hanging
+    at exit).
+
+    Raises:
+        JavaToolError: the JVM ended while scoring (killed from outside, as the OOM killer
+            does): a broken pipe or an empty answer, in one line naming METEOR.
+    """
+    import threading
+
+    from pycocoevalcap.meteor import meteor as module
+
+    from eval.java_tools import JavaToolError, how_it_ended, start_java
+
+    meteor = module.Meteor.__new__(module.Meteor)
+    meteor.lock = threading.Lock()
+    meteor.meteor_p = start_java(_METEOR_ARGS, cwd=Path(module.__file__).parent)
     try:
         return meteor.compute_score(gts, res)
+    except (OSError, ValueError) as exc:  # a broken pipe, or float(b"") of no answer
+        try:
+            ended = meteor.meteor_p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            raise exc from None  # the JVM runs on: not its death
+        raise JavaToolError(f"METEOR: its Java process ended while scoring "
+                            f"({how_it_ended(ended)}); no METEOR score was made") from None
     finally:
         if meteor.lock.locked():
             meteor.lock.release()
         meteor.meteor_p.kill()
         meteor.meteor_p.wait()
+        try:
+            meteor.meteor_p.stdin.close()  # what its __del__ would flush into a dead pipe
+        except BrokenPipeError:
+            pass
 
 
 def score_captions(

@@ -11,13 +11,12 @@ per caption instead of silently pairing lines with the wrong images.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 
 from pycocoevalcap.tokenizer import ptbtokenizer
 
-from eval.java_tools import JavaToolError, run_java
+from eval.java_tools import JavaToolError, java_work_folder, run_java
 from eval.sanitize import sanitize_caption
 
 TOKENIZER_JAR = Path(ptbtokenizer.__file__).with_name(ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR)
@@ -36,8 +35,8 @@ def ptb_tokenize(
     tokenized: dict[Hashable, list[str]] = {key: [] for key in captions}
     if not lines:
         return tokenized
-    with tempfile.TemporaryDirectory(prefix="captioner-ptb-") as tmp:
-        source = Path(tmp) / "captions.txt"
+    with java_work_folder("ptb") as tmp:
+        source = tmp / "captions.txt"
         source.write_text("\n".join(lines), encoding="utf-8")
         proc = run_java(
             [
@@ -49,7 +48,7 @@ def ptb_tokenize(
                 source.name,
             ],
             tool="PTB tokenizer",
-            cwd=Path(tmp),
+            cwd=tmp,
             timeout=timeout,
         )
     out_lines = proc.stdout.split("\n")

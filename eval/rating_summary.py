@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from data_prep.files import first_names, parse_json
+from data_prep.text import printable
 from eval.rating_kit import KEY_FORMAT, RATINGS_FORMAT, SCORES
-from eval.sanitize import printable
 
 KINDS = ("caption", "attention")
 BOOTSTRAP_SAMPLES = 10_000

@@ -13,12 +13,7 @@ separator; pycocoevalcap strips it from hypotheses only, so it is removed from e
 
 from __future__ import annotations
 
-import re
-import unicodedata
-
-# C0 and C1 control characters (tab, line feed, ..., NEL) and the Unicode line/paragraph
-# separators: none of them belongs inside a caption and several end a line for Java.
-_BREAKING = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+from data_prep.text import LINE_BREAKING
 
 
 def sanitize_caption(caption: str) -> str:
@@ -27,15 +22,4 @@ def sanitize_caption(caption: str) -> str:
     Raises TypeError for a non-string."""
     if not isinstance(caption, str):
         raise TypeError(f"a caption must be a str, got {type(caption).__name__}: {caption!r}")
-    return " ".join(_BREAKING.sub(" ", caption).split())
-
-
-def printable(text: str) -> str:
-    """``text`` with its backslashes, control characters, line separators and format
-    characters (a right-to-left override, a zero-width space) written as Python escapes
-    (``\\\\``, ``\\x1b``, ``\\u202e``), for a terminal: a name read from a file that someone
-    else wrote cannot clear the screen, forge a line or reorder it, and reads back unambiguously."""
-    return "".join(
-        char.encode("unicode_escape").decode()
-        if char == "\\" or _BREAKING.match(char) or unicodedata.category(char) == "Cf" else char
-        for char in text)
+    return " ".join(LINE_BREAKING.sub(" ", caption).split())

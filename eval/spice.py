@@ -22,14 +22,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from data_prep.machine import usable_cpus
-from eval.java_tools import java_modules, run_java
+from eval.java_tools import java_modules, java_work_folder, run_java
 from eval.spice_jars import SpiceInstall, locate_spice
 
 NASHORN_MODULE = "org.openjdk.nashorn"  # the standalone nashorn-core installed by fetch-spice
@@ -102,8 +101,8 @@ def spice_scores(
         {"image_id": image_id, "test": hypotheses[image_id], "refs": list(references[image_id])}
         for image_id in hypotheses
     ]
-    with tempfile.TemporaryDirectory(prefix="captioner-spice-") as tmp:
-        input_json, output_json = Path(tmp) / "input.json", Path(tmp) / "output.json"
+    with java_work_folder("spice") as tmp:
+        input_json, output_json = tmp / "input.json", tmp / "output.json"
         input_json.write_text(json.dumps(records), encoding="utf-8")
         args = spice_java_args(
             install,
@@ -112,7 +111,7 @@ def spice_scores(
             threads=threads or usable_cpus(),
             max_heap=max_heap or default_max_heap(),
         )
-        run_java(args, tool="SPICE", cwd=Path(tmp), timeout=timeout)
+        run_java(args, tool="SPICE", cwd=tmp, timeout=timeout)
         text = output_json.read_text(encoding="utf-8") if output_json.is_file() else ""
     if not text.strip():
         raise RuntimeError(

@@ -28,6 +28,7 @@ which is then left as it was (half a result does not replace a whole one).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -41,6 +42,7 @@ from captioner.commands.options import (
     report_error,
 )
 from data_prep.files import counted
+from data_prep.text import check_utf8_names, printable
 
 HELP = "caption images or folders of images (text, jsonl with per-word attention, COCO results)"
 
@@ -65,7 +67,7 @@ def _record(path: Path, caption, output_format: str, mapping: str) -> str:
         from captioner.inference import jsonl_record
 
         return json.dumps(jsonl_record(path, caption, mapping), ensure_ascii=False)
-    return f"{str(path).translate(_ESCAPES)}\t{caption.text}"
+    return f"{str(path).translate(_ESCAPES)}\t{printable(caption.text)}"
 
 
 def _coco_record(image_id: int, text: str, path: Path) -> dict:
@@ -80,18 +82,25 @@ def _coco_record(image_id: int, text: str, path: Path) -> dict:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    with contextlib.ExitStack() as claim:  # the --out file, held until the command ends
+        return _caption(args, claim)
+
+
+def _caption(args: argparse.Namespace, claim: contextlib.ExitStack) -> int:
     from tqdm import tqdm
 
     from captioner.image_files import coco_image_ids, collect_images
     from captioner.inference import open_captioner
-    from data_prep.files import check_output_file
+    from data_prep.files import check_output_file, claimed_output
 
     try:
         paths = collect_images(args.inputs)
+        if args.format != "text":
+            check_utf8_names(paths, f"the {args.format} output (JSON)")
         if args.out is not None:
-            check_output_file(args.out, [("checkpoint", args.ckpt),
-                                         *(("image", path) for path in paths)],
-                              overwrite=args.overwrite)
+            claim.enter_context(claimed_output(args.out, "captions", lambda: check_output_file(
+                args.out, [("checkpoint", args.ckpt), *(("image", path) for path in paths)],
+                overwrite=args.overwrite)))
         captioner = open_captioner(args.ckpt, args.device)
         options = decoding_options(args, captioner.decoding)
     except (OSError, ValueError) as exc:

@@ -34,6 +34,7 @@ transparent``, the default) or a hard white mask (``white``, the paper's figure 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -130,6 +131,11 @@ def _write_figures(out: Path, args: argparse.Namespace, models: list[_Model], ca
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    with contextlib.ExitStack() as claim:  # the --out folder, held until the command ends
+        return _make_heatmaps(args, claim)
+
+
+def _make_heatmaps(args: argparse.Namespace, claim: contextlib.ExitStack) -> int:
     from captioner.heatmaps import (
         checkpoint_names,
         index_entries,
@@ -141,15 +147,19 @@ def main(argv: list[str]) -> int:
     from data_prep.files import (
         atomic_write,
         check_output_folder,
+        claimed_output,
         refuse_inputs_in_output,
         result_folder,
     )
+    from data_prep.text import check_utf8_names
 
     try:
         names = checkpoint_names(args.ckpt)
-        earlier = check_output_folder(args.out, "heatmaps", "index.json", INDEX_TAG,
-                                      args.overwrite, index_entries)
+        earlier = claim.enter_context(claimed_output(
+            args.out, "heatmaps", lambda: check_output_folder(
+                args.out, "heatmaps", "index.json", INDEX_TAG, args.overwrite, index_entries)))
         paths = collect_images(args.inputs)
+        check_utf8_names(paths, "the heatmaps' index.json")
         refuse_inputs_in_output(args.out, [*map(Path, args.inputs), *paths])
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         models = [_Model(name, path, captioner, decoding_options(args, captioner.decoding))

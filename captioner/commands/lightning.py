@@ -24,7 +24,6 @@ does a DDP run whose other process went away, with status 1.
 
 from __future__ import annotations
 
-import math
 import re
 import sys
 from pathlib import Path
@@ -35,8 +34,6 @@ HELP = {
     "test": "score a checkpoint on the test split (BLEU-4, CIDEr) with its config",
 }
 NEEDS_COMMAND_NAME = True
-# Values a --config file may hold with its YAML aliases expanded (the paper configs hold ~60).
-MOST_CONFIG_VALUES = 100_000
 
 def main(argv: list[str]) -> int:
     from argparse import ArgumentError
@@ -53,13 +50,19 @@ def main(argv: list[str]) -> int:
         config_files,
         end_distributed,
     )
+    from data_prep.files import SettingsLimitError, read_settings
 
     argv = _with_the_runs_config(argv)
     for config in config_files(argv):
-        if _expanded_values(config) > MOST_CONFIG_VALUES:
+        try:
+            document = read_settings(config, "config")
+        except SettingsLimitError as exc:
+            return report_error(f"captioner {argv[0]}", ValueError(f"--config {exc}"))
+        except (OSError, ValueError):
+            continue  # a config that cannot be read: the parser says why, naming the option
+        if document is None:  # jsonargparse says "Unexpected config:" and nothing more
             return report_error(f"captioner {argv[0]}", ValueError(
-                f"--config {config}: its YAML aliases expand to more than {MOST_CONFIG_VALUES:,} "
-                "values; a config holds settings"))
+                f"--config {config}: holds no settings (an empty YAML document)"))
     # LightningCLI warns when it is handed args while sys.argv also holds some; from the console
     # script they are the same words, so let it read sys.argv itself.
     args = None if list(argv) == sys.argv[1:] else list(argv)
@@ -195,34 +198,6 @@ def _unreadable(configs: list[str]) -> list[str]:
     """The config files a parse error is in: those that are not readable YAML (all of them
     when each reads)."""
     return [config for config in configs if not _reads_as_yaml(config)] or configs
-
-
-def _expanded_values(path: str) -> float:
-    """How many values the YAML file ``path`` holds with its aliases expanded, as the parser
-    will expand them (400 bytes of nested aliases make 10**8 values, all memory); 0 when it is
-    not a readable YAML file (the parser says why), infinite for an alias inside itself."""
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as handle:
-            document = yaml.safe_load(handle)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return 0
-    # Each object's expanded size, by id, computed once and added wherever an alias repeats it.
-    sizes: dict[int, float] = {}
-
-    def size(node) -> float:
-        if id(node) not in sizes:
-            sizes[id(node)] = math.inf  # until counted: an alias inside itself is endless
-            children = node.values() if isinstance(node, dict) else (
-                node if isinstance(node, list) else ())
-            sizes[id(node)] = 1 + sum(size(child) for child in children)
-        return sizes[id(node)]
-
-    try:
-        return size(document)
-    except RecursionError:
-        return math.inf
 
 
 def _reads_as_yaml(path: str) -> bool:

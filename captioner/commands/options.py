@@ -211,7 +211,8 @@ def add_sample_arguments(
     parser.add_argument("--split", default="test", choices=("train", "val", "test"),
                         help="split of --data to sample from (default: %(default)s)")
     parser.add_argument("--n", type=at_least(1, int), default=n_default, help=n_help)
-    parser.add_argument("--seed", type=int, default=0, help=seed_help)
+    # numpy's generators take no negative seed: refused here, not once the images are captioned.
+    parser.add_argument("--seed", type=at_least(0, int), default=0, help=seed_help)
 
 
 def check_sample_arguments(

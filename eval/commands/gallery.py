@@ -32,6 +32,7 @@ Zero attention is fully transparent (--zero-style transparent, the default) or o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -135,10 +136,15 @@ def main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     check_sample_arguments(parser, args, "IMAGE_OR_DIR", bool(args.inputs))
+    with contextlib.ExitStack() as claim:  # the --out folder, held until the command ends
+        return _make_gallery(args, claim)
 
+
+def _make_gallery(args: argparse.Namespace, claim: contextlib.ExitStack) -> int:
     from captioner.heatmaps import checkpoint_names
     from captioner.inference import open_captioner
-    from data_prep.files import check_output_folder, refuse_inputs_in_output
+    from data_prep.files import check_output_folder, claimed_output, refuse_inputs_in_output
+    from data_prep.text import check_utf8_names
     from eval.gallery import (
         GALLERY_FORMAT,
         GalleryModel,
@@ -149,12 +155,14 @@ def main(argv: list[str]) -> int:
 
     try:
         names = checkpoint_names(args.ckpt)
-        earlier = check_output_folder(args.out, "gallery", "index.html",
-                                      f'"format": "{GALLERY_FORMAT}"', args.overwrite,
-                                      gallery_files)
+        earlier = claim.enter_context(claimed_output(
+            args.out, "gallery", lambda: check_output_folder(
+                args.out, "gallery", "index.html", f'"format": "{GALLERY_FORMAT}"',
+                args.overwrite, gallery_files)))
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         options = [decoding_options(args, captioner.decoding) for captioner in captioners]
         chosen = _images(args)
+        check_utf8_names(chosen.paths, "the gallery's page")
         # With --data, the image root is an input folder too.
         refuse_inputs_in_output(args.out, [*map(Path, args.inputs), *chosen.paths,
                                            *([args.images] if args.data is not None else [])])

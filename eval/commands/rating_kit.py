@@ -149,15 +149,21 @@ def main(argv: list[str]) -> int:
     key_path = args.key or kit.with_name(kit.name + "-key.json")
     if key_path.resolve().is_relative_to(args.out.resolve()):
         parser.error(f"the key {key_path} must not be inside the kit folder {args.out}")
+    with contextlib.ExitStack() as claim:  # the --out folder, held until the command ends
+        return _make_kit(args, key_path, claim)
 
+
+def _make_kit(args: argparse.Namespace, key_path: Path, claim: contextlib.ExitStack) -> int:
     from captioner.heatmaps import checkpoint_names
     from captioner.inference import open_captioner
-    from data_prep.files import check_output_folder, refuse_inputs_in_output
+    from data_prep.files import check_output_folder, claimed_output, refuse_inputs_in_output
+    from data_prep.text import check_utf8_names
     from eval.rating_kit import KIT_FORMAT, KitModel, fewer_than_asked, kit_files, sample_readable
 
     try:
         names = checkpoint_names(args.ckpt)
         candidates = _candidates(args)
+        check_utf8_names((path for _, path in candidates), "the rating kit's page")
         # With --data, the image root is an input folder too.
         roots = [args.image_dir] if args.image_dir is not None else [args.images]
         refuse_inputs_in_output(args.out, [*roots, *(path for _, path in candidates)])
@@ -165,9 +171,10 @@ def main(argv: list[str]) -> int:
                  *([("dataset file", args.data)] if args.data is not None else []),
                  *(("image", path) for _, path in candidates)]
         replaces_key = _check_key(key_path, args.overwrite, reads)
-        earlier = check_output_folder(args.out, "rating kit", "index.html",
-                                      f'"format": "{KIT_FORMAT}"', args.overwrite,
-                                      kit_files)
+        earlier = claim.enter_context(claimed_output(
+            args.out, "rating kit", lambda: check_output_folder(
+                args.out, "rating kit", "index.html", f'"format": "{KIT_FORMAT}"',
+                args.overwrite, kit_files)))
         captioners = [open_captioner(path, args.device) for path in args.ckpt]
         options = [decoding_options(args, captioner.decoding) for captioner in captioners]
     except (OSError, ValueError) as exc:
