@@ -107,12 +107,21 @@ def read_progress(checkpoints: Path) -> dict:
 
 
 def tested_scores(folder: Path) -> str | None:
-    """The scores of the last ``captioner test`` of the run version ``folder`` (the last row
-    of ``folder/test/metrics.csv``, where test logs beside the run), as ``CIDEr 0.8123 Bleu_4
-    0.2345``; None when it was not tested or the file cannot be read (a run's files are
-    untrusted: a value that is not a number is left out)."""
+    """The scores of the last ``captioner test`` of the run version ``folder``, as ``CIDEr
+    0.8123 Bleu_4 0.2345``: the last row of ``metrics.csv`` in the newest of ``test``,
+    ``test_2``, ... (each test logs into a folder of its own beside the run). None when it
+    was not tested or the file cannot be read; a run's files are untrusted, so a value that is
+    not a finite number is left out."""
+    tests = {1: folder / "test"}
+    for path in folder.glob("test_*"):
+        if match := re.fullmatch(r"test_(\d+)", path.name):
+            tests[int(match.group(1))] = path
+    logged = [tests[n] / "metrics.csv" for n in sorted(tests)
+              if (tests[n] / "metrics.csv").is_file()]
+    if not logged:
+        return None
     try:
-        with (folder / "test" / "metrics.csv").open(newline="", encoding="utf-8") as handle:
+        with logged[-1].open(newline="", encoding="utf-8") as handle:
             rows = list(csv.DictReader(handle))
     except (OSError, UnicodeDecodeError, csv.Error):
         return None

@@ -501,6 +501,15 @@ def test_runs_show_the_scores_of_a_tested_run(tmp_path, capsys):
     assert runs.main(["--root", str(tmp_path / "runs")]) == 0
     row = capsys.readouterr().out.splitlines()[1]
     assert row == untested + "  test: CIDEr 0.8123 Bleu_4 0.2345"
+    # A later test (of another checkpoint) logs into test_2, test_3, ...: its scores show.
+    for number, cider in ((2, "0.5"), (10, "0.25"), (3, "0.75")):
+        (folder / f"test_{number}").mkdir()
+        (folder / f"test_{number}" / "metrics.csv").write_text(
+            f"epoch,step,test/CIDEr\n0,30,{cider}\n")
+    assert runs.main(["--root", str(tmp_path / "runs")]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == untested + "  test: CIDEr 0.2500"
+    for number in (2, 3, 10):
+        (folder / f"test_{number}" / "metrics.csv").unlink()
     # A damaged file (the run's files are untrusted) shows what can be read, or nothing.
     (folder / "test" / "metrics.csv").write_text("epoch,test/CIDEr,test/x\n0,nan,\x1b[2J\n")
     assert runs.main(["--root", str(tmp_path / "runs")]) == 0

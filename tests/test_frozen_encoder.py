@@ -162,9 +162,9 @@ def test_export_command(frozen, tmp_path, capsys):
 
     checkpoint, _, _ = frozen
     out = tmp_path / "shared.ckpt"
-    assert export.main([str(checkpoint), str(out)]) == 0
+    assert export.main([str(checkpoint), "--out", str(out)]) == 0
     assert capsys.readouterr().out == f"wrote {out} with its frozen encoder put in\n"
-    assert export.main([str(checkpoint), str(out)]) == 2  # no silent replacement
-    assert "shared.ckpt" in capsys.readouterr().err
-    assert export.main([str(out), str(tmp_path / "again.ckpt")]) == 0
+    assert export.main([str(checkpoint), "--out", str(out)]) == 2  # no silent replacement
+    assert f"{out}: exists; choose another --out, or pass --overwrite" in capsys.readouterr().err
+    assert export.main([str(out), "--out", str(tmp_path / "again.ckpt")]) == 0
     assert "held its encoder already" in capsys.readouterr().out

@@ -4,6 +4,8 @@ A checkpoint of a frozen encoder (the paper's setting) refers to the encoder wei
 built from, by path (or torchvision name) and SHA-256, instead of holding a copy of them: it
 loads only where that file is. The copy written to OUT holds the encoder's tensors too, and
 loads anywhere; everything else (weights, optimizer state, vocabulary) is as in CKPT.
+
+    captioner export runs/coco_tvmax/version_0/checkpoints/last.ckpt --out coco_tvmax.ckpt
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ PROG = "captioner export"
 def main(argv: list[str]) -> int:
     parser = command_parser(PROG, __doc__)
     parser.add_argument("ckpt", type=Path, metavar="CKPT", help="checkpoint to export")
-    parser.add_argument("out", type=Path, metavar="OUT", help="the self-contained checkpoint")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="the self-contained checkpoint to write")
     add_overwrite_argument(parser)
     args = parser.parse_args(argv)
 
