@@ -178,6 +178,11 @@ def extract_features(
             max_pixels=max_pixels,
         )
         bad = [(entry, reason) for entry, reason in zip(entries, reasons, strict=True) if reason]
+        if entries and len(bad) == len(entries):  # none at all: the image root, most likely
+            raise FeatureExtractionError(
+                f"--images {image_root}: none of the {len(entries)} images of {karpathy_json} "
+                f"can be used (the first, {bad[0][0].path}: {bad[0][1]}); is --images the "
+                "folder that the split file's paths are relative to?")
         if bad and on_error == "fail":
             raise FeatureExtractionError(
                 _bad_images_message(bad, len(entries), "cannot be used", one_line=True)

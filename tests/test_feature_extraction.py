@@ -535,3 +535,16 @@ def test_default_workers_fit_the_usable_cpus(cpus, workers, monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cpus)
     args = prepare_features._parser().parse_args(["--data", "d", "--images", "i", "--out", "o"])
     assert args.num_workers == workers
+
+
+def test_a_wrong_image_root_is_named_as_such(tmp_path, capsys):
+    data, images, _ = _make_dataset(tmp_path, 6)
+    wrong = tmp_path / "elsewhere"
+    wrong.mkdir()
+    out = tmp_path / "out" / "features.h5"
+    code, _, err = _run(capsys, "--data", data, "--images", wrong, "--out", out, *ENCODER_ARGS)
+    _user_error(code, err)
+    [line] = err.splitlines()
+    assert f"--images {wrong}: none of the 6 images of {data} can be used (the first, " in line
+    assert line.endswith("is --images the folder that the split file's paths are relative to?")
+    assert "--on-error skip" not in line and not out.exists()
