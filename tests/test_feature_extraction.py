@@ -404,6 +404,7 @@ def test_a_second_run_into_a_cache_being_made_is_refused_and_touches_nothing(tmp
     assert FeatureCache(out).image_ids == ids and not lock.exists()
 
 
+@pytest.mark.subprocess
 def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path, capsys):
     data, images, _ = _make_dataset(tmp_path, 160)
     out, args, reference, reference_weights = _reference_run(tmp_path, capsys, data, images)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-pytestmark = [pytest.mark.java, pytest.mark.slow]
+pytestmark = [pytest.mark.java, pytest.mark.subprocess]
 FBIG = os.strerror(errno.EFBIG)
 
 # 4000 images x 5 references: about 2 s of BLEU, CIDEr and ROUGE-L after the PTB tokenizer on
