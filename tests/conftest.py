@@ -20,12 +20,18 @@ COSTLY = ("subprocess", "java", "browser", "ddp", "triton_interpreter", "demo")
 def pytest_configure(config) -> None:
     """One intra-op thread for torch and numba in the test process: the tests' tensors are
     tiny, and on the shared 2-core CI machine spinning worker threads made a training step
-    of the small model ~30x slower (10 s instead of 0.35 s, measured)."""
+    of the small model ~30x slower (10 s instead of 0.35 s, measured). The tests' child
+    processes inherit one OpenMP thread (torch's), as each pytest-xdist worker is a process that
+    already keeps a core busy; numba's count is left to them, for the tests of its parallel
+    drivers."""
+    import os
+
     import numba
     import torch
 
     torch.set_num_threads(1)
     numba.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by the markers
