@@ -229,6 +229,7 @@ def test_runs_given_a_run_folder_names_the_runs_folder_above_it(tmp_path, capsys
     assert capsys.readouterr().err == f"captioner runs: not a folder: {tmp_path / 'runs.txt'}\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["heatmaps", "gallery", "rating-kit"])
 def test_overwrite_never_deletes_files_beside_an_earlier_result(
     command, tiny_checkpoint, synthetic_data, tmp_path, capsys

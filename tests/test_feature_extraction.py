@@ -291,6 +291,7 @@ def test_a_finished_cache_is_reused_with_its_settings_and_kept_from_others(tmp_p
     assert stranger.read_text() == "my notes"
 
 
+@pytest.mark.slow
 def test_resume_reuses_the_random_encoder_and_refuses_other_settings(tmp_path, capsys,
                                                                      monkeypatch):
     data, images, _ = _make_dataset(tmp_path, 48)

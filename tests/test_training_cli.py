@@ -1090,6 +1090,7 @@ def test_a_named_versions_own_config_resumes_it_with_its_metrics(synthetic_data,
     assert "is a run's folder, not a folder of runs" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_ckpt_path_last_and_best_read_the_version_the_command_names(synthetic_data, tiny_cache,
                                                                     tmp_path, capsys):
     """--trainer.logger.init_args.version mine with --ckpt_path last or best: mine, not the
@@ -1208,6 +1209,7 @@ def read_epochs_done(run: Path) -> int:
     return json.loads((run / "checkpoints" / "progress.json").read_text())["epochs_done"]
 
 
+@pytest.mark.slow
 def test_fit_runs_without_a_logger(synthetic_data, tiny_cache, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # Lightning's default_root_dir: the working directory
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
