@@ -12,16 +12,38 @@ import pytest
 
 TINY_IMAGE_SIZE = 128  # ResNet grid of 4 x 4 cells: small enough to be quick, still a 2-D map
 
+# Markers of what a test costs beyond its own code (registered in pyproject.toml); each makes it
+# slow too, so that `pytest -m "not slow"` leaves all of them out.
+COSTLY = ("subprocess", "java", "browser", "ddp", "triton_interpreter", "demo")
+
 
 def pytest_configure(config) -> None:
     """One intra-op thread for torch and numba in the test process: the tests' tensors are
     tiny, and on the shared 2-core CI machine spinning worker threads made a training step
-    of the small model ~30x slower (10 s instead of 0.35 s, measured)."""
+    of the small model ~30x slower (10 s instead of 0.35 s, measured). The tests' child
+    processes inherit one OpenMP thread (torch's), as each pytest-xdist worker is a process that
+    already keeps a core busy; numba's count is left to them, for the tests of its parallel
+    drivers."""
+    import os
+
     import numba
     import torch
 
     torch.set_num_threads(1)
     numba.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by the markers
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark ``slow`` every test that carries one of the :data:`COSTLY` markers. Under
+    pytest-xdist (``-n``), slow tests go first: the workers take tests in this order, and a
+    test of a minute left for the end would keep one worker busy while the others idle."""
+    for item in items:
+        if any(item.get_closest_marker(name) for name in COSTLY):
+            item.add_marker(pytest.mark.slow)
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its order is the schedule's
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture

@@ -90,6 +90,7 @@ def _bisect_in_mpmath(z: torch.Tensor, alpha: float) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alpha", [2.5, 4.0, 6.0])
 @pytest.mark.parametrize("scale", [1e-3, 1.0])
 def test_entmax_bisect_is_exact_to_the_dtype_for_large_alpha(alpha, scale):

@@ -21,6 +21,7 @@ def _captioner(*argv: str, **env: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300, env={**os.environ, **env})
 
 
+@pytest.mark.subprocess
 def test_python_dash_m_captioner_runs_the_console_script():
     run = subprocess.run([sys.executable, "-m", "captioner", "no-such-command"],
                          capture_output=True, text=True, timeout=300)
@@ -35,6 +36,7 @@ def test_help_lists_the_commands_and_unknown_ones_are_refused(capsys):
     assert "unknown command 'nosuch'" in capsys.readouterr().err
 
 
+@pytest.mark.subprocess
 def test_a_reader_that_has_gone_ends_the_command_quietly(tmp_path):
     # `captioner runs | head -1`: the reading end is closed before the command writes.
     (tmp_path / "runs" / "a" / "version_0").mkdir(parents=True)
@@ -102,6 +104,7 @@ def test_a_user_error_starts_its_own_line_after_an_open_progress_bar(capsys, str
         assert "14/38" in captured.err and captured.err.split("\n")[-2:] == [line, ""]
 
 
+@pytest.mark.subprocess
 def test_every_command_honours_captioner_debug(tmp_path):
     garbage = tmp_path / "garbage.ckpt"
     garbage.write_bytes(b"not a checkpoint")
@@ -149,6 +152,7 @@ def test_a_checkpoint_given_twice_to_a_one_checkpoint_command_is_refused(command
                                        "(runs/a.ckpt and runs/b.ckpt); give it once\n")
 
 
+@pytest.mark.subprocess
 def test_a_config_file_that_is_not_yaml_is_named_on_one_line(tmp_path):
     broken = tmp_path / "broken.yaml"
     broken.write_text("model:\n  hidden_dim: [1\n")
@@ -225,6 +229,7 @@ def test_runs_given_a_run_folder_names_the_runs_folder_above_it(tmp_path, capsys
     assert capsys.readouterr().err == f"captioner runs: not a folder: {tmp_path / 'runs.txt'}\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["heatmaps", "gallery", "rating-kit"])
 def test_overwrite_never_deletes_files_beside_an_earlier_result(
     command, tiny_checkpoint, synthetic_data, tmp_path, capsys
@@ -263,6 +268,7 @@ def test_overwrite_never_deletes_files_beside_an_earlier_result(
     assert main([*args, "--overwrite"]) == 0
 
 
+@pytest.mark.subprocess
 def test_unknown_tvmax_settings_in_the_environment_are_one_line(tiny_checkpoint, synthetic_data):
     image = next((synthetic_data.image_root / "test").iterdir())
     run = _captioner("caption", str(image), "--ckpt", str(tiny_checkpoint), "--no-progress",
@@ -463,6 +469,7 @@ def _start_a_worker_then_signal_it() -> None:
     sys.exit(7)  # not reached: the worker ended itself
 
 
+@pytest.mark.subprocess
 def test_a_process_that_exits_while_its_loader_workers_live_ends():
     # At exit multiprocessing ends the workers still alive with SIGTERM and waits for them: a
     # worker that ignored SIGTERM for good hung the command after its last line.

@@ -433,6 +433,7 @@ def test_rows_after_the_last_commit_never_reach_the_cache(tmp_path):
     assert FeatureCache(path).image_ids == [1, 2]
 
 
+@pytest.mark.subprocess
 def test_a_lock_that_another_process_drops_soon_is_waited_for(tmp_path):
     # A loader worker forked while the file was open drops its lock when it notices that its
     # parent was killed: the rerun right after a kill -9 must wait for it, not refuse.
@@ -452,6 +453,7 @@ def test_a_lock_that_another_process_drops_soon_is_waited_for(tmp_path):
         holder.communicate()
 
 
+@pytest.mark.subprocess
 def test_a_partial_file_written_by_another_process_is_left_alone(tmp_path, monkeypatch):
     monkeypatch.setattr(features_module, "IN_USE_WAIT_SECONDS", 0.5)
     path = tmp_path / "features.h5"

@@ -12,13 +12,59 @@ from data_prep.synthetic import SyntheticDataset
 from eval.commands.demo import main
 from eval.demo import MAPPINGS, QUICK, dataset_dir, load_test_split, score_spice
 
+# The module's demo run is made once and read by the tests that share it (one worker).
+SHARED_RUN = pytest.mark.xdist_group("quick_demo")
 
+
+@pytest.fixture(scope="module")
+def resumed_demo(tmp_path_factory):
+    """One quick demo run, made the way a user makes it after a Ctrl-C: stopped as its tvmax
+    captioner starts training, then the same command again, which goes on; then the tvmax
+    captioner trained again, for one epoch, from the config its run folder keeps.
+
+    A SimpleNamespace of ``out`` (the run's folder), ``stopped`` (status, stderr, and the
+    checkpoints then in ``out``, of the first command), ``finished`` (status and stdout of the
+    second) and ``refit`` (status of the fit from ``runs/demo_tvmax/version_0/config.yaml``).
+    Tests only read it.
+    """
+    from contextlib import redirect_stderr, redirect_stdout
+    from io import StringIO
+    from types import SimpleNamespace
+
+    import captioner.training_cli
+    from captioner.commands.lightning import main as lightning_main
+
+    out = tmp_path_factory.mktemp("quick_demo") / "demo"
+    build_cli = captioner.training_cli.build_cli
+
+    def ctrl_c_at_tvmax(args, run):
+        if any(arg.endswith("demo_tvmax.yaml") for arg in args):
+            raise KeyboardInterrupt
+        return build_cli(args, run=run)
+
+    printed, said = StringIO(), StringIO()
+    with pytest.MonkeyPatch.context() as patch, redirect_stdout(printed), redirect_stderr(said):
+        patch.setattr(captioner.training_cli, "build_cli", ctrl_c_at_tvmax)
+        code = main(["--quick", "--out", str(out)])
+    stopped = SimpleNamespace(code=code, err=said.getvalue(),
+                              checkpoints=sorted(p.name for p in out.glob("*.ckpt")))
+    printed = StringIO()
+    with redirect_stdout(printed):
+        code = main(["--quick", "--out", str(out)])
+    finished = SimpleNamespace(code=code, out=printed.getvalue())
+    config = out / "runs" / "demo_tvmax" / "version_0" / "config.yaml"
+    refit = lightning_main(["fit", "--config", str(config), "--trainer.max_epochs", "1",
+                            "--trainer.enable_progress_bar", "false"])
+    return SimpleNamespace(out=out, stopped=stopped, finished=finished, refit=refit)
+
+
+@pytest.mark.demo
 @pytest.mark.java
-@pytest.mark.slow
-def test_quick_demo_writes_results_checkpoints_and_figures(tmp_path, capsys):
-    out = tmp_path / "demo"
-    assert main(["--quick", "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
+@SHARED_RUN
+def test_quick_demo_writes_results_checkpoints_and_figures(resumed_demo):
+    out = resumed_demo.out
+    assert resumed_demo.finished.code == 0
+    printed = resumed_demo.finished.out
     assert str(out) in printed.splitlines()[-1]
     for mapping in MAPPINGS:
         assert mapping in printed
@@ -64,11 +110,7 @@ def test_quick_demo_writes_results_checkpoints_and_figures(tmp_path, capsys):
         for mapping in MAPPINGS
     }
     # Each model's run folder holds the exact config it trained with; fit retrains from it.
-    config = out / "runs" / "demo_tvmax" / "version_0" / "config.yaml"
-    from captioner.commands.lightning import main as lightning_main
-
-    assert lightning_main(["fit", "--config", str(config), "--trainer.max_epochs", "1",
-                           "--trainer.enable_progress_bar", "false"]) == 0
+    assert resumed_demo.refit == 0
     assert (out / "runs" / "demo_tvmax" / "version_1" / "checkpoints" / "last.ckpt").is_file()
 
     spice = score_spice(load_test_split(dataset), captions)
@@ -298,30 +340,21 @@ def test_ctrl_c_while_a_captioner_trains_stops_the_demo(monkeypatch, tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing recorded as finished
 
 
-@pytest.mark.slow
+@pytest.mark.demo
+@pytest.mark.java
+@SHARED_RUN
 def test_an_interrupted_demo_goes_on_without_training_its_finished_captioners_again(
-        tmp_path, capsys, monkeypatch):
-    import captioner.training_cli
-
-    out = tmp_path / "demo"
-    build_cli = captioner.training_cli.build_cli
-
-    def ctrl_c_at_tvmax(args, run):
-        if any(arg.endswith("demo_tvmax.yaml") for arg in args):
-            raise KeyboardInterrupt
-        return build_cli(args, run=run)
-
-    monkeypatch.setattr(captioner.training_cli, "build_cli", ctrl_c_at_tvmax)
-    assert main(["--quick", "--out", str(out)]) == 130
+        resumed_demo):
+    out = resumed_demo.out
+    assert resumed_demo.stopped.code == 130
     record = out / "trainings.json"
-    assert capsys.readouterr().err.splitlines()[-1] == (
+    assert resumed_demo.stopped.err.splitlines()[-1] == (
         f"captioner demo: interrupted; 2 captioners finished training ({record}): the same "
         "command goes on from there, --overwrite starts over")
-    assert (out / "softmax.ckpt").is_file() and (out / "sparsemax.ckpt").is_file()
+    assert {"softmax.ckpt", "sparsemax.ckpt"} <= set(resumed_demo.stopped.checkpoints)
 
-    monkeypatch.setattr(captioner.training_cli, "build_cli", build_cli)
-    assert main(["--quick", "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
+    assert resumed_demo.finished.code == 0
+    printed = resumed_demo.finished.out
     assert f"going on with the unfinished demo run in {out}" in printed
     for mapping in ("softmax", "sparsemax"):
         assert f"== the {mapping} captioner, seed 0: trained already" in printed
@@ -388,7 +421,8 @@ def test_a_damaged_record_of_an_unfinished_run_is_one_line_before_any_work(
     assert sorted(p.name for p in out.iterdir()) == ["softmax.ckpt", "trainings.json"]
 
 
-@pytest.mark.slow
+@pytest.mark.demo
+@pytest.mark.java
 def test_quick_demo_over_seeds_with_lambda_chosen_on_validation(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["--quick", "--out", str(out), "--seeds", "3", "4", "--lam-grid", "0.1", "1"]) == 0

@@ -241,6 +241,7 @@ def _captioner(*argv, cwd):
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.subprocess
 def test_pretrain_encoder_then_prepare_features_through_the_cli(synthetic_data, tmp_path):
     data = synthetic_data
     run = _captioner(
@@ -295,6 +296,7 @@ def test_pretrain_encoder_then_prepare_features_through_the_cli(synthetic_data, 
     build_encoder("resnet18", tmp_path / "old.pt", layer="layer3")
 
 
+@pytest.mark.subprocess
 def test_pretrain_encoder_bad_input_is_one_line(synthetic_data, tmp_path):
     data = synthetic_data
     run = _captioner(
@@ -347,6 +349,7 @@ def test_pretrain_encoder_bad_input_is_one_line(synthetic_data, tmp_path):
         "weights as NAME.json; give the weights another name, such as weights.pt\n")
 
 
+@pytest.mark.subprocess
 def test_no_validation_cell_on_an_object_is_reported_as_undefined(synthetic_data, tmp_path):
     """The accuracies over cells on an object, of none, were NaN: printed as 'nan%' and
     written as NaN, which is not JSON (strict readers refuse the whole file)."""

@@ -291,6 +291,7 @@ def test_a_finished_cache_is_reused_with_its_settings_and_kept_from_others(tmp_p
     assert stranger.read_text() == "my notes"
 
 
+@pytest.mark.slow
 def test_resume_reuses_the_random_encoder_and_refuses_other_settings(tmp_path, capsys,
                                                                      monkeypatch):
     data, images, _ = _make_dataset(tmp_path, 48)
@@ -404,6 +405,7 @@ def test_a_second_run_into_a_cache_being_made_is_refused_and_touches_nothing(tmp
     assert FeatureCache(out).image_ids == ids and not lock.exists()
 
 
+@pytest.mark.subprocess
 def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path, capsys):
     data, images, _ = _make_dataset(tmp_path, 160)
     out, args, reference, reference_weights = _reference_run(tmp_path, capsys, data, images)

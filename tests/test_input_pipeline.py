@@ -179,6 +179,7 @@ def test_pin_memory_follows_the_setting(cached_dataset):
 
 # 12 images x 5 captions = 15 batches of 4: 20 steps run into a second epoch, and the loader
 # alone is timed on the first epoch's batches only.
+@pytest.mark.slow
 @pytest.mark.parametrize(("steps", "warmup"), [(4, 1), (20, 0)])
 def test_bench_fit_times_a_real_fit_against_the_model(tmp_path, capsys, monkeypatch, steps,
                                                       warmup):

@@ -89,6 +89,7 @@ def test_local_state_dict_file_is_loaded(tmp_path):
     torch.testing.assert_close(encoder.trunk[0].weight, state["conv1.weight"])
 
 
+@pytest.mark.slow
 def test_bad_local_files_are_named(tmp_path):
     with pytest.raises(EncoderWeightsError, match="encoder weights file not found: .*missing.pt"):
         build_encoder("resnet18", weights=str(tmp_path / "missing.pt"))

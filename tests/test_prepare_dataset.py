@@ -620,6 +620,7 @@ def test_a_caption_holding_half_a_surrogate_pair_is_a_malformed_record(tmp_path,
             "UTF-16 surrogate pair, not text: column ") in err
 
 
+@pytest.mark.subprocess
 def test_an_output_name_of_bytes_that_are_not_utf8_still_names_the_dataset(tmp_path):
     # The name reaches Python as surrogate escapes: the 'dataset' field, written as UTF-8,
     # failed with a traceback, and so did printing the path in a UTF-8 locale.
@@ -639,7 +640,10 @@ def test_an_output_name_of_bytes_that_are_not_utf8_still_names_the_dataset(tmp_p
 
 @pytest.mark.parametrize(
     ("name", "data", "kind"),
-    [("c.jsonl.gz", gzip.compress(b'{"image": "a.jpg", "captions": ["a"]}\n'), "gzip-compressed"),
+    # mtime=0: the header holds no clock time, so that every pytest-xdist worker collects the
+    # same test (the data is part of its id).
+    [("c.jsonl.gz", gzip.compress(b'{"image": "a.jpg", "captions": ["a"]}\n', mtime=0),
+      "gzip-compressed"),
      ("c.zip", b"PK\x03\x04\x14\x00\x00\x00\x08\x00\xff\xfe", "zip")],
 )
 def test_a_compressed_captions_file_is_named_as_such(tmp_path, capsys, name, data, kind):
@@ -735,6 +739,7 @@ def test_a_name_in_another_unicode_normalization_is_pointed_out(tmp_path, capsys
             "name in another Unicode normalization") in err
 
 
+@pytest.mark.subprocess
 def test_entry_point_runs_as_a_subprocess(tmp_path):
     photos = photo_folder(tmp_path / "photos", GOOD)
     captions = _jsonl_case(tmp_path, [])

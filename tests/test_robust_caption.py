@@ -143,6 +143,7 @@ def test_fifo_as_checkpoint_is_refused_without_hanging(tmp_path, capsys):
     bad.assert_user_error(outcome, "caption", str(fifo), "not a regular file")
 
 
+@pytest.mark.subprocess
 def test_console_script_refuses_a_malicious_checkpoint_without_running_it(tmp_path):
     """The installed ``captioner`` script, end to end, in its own process."""
     marker = tmp_path / "EXECUTED"
@@ -154,6 +155,7 @@ def test_console_script_refuses_a_malicious_checkpoint_without_running_it(tmp_pa
     assert not marker.exists()
 
 
+@pytest.mark.subprocess
 def test_a_beam_that_asks_for_more_memory_than_there_is_is_one_line(tiny_checkpoint, tmp_path):
     # A search whose first step surely needs more than is free is refused before it starts:
     # beams that each fit (3 million, 47 GiB in all, on a 24 GiB machine) were allocated one

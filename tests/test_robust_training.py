@@ -78,6 +78,7 @@ def test_unusable_checkpoint_is_one_line_in_process(
     _checked(outcome, command, ckpt, phrase, tmp_path)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize(
     ("command", "name"),
     [
@@ -110,6 +111,7 @@ def _first_adam_moment(checkpoint: dict, value) -> None:
     entry["exp_avg"] = value(entry["exp_avg"])
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize(
     ("alter", "phrase"),
     [

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-pytestmark = [pytest.mark.java, pytest.mark.slow]
+pytestmark = [pytest.mark.java, pytest.mark.subprocess]
 
 # 4000 images x 5 references: about 2 s of BLEU, CIDEr and ROUGE-L after the PTB tokenizer on
 # the 2-core CI machine, time enough to kill the process while it scores.

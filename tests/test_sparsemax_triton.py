@@ -17,6 +17,9 @@ from triton_interpreter import run_interpreted
 pytest.importorskip("triton")
 pytest.importorskip("entmax")
 
+# The kernels run once, in the fixture `results`' child: its tests share a worker.
+INTERPRETED = pytest.mark.xdist_group("sparsemax_interpreted")
+
 CHILD = textwrap.dedent(
     """
     import importlib, json, sys
@@ -84,12 +87,16 @@ def results() -> dict:
     return run_interpreted(CHILD)
 
 
+@pytest.mark.triton_interpreter
+@INTERPRETED
 def test_every_case_ran(results):
     assert len([name for name in results if name.startswith("n")]) == 6 * 2 * 2
     assert {"grid_dim1_noncontiguous", "mask_broadcast", "ties", "huge_scores", "half"} <= set(
         results)
 
 
+@pytest.mark.triton_interpreter
+@INTERPRETED
 def test_fused_sparsemax_equals_entmax_and_the_sort_path(results):
     for name, case in results.items():
         if name == "half":
@@ -103,6 +110,8 @@ def test_fused_sparsemax_equals_entmax_and_the_sort_path(results):
         assert case["sum_error"] <= 10 * tol, (name, case)
 
 
+@pytest.mark.triton_interpreter
+@INTERPRETED
 def test_fused_sparsemax_keeps_the_support_and_the_mask(results):
     for name, case in results.items():
         if name != "half":
@@ -112,6 +121,8 @@ def test_fused_sparsemax_keeps_the_support_and_the_mask(results):
     assert results["grid_dim1_noncontiguous"]["shape"] == [4, 8, 8, 5]
 
 
+@pytest.mark.triton_interpreter
+@INTERPRETED
 def test_fused_sparsemax_of_half_scores_is_half(results):
     assert results["half"]["dtype"] == "torch.float16"
     assert results["half"]["sum_error"] <= 2e-3

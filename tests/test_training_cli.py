@@ -207,6 +207,7 @@ def test_a_setting_that_cannot_train_is_named_before_training(option, value, mes
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.subprocess
 def test_a_setting_refused_while_the_model_is_built_is_the_commands_one_line(
     synthetic_data, tiny_cache, tmp_path
 ):
@@ -276,6 +277,7 @@ def test_a_min_count_that_leaves_no_word_is_refused_before_training(synthetic_da
 
 # With loader workers too: were they kept from epoch to epoch, an uninterrupted run would
 # start them once and a resumed run again, drawing its shuffle and dropout masks elsewhere.
+@pytest.mark.subprocess
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
     synthetic_data, tiny_cache, tmp_path, workers
@@ -318,6 +320,7 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
     assert code == 2 and "has trained 4 epochs already" in err and "Traceback" not in err
 
 
+@pytest.mark.subprocess
 def test_a_fit_stopped_by_max_steps_inside_an_epoch_resumes_the_rest_of_it(
     synthetic_data, tiny_cache, tmp_path
 ):
@@ -337,6 +340,7 @@ def test_a_fit_stopped_by_max_steps_inside_an_epoch_resumes_the_rest_of_it(
     assert read_epochs_done(checkpoints.parent) == 2
 
 
+@pytest.mark.subprocess
 def test_a_fit_stopped_before_its_first_validation_does_not_blame_the_monitor(
         synthetic_data, tiny_cache, tmp_path):
     # No score to pick a best checkpoint by yet: Lightning warned as if the monitor were
@@ -347,6 +351,7 @@ def test_a_fit_stopped_before_its_first_validation_does_not_blame_the_monitor(
     assert "could not find the monitored key" not in err
 
 
+@pytest.mark.subprocess
 def test_a_runs_own_config_with_ckpt_path_last_resumes_that_run(synthetic_data, tiny_cache,
                                                                 tmp_path):
     # The saved config.yaml names the run through its logger, not through its own file name.
@@ -458,6 +463,7 @@ def test_a_stop_after_last_ckpt_is_written_still_records_its_progress(
         f"resumes from {run / 'checkpoints' / 'last.ckpt'} (epochs done: 2)")
 
 
+@pytest.mark.subprocess
 def test_fit_prints_the_run_folder_and_checkpoints_and_runs_lists_them(
     synthetic_data, tiny_cache, tmp_path
 ):
@@ -493,6 +499,7 @@ def test_fit_prints_the_run_folder_and_checkpoints_and_runs_lists_them(
     assert f"best {copied / best.name}  last {copied / 'last.ckpt'} (missing)" in row, row
 
 
+@pytest.mark.subprocess
 def test_validate_and_test_take_a_cli_checkpoint_and_best(synthetic_data, tiny_cache, tmp_path,
                                                            monkeypatch):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
@@ -577,6 +584,7 @@ def test_an_evaluation_folder_is_the_first_with_no_scores_that_nobody_holds(tmp_
     let_go(hold)
 
 
+@pytest.mark.subprocess
 def test_runs_says_a_version_holds_the_test_of_a_checkpoint_from_elsewhere(
     synthetic_data, tiny_cache, tmp_path
 ):
@@ -630,6 +638,7 @@ def test_best_of_no_run_says_best(synthetic_data, tiny_cache, tmp_path, capsys):
         "--trainer.logger.init_args.version have one (mine): name the one meant\n")
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -658,6 +667,7 @@ def test_user_errors_are_one_line_and_exit_2(synthetic_data, tiny_cache, tmp_pat
     assert not list(tmp_path.glob("runs/*/version_*"))  # no empty run folder left behind
 
 
+@pytest.mark.subprocess
 def test_a_refused_resume_leaves_the_run_as_it_was(synthetic_data, tiny_cache, tmp_path):
     # The checkpoint is read before anything of the run is rewritten: a resume refused for
     # another vocabulary keeps the run's config.yaml and metrics.csv.
@@ -673,6 +683,7 @@ def test_a_refused_resume_leaves_the_run_as_it_was(synthetic_data, tiny_cache, t
     assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("command", ["fit", "test"])
 def test_a_checkpoint_whose_weights_do_not_fit_is_one_line(synthetic_data, tiny_cache, tmp_path,
                                                            command):
@@ -699,6 +710,7 @@ def test_a_checkpoint_whose_weights_do_not_fit_is_one_line(synthetic_data, tiny_
     assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("edit, extra, message", [
     # Lightning restored it, trained nothing and ended as a fit does, with status 0, leaving a
     # new run folder without checkpoints.
@@ -726,6 +738,7 @@ def test_fit_refuses_a_checkpoint_file_caption_refuses_or_that_has_nothing_left_
     assert not (tmp_path / "runs" / "again").exists()
 
 
+@pytest.mark.subprocess
 def test_a_beam_validation_cannot_fit_in_memory_is_refused_before_training(
         synthetic_data, tiny_cache, tmp_path):
     # It trained the epoch, then failed at validation's first beam search with no checkpoint.
@@ -742,6 +755,7 @@ def test_a_beam_validation_cannot_fit_in_memory_is_refused_before_training(
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.subprocess
 def test_a_refused_test_of_a_runs_checkpoint_leaves_no_test_folder(synthetic_data, tiny_cache,
                                                                    tmp_path):
     # A test that never scored leaves no version_N/test/ (its config.yaml naming the
@@ -897,6 +911,7 @@ def test_runs_started_together_each_get_their_own_version_folder(synthetic_data,
         cli._run_lock.release()
 
 
+@pytest.mark.subprocess
 def test_a_run_being_trained_is_not_resumed_by_another_fit(synthetic_data, tiny_cache,
                                                            tmp_path):
     # A fit holds its run folder (flock) while it trains: `fit --ckpt_path last` of the same
@@ -1080,6 +1095,7 @@ def test_a_named_versions_own_config_resumes_it_with_its_metrics(synthetic_data,
     assert "is a run's folder, not a folder of runs" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_ckpt_path_last_and_best_read_the_version_the_command_names(synthetic_data, tiny_cache,
                                                                     tmp_path, capsys):
     """--trainer.logger.init_args.version mine with --ckpt_path last or best: mine, not the
@@ -1199,6 +1215,7 @@ def read_epochs_done(run: Path) -> int:
     return json.loads((run / "checkpoints" / "progress.json").read_text())["epochs_done"]
 
 
+@pytest.mark.slow
 def test_fit_runs_without_a_logger(synthetic_data, tiny_cache, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # Lightning's default_root_dir: the working directory
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
@@ -1324,6 +1341,7 @@ def test_runs_lists_a_run_whose_checkpoints_are_kept_elsewhere(synthetic_data, t
     assert saved["ckpt_path"] == str(best.resolve())
 
 
+@pytest.mark.subprocess
 def test_a_misspelt_key_of_a_config_file_names_the_config_files(synthetic_data, tiny_cache,
                                                                 tmp_path):
     typo = tmp_path / "mine.yaml"
@@ -1336,6 +1354,7 @@ def test_a_misspelt_key_of_a_config_file_names_the_config_files(synthetic_data, 
     assert "does not accept option 'data.min_cout'" in line
 
 
+@pytest.mark.subprocess
 def test_a_bad_value_names_the_config_files_only_when_it_comes_from_them(synthetic_data,
                                                                          tiny_cache, tmp_path):
     bad = tmp_path / "mine.yaml"
@@ -1411,6 +1430,7 @@ def test_a_missing_include_of_a_config_file_is_named_once_with_where_it_was_look
     assert capsys.readouterr().err.startswith(f"captioner fit: --config {config}: ")
 
 
+@pytest.mark.subprocess
 def test_unknown_output_mapping_is_refused_before_training_starts(synthetic_data, tiny_cache,
                                                                  tmp_path):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
@@ -1423,6 +1443,7 @@ def test_unknown_output_mapping_is_refused_before_training_starts(synthetic_data
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.subprocess
 def test_unloadable_encoder_weights_are_one_line_and_exit_2(synthetic_data, tiny_cache,
                                                            tmp_path):
     # The same error as named ImageNet weights that are neither cached nor downloadable.
@@ -1437,6 +1458,7 @@ def test_unloadable_encoder_weights_are_one_line_and_exit_2(synthetic_data, tiny
     assert len(errors) == 1 and "encoder weights file" in errors[0] and str(weights) in errors[0]
 
 
+@pytest.mark.subprocess
 def test_a_cache_of_other_weights_is_named_before_the_weights_are_loaded(synthetic_data,
                                                                         tiny_cache, tmp_path):
     # A paper config names ImageNet weights, which an offline machine lacks; a cache written
@@ -1453,6 +1475,7 @@ def test_a_cache_of_other_weights_is_named_before_the_weights_are_loaded(synthet
     assert not list(tmp_path.glob("runs/*"))
 
 
+@pytest.mark.subprocess
 def test_a_cache_moved_with_its_encoder_file_trains(synthetic_data, tiny_cache, tmp_path):
     # The cache records its NAME.encoder.pt by absolute path; copied to another machine or
     # folder together, the weights are the same bytes under another path.
@@ -1639,6 +1662,7 @@ def test_ctrl_c_while_a_checkpoint_is_written_keeps_it_and_exits_130(
         assert "state_dict" in load_safely(checkpoint)
 
 
+@pytest.mark.subprocess
 def test_a_runs_folder_that_cannot_be_made_is_one_line(synthetic_data, tiny_cache, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -1651,6 +1675,7 @@ def test_a_runs_folder_that_cannot_be_made_is_one_line(synthetic_data, tiny_cach
                     "a folder")
 
 
+@pytest.mark.subprocess
 def test_captioner_debug_shows_the_traceback(synthetic_data, tiny_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("CAPTIONER_DEBUG", "1")
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--data.karpathy_json", "missing.json")
@@ -1658,6 +1683,7 @@ def test_captioner_debug_shows_the_traceback(synthetic_data, tiny_cache, tmp_pat
     assert code != 0 and "Traceback" in err and "missing.json" in err
 
 
+@pytest.mark.subprocess
 def test_a_checkpoint_cannot_make_fit_import_code(synthetic_data, tiny_cache, tmp_path):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
@@ -1721,6 +1747,7 @@ def test_a_checkpoint_keeps_the_image_size_it_was_trained_at(synthetic_data, tin
     assert used["data"]["image_size"] == trained
 
 
+@pytest.mark.subprocess
 def test_a_checkpoint_keeps_its_hyperparameters_and_takes_decoding_options(
         synthetic_data, tiny_cache, tmp_path, capsys):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
@@ -1830,6 +1857,7 @@ def _ddp_fit(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return run
 
 
+@pytest.mark.ddp
 def test_two_process_ddp_on_cpu(synthetic_data, tiny_cache, tmp_path):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, *DDP_ON_TWO_CPUS,
                      "--trainer.max_epochs", "1")
@@ -1846,6 +1874,7 @@ def test_two_process_ddp_on_cpu(synthetic_data, tiny_cache, tmp_path):
     assert any(row.get("val/CIDEr") for row in metrics)
 
 
+@pytest.mark.ddp
 def test_ddp_resume_ends_with_the_weights_of_an_uninterrupted_run(synthetic_data, tiny_cache,
                                                                   tmp_path):
     # The two processes' batches differ in length, so their dropout draws and RNG states do:
@@ -1894,6 +1923,7 @@ def _ddp_fit_losing_a_process(synthetic_data, tiny_cache, tmp_path: Path,
                           env=env, capture_output=True, text=True, timeout=240)
 
 
+@pytest.mark.ddp
 def test_a_ddp_process_lost_is_told_in_one_line_with_the_resume(synthetic_data, tiny_cache,
                                                                  tmp_path):
     run = _ddp_fit_losing_a_process(synthetic_data, tiny_cache, tmp_path, STOP_RANK_ONE)
@@ -1926,6 +1956,7 @@ class KillRankOne(Callback):
 """
 
 
+@pytest.mark.ddp
 def test_a_ddp_process_killed_while_the_first_waits_is_told_by_the_first(
         synthetic_data, tiny_cache, tmp_path):
     # Lightning's observer sent SIGKILL to the first process: status 137 and no line at all.
@@ -2041,6 +2072,7 @@ def test_a_fit_killed_between_its_best_and_last_checkpoints_names_files_that_exi
     assert len(list(folder.glob("*.ckpt"))) == 2 and not list(folder.glob("*-v1.ckpt"))
 
 
+@pytest.mark.subprocess
 def test_a_best_checkpoint_of_an_epoch_the_resume_replays_is_removed(synthetic_data, tiny_cache,
                                                                       tmp_path):
     # Killed as last.ckpt of epoch 1 was being written: epoch 1's best checkpoint exists, and

@@ -80,6 +80,7 @@ def group_average_matrix(labels: np.ndarray) -> np.ndarray:
     return same / same.sum(1, keepdims=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", SHAPES)
 def test_prox_and_tvmax_match_prox_tv(shape):
     rng = np.random.default_rng(sum(shape))
@@ -489,6 +490,7 @@ def test_fused_kernel_matches_sparsemax_of_prox(dtype):
         torch.testing.assert_close(lam_f.grad.double(), lam_r.grad, atol=100 * tol, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_fused_kernel_drivers_agree_and_report_bad_rows():
     """Serial and parallel TVmax drivers give identical results; bad rows are reported."""
     from captioner.attention import _tv2d_prox

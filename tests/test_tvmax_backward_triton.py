@@ -16,6 +16,9 @@ from triton_interpreter import run_interpreted
 
 pytest.importorskip("triton")
 
+# The kernels run once, in the module fixture's child: its tests share a worker.
+pytestmark = [pytest.mark.triton_interpreter, pytest.mark.xdist_group("tvmax_backward_interpreted")]
+
 CASES = [  # (name, H, W, lam, batch, dtype, masked share)
     ("8x8_lam0.01_float32", 8, 8, 0.01, 6, "float32", 0.0),
     ("8x8_lam0.1_float64_masked", 8, 8, 0.1, 6, "float64", 0.2),

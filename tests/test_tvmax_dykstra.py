@@ -15,6 +15,9 @@ from triton_interpreter import run_interpreted
 
 pytest.importorskip("triton")
 
+# The kernels run once, in the module fixture's child: its tests share a worker.
+pytestmark = [pytest.mark.triton_interpreter, pytest.mark.xdist_group("tvmax_dykstra_interpreted")]
+
 import captioner.attention as att  # noqa: E402
 
 CASES = [  # (name, H, W, lam, batch, seed)
