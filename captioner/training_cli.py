@@ -36,7 +36,7 @@ import torch
 from jsonargparse._link_arguments import skip_apply_links
 from lightning.fabric.utilities.seed import seed_everything
 from lightning.pytorch import Trainer as LightningTrainer
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -120,13 +120,13 @@ class Trainer(LightningTrainer):
                  limit_val_batches: int | float | None = None,
                  limit_test_batches: int | float | None = None,
                  limit_predict_batches: int | float | None = None, **kwargs) -> None:
-        callbacks = kwargs.pop("callbacks", None) or []
-        callbacks = [callbacks] if isinstance(callbacks, Callback) else list(callbacks)
         super().__init__(limit_train_batches=limit_train_batches,
                          limit_val_batches=limit_val_batches,
                          limit_test_batches=limit_test_batches,
-                         limit_predict_batches=limit_predict_batches,
-                         callbacks=[*callbacks, KeepStopSignals()], **kwargs)
+                         limit_predict_batches=limit_predict_batches, **kwargs)
+        # Added here, not through the callbacks argument, which stays Lightning's own option
+        # (--trainer.callbacks) of the parser that reads this signature.
+        self.callbacks.append(KeepStopSignals())
 
 
 class _NoAdvertising(logging.Filter):

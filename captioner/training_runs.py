@@ -601,12 +601,4 @@ class SaveConfigOnceRestored(SaveConfigCallback):
             super().setup(trainer, pl_module, stage)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module) -> None:
-        # A fit's config.yaml describes its run, not the checkpoint this process resumed from:
-        # with that path in it, `fit --config` with it resumed that checkpoint (into another
-        # run, too) instead of training the model again, and `test --config` scored it though
-        # no --ckpt_path was given. Resuming names the checkpoint on the command line.
-        resumed, self.config["ckpt_path"] = self.config.get("ckpt_path"), None
-        try:
-            super().setup(trainer, pl_module, "fit")
-        finally:
-            self.config["ckpt_path"] = resumed
+        super().setup(trainer, pl_module, "fit")

@@ -55,7 +55,8 @@ CHILD = textwrap.dedent(
         torch_ops = gradients(T.TVmaxDeviceFunction, z, lam, grad, shape, False)
         cpu = gradients(T.TVmaxFunction, z, lam, grad, shape, False)
         # Cells of one fused group (equal weights, 4-connected) must get one gradient.
-        _, group, _ = T._solve_on_device(z.double() if dtype == "float16" else z, lam, shape, True)
+        _, group, _ = T._solve_on_device(z.double() if dtype == "float16" else z, lam, shape, True,
+                                         "host")
         same = group.unsqueeze(2) == group.unsqueeze(1)
         spread = (kernel[1].double().unsqueeze(2) - kernel[1].double().unsqueeze(1)).abs()
         out[name] = {
