@@ -46,6 +46,33 @@ def pytest_collection_modifyitems(config, items) -> None:
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+# Modules whose tests share a costly module fixture (a Triton-interpreter child, a demo run):
+# each goes to one pytest-xdist worker, so that the fixture is made once. Their xdist_group
+# markers say the same, but pytest-xdist 3.8 sets them in a node id attribute that pytest 9
+# no longer reads, so the scheduler below groups by these files.
+SHARED_FIXTURE_MODULES = frozenset({
+    "tests/test_demo.py",
+    "tests/test_sparsemax_triton.py",
+    "tests/test_tvmax_backward_triton.py",
+    "tests/test_tvmax_dykstra.py",
+})
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``--dist loadgroup``: each of :data:`SHARED_FIXTURE_MODULES` is one unit of work,
+    every other test one of its own (taken in collection order, the costly first)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureModules(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in SHARED_FIXTURE_MODULES else nodeid
+
+    return SharedFixtureModules(config, log)
+
+
 @pytest.fixture
 def two_numba_threads():
     """Two numba threads for one test (the parallel kernel drivers need more than one)."""
