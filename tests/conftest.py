@@ -233,3 +233,39 @@ def train_tiny(dataset, out_dir: Path, **kwargs) -> Path:
     path = Path(out_dir) / "tiny.ckpt"
     trainer.save_checkpoint(path, weights_only=False)
     return path
+
+
+@pytest.fixture(scope="session")
+def cache32(synthetic_data, tmp_path_factory) -> Path:
+    """A feature cache of the tiny dataset at 32 px by a random ResNet-18 (the demo's layer),
+    for the ``captioner fit`` commands of :func:`tiny_fit_args`."""
+    from captioner.feature_extraction import extract_features
+    from eval.demo import ENCODER_LAYER
+
+    out = tmp_path_factory.mktemp("features") / "features_resnet18.h5"
+    extract_features(
+        synthetic_data.karpathy_json, synthetic_data.image_root, out, arch="resnet18",
+        layer=ENCODER_LAYER, weights=None, image_size=32, batch_size=8, num_workers=0,
+        progress=False)
+    return out
+
+
+def tiny_fit_args(config: str, dataset, cache: Path, runs: Path) -> list[str]:
+    """``captioner fit`` arguments (without the command name's ``fit``) of a small captioner
+    of ``configs/CONFIG`` on ``dataset`` and its feature ``cache`` (:func:`cache32`), two
+    training batches and one validation batch an epoch, its runs under ``runs``."""
+    from data_prep.features import FeatureCache
+
+    return [
+        "--config", str(Path(__file__).resolve().parents[1] / "configs" / config),
+        "--data.karpathy_json", str(dataset.karpathy_json),
+        "--data.image_root", str(dataset.image_root),
+        "--data.feature_cache", str(cache), "--data.image_size", "32",
+        "--data.batch_size", "8", "--data.eval_batch_size", "4",
+        "--model.encoder_weights", FeatureCache(cache).encoder["weights"],
+        "--model.hidden_dim", "32", "--model.feature_dim", "32", "--model.embed_dim", "16",
+        "--model.decoding.max_length", "8", "--model.decoding.beam_size", "2",
+        "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
+        "--trainer.enable_progress_bar", "false",
+        "--trainer.logger.init_args.save_dir", str(runs),
+    ]

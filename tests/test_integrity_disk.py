@@ -12,13 +12,11 @@ from pathlib import Path
 import pytest
 import robust_inputs as bad
 import torch
+from conftest import tiny_fit_args
 
 from captioner.checkpointing import load_safely, save_atomically
 from captioner.commands.lightning import main as lightning_main
-from captioner.feature_extraction import extract_features
 from captioner.training_runs import read_progress
-from data_prep.features import FeatureCache
-from eval.demo import ENCODER_LAYER
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,31 +66,10 @@ def test_a_text_output_stopped_by_the_disk_names_the_folder(tmp_path, tiny_check
     assert not bad.leftover_temporaries(tmp_path)
 
 
-@pytest.fixture(scope="module")
-def tiny_cache(synthetic_data, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("features") / "features_resnet18.h5"
-    extract_features(
-        synthetic_data.karpathy_json, synthetic_data.image_root, out, arch="resnet18",
-        layer=ENCODER_LAYER, weights=None, image_size=32, batch_size=8, num_workers=0,
-        progress=False)
-    return out
-
-
 def test_a_fit_that_cannot_save_its_checkpoint_stops_in_one_line_and_resumes(
-        synthetic_data, tiny_cache, tmp_path, capsys):
-    args = [
-        "fit", "--config", str(REPO / "configs" / "demo_softmax.yaml"),
-        "--data.karpathy_json", str(synthetic_data.karpathy_json),
-        "--data.image_root", str(synthetic_data.image_root),
-        "--data.feature_cache", str(tiny_cache), "--data.image_size", "32",
-        "--data.batch_size", "8", "--data.eval_batch_size", "4",
-        "--model.encoder_weights", FeatureCache(tiny_cache).encoder["weights"],
-        "--model.hidden_dim", "32", "--model.feature_dim", "32", "--model.embed_dim", "16",
-        "--model.decoding.max_length", "8", "--model.decoding.beam_size", "2",
-        "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
-        "--trainer.enable_progress_bar", "false",
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
-    ]
+        synthetic_data, cache32, tmp_path, capsys):
+    args = ["fit", *tiny_fit_args("demo_softmax.yaml", synthetic_data, cache32,
+                                  tmp_path / "runs")]
     assert lightning_main([*args, "--trainer.max_epochs", "1"]) == 0
     checkpoints = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints"
     last = checkpoints / "last.ckpt"

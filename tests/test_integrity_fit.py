@@ -6,43 +6,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import tiny_fit_args
 
 from captioner.commands.lightning import main as lightning_main
-from captioner.feature_extraction import extract_features
 from data_prep.features import FeatureCache
 from data_prep.files import hold_exclusively, let_go
-from eval.demo import ENCODER_LAYER
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def tiny_cache(synthetic_data, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("features") / "features_resnet18.h5"
-    extract_features(
-        synthetic_data.karpathy_json, synthetic_data.image_root, out, arch="resnet18",
-        layer=ENCODER_LAYER, weights=None, image_size=32, batch_size=8, num_workers=0,
-        progress=False)
-    return out
-
-
-def test_a_second_fit_into_a_checkpoint_folder_in_use_is_refused(synthetic_data, tiny_cache,
+def test_a_second_fit_into_a_checkpoint_folder_in_use_is_refused(synthetic_data, cache32,
                                                                 tmp_path, capsys):
     checkpoints = tmp_path / "shared_checkpoints"
-    args = [
-        "fit", "--config", str(REPO / "configs" / "demo_sparsemax.yaml"),
-        "--data.karpathy_json", str(synthetic_data.karpathy_json),
-        "--data.image_root", str(synthetic_data.image_root),
-        "--data.feature_cache", str(tiny_cache), "--data.image_size", "32",
-        "--data.batch_size", "8", "--data.eval_batch_size", "4",
-        "--model.encoder_weights", FeatureCache(tiny_cache).encoder["weights"],
-        "--model.hidden_dim", "32", "--model.feature_dim", "32", "--model.embed_dim", "16",
-        "--model.decoding.max_length", "8", "--model.decoding.beam_size", "2",
-        "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
-        "--trainer.enable_progress_bar", "false", "--trainer.max_epochs", "1",
-        "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
-        "--checkpoint.dirpath", str(checkpoints),
-    ]
+    args = ["fit", *tiny_fit_args("demo_sparsemax.yaml", synthetic_data, cache32,
+                                  tmp_path / "runs"),
+            "--trainer.max_epochs", "1", "--checkpoint.dirpath", str(checkpoints)]
     checkpoints.mkdir()
     first = hold_exclusively(checkpoints)  # a softmax fit training into it now
     try:
@@ -62,14 +40,14 @@ def test_a_second_fit_into_a_checkpoint_folder_in_use_is_refused(synthetic_data,
 
 @pytest.mark.parametrize("limit", ["0", "0.0"])
 def test_a_fit_on_no_batch_is_refused_before_its_run_folder_is_made(limit, synthetic_data,
-                                                                    tiny_cache, tmp_path,
+                                                                    cache32, tmp_path,
                                                                     capsys):
     args = [
         "fit", "--config", str(REPO / "configs" / "demo_softmax.yaml"),
         "--data.karpathy_json", str(synthetic_data.karpathy_json),
         "--data.image_root", str(synthetic_data.image_root),
-        "--data.feature_cache", str(tiny_cache), "--data.image_size", "32",
-        "--model.encoder_weights", FeatureCache(tiny_cache).encoder["weights"],
+        "--data.feature_cache", str(cache32), "--data.image_size", "32",
+        "--model.encoder_weights", FeatureCache(cache32).encoder["weights"],
         "--trainer.limit_train_batches", limit, "--trainer.max_epochs", "1",
         "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
     ]
