@@ -265,9 +265,9 @@ class Captioner:
                     "data.image_size": hp.image_size, "model.encoder_layer": hp.encoder_layer,
                     "model.encoder_trainable": hp.encoder_trainable}
         try:
-            check_feature_cache(settings, cache, checkpoint=str(self.checkpoint))
+            check_feature_cache(settings, cache, advice=False)
         except ValueError as exc:
-            return str(exc).split(": give ")[0]  # the mismatch, without fit's advice
+            return str(exc)
         missing = [i for i in image_ids if i not in cache]
         if missing:
             return f"{cache.path} lacks {len(missing)} of the {len(image_ids)} images"

@@ -398,7 +398,7 @@ CACHE_SETTINGS = {"arch": "model.encoder_arch", "weights": "model.encoder_weight
 
 
 def check_feature_cache(settings: Mapping[str, Any], cache: FeatureCache, *,
-                        checkpoint: str | None = None) -> None:
+                        checkpoint: str | None = None, advice: bool = True) -> None:
     """Refuse a feature cache written by another encoder than the one configured: cached
     features are only valid for the frozen encoder that produced them. A weights file counts
     as the cache's when it is the same path or holds the same bytes (a copy, or the cache and
@@ -410,6 +410,8 @@ def check_feature_cache(settings: Mapping[str, Any], cache: FeatureCache, *,
         cache: the feature cache, with the encoder settings it recorded.
         checkpoint: the checkpoint whose model the settings are (``--ckpt_path``), which
             keeps them: the advice is then another cache, not another setting.
+        advice: end the message with what a fit should change (False: the mismatch alone,
+            for a caller that does not train).
 
     Raises:
         ValueError: naming the option to set and the value the cache needs.
@@ -435,16 +437,19 @@ def check_feature_cache(settings: Mapping[str, Any], cache: FeatureCache, *,
         return
     written = ", ".join(f"{key}={cached.get(key)!r}" for key, _ in differing)
     configured = ", ".join(f"{key}={settings[option]!r}" for key, option in differing)
+    mismatch = (f"feature cache {path} was written with encoder {written}, but the model has "
+                f"{configured}")
+    if not advice:
+        raise ValueError(mismatch)
     if checkpoint is None:
-        advice = "to use this cache, set " + ", ".join(
+        told = "to use this cache, set " + ", ".join(
             f"{option} to {_value_to_set(key, cached.get(key), cache)}"
             for key, option in differing)
     else:
         kept = ", ".join(f"{option}={settings[option]}" for _, option in differing)
-        advice = (f"the model of {checkpoint} keeps {kept}: give a feature cache written with "
-                  "that encoder, or --data.feature_cache null to read the images")
-    raise ValueError(f"feature cache {path} was written with encoder {written}, but the model "
-                     f"has {configured}; {advice}")
+        told = (f"the model of {checkpoint} keeps {kept}: give a feature cache written with "
+                "that encoder, or --data.feature_cache null to read the images")
+    raise ValueError(f"{mismatch}; {told}")
 
 
 def _value_to_set(key: str, cached: Any, cache: FeatureCache) -> Any:

@@ -152,18 +152,17 @@ def run_features(captioner: Captioner,
     and was written by the checkpoint's frozen encoder; else None. With it, one line saying
     which features the evaluation reads and, where it encodes the images, why; None where
     there was no cache to read (a checkpoint outside a run folder, a run without a cache)."""
-    import yaml
-
     from data_prep.features import FeatureCache
+    from data_prep.files import read_settings
 
     checkpoint = Path(captioner.checkpoint).resolve()
     config = checkpoint.parent.parent / "config.yaml"
     if checkpoint.parent.name != "checkpoints" or not config.is_file():
         return None, None
-    try:
-        data = yaml.safe_load(config.read_text(encoding="utf-8")).get("data") or {}
+    try:  # a run's files are untrusted: read within every settings file's limits
+        data = read_settings(config, "config").get("data") or {}
         cached = data.get("feature_cache")
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
+    except (OSError, ValueError, AttributeError):
         return None, f"features: encoding the images ({config} cannot be read)"
     if not isinstance(cached, str) or not cached:
         return None, None
