@@ -60,9 +60,12 @@ def test_second_derivatives_are_refused_not_made_up(name, loss):
     # graph at all, and torch.autograd.grad(..., inputs=scores) never reached the node that
     # would raise. Now asking for a gradient that can be differentiated again is refused.
     cls, kwargs, _ = EXPECTED[name]
-    scores = torch.randn(2, 4, 4, dtype=torch.float64, requires_grad=True)
+    # Seeded: about 1 draw in 200 fuses both TVmax grids into one group each, whose linear
+    # loss then has an exact zero gradient, and the check below would fail by chance.
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(2, 4, 4, dtype=torch.float64, generator=g, requires_grad=True)
     weights = att.build(name, **kwargs)(scores, None)
-    upstream = torch.randn(2, 4, 4, dtype=torch.float64)
+    upstream = torch.randn(2, 4, 4, dtype=torch.float64, generator=g)
     objective = (weights * upstream).sum() if loss == "linear" else (weights**2 * upstream).sum()
     with pytest.raises(RuntimeError, match="differentiable once.*create_graph=True"):
         torch.autograd.grad(objective, scores, create_graph=True)
