@@ -246,10 +246,16 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return SIGPIPE_STATUS
     except OSError as exc:
+        if exc.errno not in DISK_FULL:
+            raise
+        if exc.filename is not None:
+            # A full disk (or ulimit -f) under a file the command writes, which it did not
+            # report itself: the error names the folder and what was kept (disk_full).
+            from captioner.commands.options import report_error
+
+            return report_error(f"captioner {name}", exc, status=1)
         # Standard output on a full device (> /dev/full): the commands name every file they
         # write, so a write error without a file name is one of standard output's.
-        if exc.errno not in DISK_FULL or exc.filename is not None:
-            raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush
         print(f"captioner {name}: cannot write to standard output ({os.strerror(exc.errno)})",
               file=sys.stderr)
