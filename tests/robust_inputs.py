@@ -621,6 +621,31 @@ def _weights_replaced_after_caching(given: Given) -> Prepared:
                                      "(SHA-256"))
 
 
+def _cache_with_flipped_bits(given: Given) -> Prepared:
+    """Item 7: a copy of the feature cache with one mantissa bit flipped in every row's
+    stored chunk (where HDF5's own index says it lies), so that the first batch meets one."""
+    import shutil
+
+    import h5py
+    from conftest import tiny_fit_args
+
+    damaged = given.tmp / "features.h5"
+    shutil.copyfile(given.cache, damaged)
+    with h5py.File(damaged, "r") as file:
+        features = file["features"]
+        offsets = [features.id.get_chunk_info_by_coord((row, 0, 0, 0)).byte_offset
+                   for row in range(features.shape[0])]
+    with open(damaged, "r+b") as handle:
+        for offset in offsets:
+            handle.seek(offset + 4)
+            byte = handle.read(1)
+            handle.seek(-1, 1)
+            handle.write(bytes([byte[0] ^ 0x01]))
+    return Prepared(["fit", *tiny_fit_args("demo_softmax.yaml", given.data, damaged,
+                                           given.tmp / "runs"), "--trainer.max_epochs", "1"],
+                    (f"{damaged}: the features of image id ", " are damaged"))
+
+
 def _vocabulary_with_escapes(given: Given) -> Prepared:
     """Item 9: a vocabulary word that clears the screen when printed raw."""
 
@@ -824,6 +849,7 @@ INTEGRITY_CASES: dict[str, IntegrityCase] = {
        IntegrityCase(4, 0, _staging_left_by_a_killed_run(command))
        for command in ("heatmaps", "gallery", "rating-kit")},
     "caption: a checkpoint failing its CRC-32": IntegrityCase(6, 2, _damaged_checkpoint),
+    "fit: a feature cache with flipped bits": IntegrityCase(7, 2, _cache_with_flipped_bits),
     "prepare-features: encoder weights replaced after caching":
         IntegrityCase(8, 2, _weights_replaced_after_caching),
     "caption: a vocabulary word holding escape sequences":
