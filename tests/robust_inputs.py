@@ -543,6 +543,7 @@ class IntegrityCase:
     item: int  # of the integrity list, 1-16
     code: int  # the exit status
     prepare: Callable[[Given], Prepared]
+    marks: tuple = ()  # pytest marks of the row (java: the command runs Java)
 
 
 def _staging_left_by_a_killed_run(command: str) -> Callable[[Given], Prepared]:
@@ -844,6 +845,24 @@ def _output_name_near_the_limit(given: Given) -> Prepared:
                      *FAST], (), check)
 
 
+def _scores_named_near_the_limit(given: Given) -> Prepared:
+    """Item 16: ``score --out`` of a 250-byte name, whose temporary's or lock's name would
+    pass 255 bytes (score failed after computing its metrics)."""
+    records = [karpathy_record(f"{i}.png", i, "test") for i in (5, 6)]
+    references = write_karpathy(given.tmp / "refs.json", records)
+    results = given.tmp / "results.json"
+    results.write_text(json.dumps([{"image_id": 5, "caption": "a small picture"},
+                                   {"image_id": 6, "caption": "a picture"}]), encoding="utf-8")
+    out = given.tmp / ("s" * 245 + ".json")
+
+    def check(outcome: Outcome) -> None:
+        assert json.loads(out.read_text(encoding="utf-8"))
+        assert not leftover_temporaries(given.tmp)
+
+    return Prepared(["score", "--results", results, "--references", references, "--split",
+                     "test", "--metrics", "Bleu", "--out", out], (f"wrote {out}",), check)
+
+
 INTEGRITY_CASES: dict[str, IntegrityCase] = {
     **{f"{command}: a killed run's staging folder":
        IntegrityCase(4, 0, _staging_left_by_a_killed_run(command))
@@ -881,6 +900,8 @@ INTEGRITY_CASES: dict[str, IntegrityCase] = {
         16, 2, _jsonl_key_given_twice),
     "caption --out: an output name of 254 bytes": IntegrityCase(
         16, 0, _output_name_near_the_limit),
+    "score --out: an output name of 250 bytes": IntegrityCase(
+        16, 0, _scores_named_near_the_limit, (pytest.mark.java,)),
 }
 
 # The items (or parts of one) that need a fault while the command runs, and the tests of each:

@@ -26,7 +26,8 @@ import robust_inputs as bad
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", list(bad.INTEGRITY_CASES))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=case.marks) for name, case
+                                  in bad.INTEGRITY_CASES.items()])
 def test_an_integrity_case_is_its_exit_status_and_one_line(name, tmp_path, capsys, request):
     case = bad.INTEGRITY_CASES[name]
     prepared = case.prepare(bad.Given(tmp_path, request.getfixturevalue))
