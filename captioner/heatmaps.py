@@ -489,10 +489,9 @@ def write_heatmaps(
 
     Files: ``NN_word.png`` per word (the image with the word's attention over it, at the
     image's aspect ratio, to compose figures from; its word, caption, image, model and colour
-    scale in PNG text chunks, :func:`figure_text`), ``strip.png`` (every word's panel
-    under the caption, the image's file name and the ``model`` with its mapping, and the colour
-    bar),
-    ``attention.npz`` and ``attention.json``.
+    scale in PNG text chunks, :func:`figure_text`), ``strip.png`` (every word's panel under the
+    caption, the image's file name and the ``model`` with its mapping, and the colour bar; the
+    same text chunks but the word's), ``attention.npz`` and ``attention.json``.
     An empty caption has no word to draw: its strip shows the image alone, marked
     ``(empty caption)``, and its raw weights hold no map. Returns the written paths.
     """

@@ -152,6 +152,7 @@ def generate(
         raise ValueError("n_train + n_val + n_test must be at least 1")
 
     dataset = _paths(Path(out_dir))
+    # The Karpathy file marks a complete dataset: remove an earlier one until this run ends.
     dataset.karpathy_json.unlink(missing_ok=True)
     try:
         with _staging_folder(Path(out_dir)) as staging, tqdm(
