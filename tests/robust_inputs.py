@@ -845,22 +845,34 @@ def _output_name_near_the_limit(given: Given) -> Prepared:
                      *FAST], (), check)
 
 
-def _scores_named_near_the_limit(given: Given) -> Prepared:
-    """Item 16: ``score --out`` of a 250-byte name, whose temporary's or lock's name would
-    pass 255 bytes (score failed after computing its metrics)."""
+def _score_argv(given: Given, out: Path) -> list:
+    """``score`` of two captions against their references, into ``out``."""
     records = [karpathy_record(f"{i}.png", i, "test") for i in (5, 6)]
     references = write_karpathy(given.tmp / "refs.json", records)
     results = given.tmp / "results.json"
     results.write_text(json.dumps([{"image_id": 5, "caption": "a small picture"},
                                    {"image_id": 6, "caption": "a picture"}]), encoding="utf-8")
+    return ["score", "--results", results, "--references", references, "--split", "test",
+            "--metrics", "Bleu", "--out", out]
+
+
+def _scores_named_near_the_limit(given: Given) -> Prepared:
+    """Item 16: ``score --out`` of a 250-byte name, whose temporary's or lock's name would
+    pass 255 bytes (score failed after computing its metrics)."""
     out = given.tmp / ("s" * 245 + ".json")
 
     def check(outcome: Outcome) -> None:
         assert json.loads(out.read_text(encoding="utf-8"))
         assert not leftover_temporaries(given.tmp)
 
-    return Prepared(["score", "--results", results, "--references", references, "--split",
-                     "test", "--metrics", "Bleu", "--out", out], (f"wrote {out}",), check)
+    return Prepared(_score_argv(given, out), (f"wrote {out}",), check)
+
+
+def _scores_named_past_the_limit(given: Given) -> Prepared:
+    """Item 16: ``score --out`` of a 257-byte name, which no file can have: refused before
+    scoring (its check of the output's folder met ENAMETOOLONG)."""
+    out = given.tmp / ("s" * 252 + ".json")
+    return Prepared(_score_argv(given, out), (f"{out}: file name too long",))
 
 
 INTEGRITY_CASES: dict[str, IntegrityCase] = {
@@ -902,6 +914,8 @@ INTEGRITY_CASES: dict[str, IntegrityCase] = {
         16, 0, _output_name_near_the_limit),
     "score --out: an output name of 250 bytes": IntegrityCase(
         16, 0, _scores_named_near_the_limit, (pytest.mark.java,)),
+    "score --out: an output name of 257 bytes": IntegrityCase(
+        16, 2, _scores_named_past_the_limit),
 }
 
 # The items (or parts of one) that need a fault while the command runs, and the tests of each:
