@@ -959,7 +959,10 @@ INTEGRITY_COVERED_ELSEWHERE: dict[int, list[tuple[str, str]]] = {
     16: [("prepare-synthetic under ulimit -f (a child process)",
           "tests/test_robust_integrity.py::"
           "test_prepare_synthetic_on_a_full_disk_is_one_line_and_leaves_no_image"),
-         ("Ctrl-C before a new run trains (the demo's TVmax fit)",
+         ("Ctrl-C in a fit's first epoch (the demo's TVmax fit): one line, nothing to resume",
+          "tests/test_training_cli.py::"
+          "test_ctrl_c_stops_fit_with_status_130_and_says_how_to_resume"),
+         ("a new run stopped before it trains leaves no run folder",
           "tests/test_training_cli.py::test_a_new_run_stopped_before_training_leaves_no_run_folder"),
          ("Ctrl-C while the demo trains a captioner",
           "tests/test_demo.py::test_ctrl_c_while_a_captioner_trains_stops_the_demo")],
