@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import codecs
 import contextlib
+import errno
 import importlib
 import importlib.util
 import logging
@@ -31,6 +32,10 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from data_prep.files import DISK_FULL, STOP_SIGNALS
+
+# Errors of a path that no file can have: a name past the file system's limit, a file where a
+# folder must be, a loop of links.
+UNUSABLE_PATH = frozenset({errno.ENAMETOOLONG, errno.ENOTDIR, errno.ELOOP})
 
 GROUP = "captioner.commands"
 SIGPIPE_STATUS = 141  # 128 + SIGPIPE, as a shell reports a process that signal ended
@@ -246,10 +251,19 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return SIGPIPE_STATUS
     except OSError as exc:
+        if exc.filename is not None and (exc.errno in DISK_FULL or exc.errno in UNUSABLE_PATH):
+            # A file the command names, with an error it did not report itself: a full disk
+            # (or ulimit -f) under a file it writes, naming the folder and what was kept
+            # (disk_full), or a path given that no file can have (status 2: the user's to
+            # change, as the commands' own checks of their paths say).
+            from captioner.commands.options import report_error
+
+            return report_error(f"captioner {name}", exc,
+                                status=2 if exc.errno in UNUSABLE_PATH else 1)
+        if exc.errno not in DISK_FULL:
+            raise
         # Standard output on a full device (> /dev/full): the commands name every file they
         # write, so a write error without a file name is one of standard output's.
-        if exc.errno not in DISK_FULL or exc.filename is not None:
-            raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush
         print(f"captioner {name}: cannot write to standard output ({os.strerror(exc.errno)})",
               file=sys.stderr)

@@ -48,9 +48,11 @@ import numpy as np
 from PIL import Image
 
 from data_prep.files import parse_json, refuse_repeated
+from data_prep.text import printable
 
 if TYPE_CHECKING:
     from matplotlib.colors import ListedColormap
+    from matplotlib.figure import Figure
 
 ZERO_STYLES = ("transparent", "white")
 UPSAMPLE_MODES = ("nearest", "bilinear")
@@ -64,6 +66,9 @@ MIN_MAX_SIDE = 32
 MAX_MAX_SIDE = 4096
 # The label of an empty caption's strip, which shows the image alone.
 EMPTY_CAPTION = "(empty caption)"
+# Panels a row of a caption strip: 12 inches across, the width of a page or a screen; a
+# longer caption wraps onto more rows rather than making a strip too wide to read.
+STRIP_COLUMNS = 6
 # Longest displayed side over shortest: beyond it the short side is stretched (see above).
 MAX_ASPECT = 4.0
 
@@ -203,9 +208,20 @@ def render_words(
 
 
 def render_strip(
-    panels: np.ndarray, words: Sequence[str], vmax: float, path: Path, title: str | None = None
+    panels: np.ndarray, words: Sequence[str], vmax: float, path: Path, title: str | None = None,
+    text: dict[str, str] | None = None,
 ) -> None:
-    """Save the caption strip: one panel per word (T, H, W, 3), word below, shared colour bar."""
+    """Save the caption strip (:func:`strip_figure`) as a PNG holding ``text`` as text
+    chunks."""
+    strip_figure(panels, words, vmax, title).savefig(path, bbox_inches="tight", metadata=text)
+
+
+def strip_figure(
+    panels: np.ndarray, words: Sequence[str], vmax: float, title: str | None = None
+) -> Figure:
+    """The caption strip: one panel per word (T, H, W, 3) uint8, the word below it, in rows
+    of at most `STRIP_COLUMNS` panels, ``title`` above and one colour bar of the attention
+    weight beside them all."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
@@ -214,14 +230,21 @@ def render_strip(
     if len(panels) != len(words):
         raise ValueError(f"{len(panels)} panels but {len(words)} words")
     count = max(1, len(panels))
+    columns = min(count, STRIP_COLUMNS)
+    rows = math.ceil(count / columns)
     height, width = panels.shape[1:3] if len(panels) else (1, 1)
     panel_w = 2.0
     panel_h = panel_w * height / width
-    fig = Figure(figsize=(panel_w * count + 0.9, panel_h + 0.9), dpi=100)
+    row_gap = 0.4  # inches between rows of panels: the words under the upper row
+    fig = Figure(figsize=(panel_w * columns + 0.9, rows * panel_h + (rows - 1) * row_gap + 0.9),
+                 dpi=100)
     FigureCanvasAgg(fig)
-    grid = fig.add_gridspec(1, count + 1, width_ratios=[1] * count + [0.06], wspace=0.05)
+    grid = fig.add_gridspec(rows, columns + 1, width_ratios=[1] * columns + [0.06], wspace=0.05,
+                            hspace=row_gap / panel_h)
+    axes = []
     for i, (panel, word) in enumerate(zip(panels, words, strict=True)):
-        ax = fig.add_subplot(grid[0, i])
+        ax = fig.add_subplot(grid[i // columns, i % columns])
+        axes.append(ax)
         ax.imshow(panel, interpolation="nearest")
         # A thin frame keeps the panel's extent visible where the white mask meets the page.
         ax.set_xticks([])
@@ -230,19 +253,21 @@ def render_strip(
             spine.set_edgecolor("0.7")
         ax.text(0.5, -0.04, word, transform=ax.transAxes, ha="center", va="top", fontsize=12,
                 parse_math=False)
-    colorbar_ax = fig.add_subplot(grid[0, count])
-    if len(panels):
+    colorbar_ax = fig.add_subplot(grid[:, columns])
+    if axes:
         # Match the colour bar's height to the panels, which keep the image's aspect ratio.
-        ax.apply_aspect()
-        panel_box, bar_box = ax.get_position(), colorbar_ax.get_position()
-        colorbar_ax.set_position([bar_box.x0, panel_box.y0, bar_box.width, panel_box.height])
+        for ax in (axes[0], axes[-1]):
+            ax.apply_aspect()
+        top, bottom = axes[0].get_position(), axes[-1].get_position()
+        bar_box = colorbar_ax.get_position()
+        colorbar_ax.set_position([bar_box.x0, bottom.y0, bar_box.width, top.y1 - bottom.y0])
     # At the overlays' opacity, over the page's white: the colours of the panels' cells
     # where they lie over white (the mask), as the gallery's colour bar draws them.
     fig.colorbar(ScalarMappable(Normalize(0.0, vmax), colormap()), cax=colorbar_ax,
                  label="attention weight", alpha=OVERLAY_OPACITY)
     if title:
         fig.suptitle(title, parse_math=False)
-    fig.savefig(path, bbox_inches="tight")
+    return fig
 
 
 @dataclass
@@ -404,6 +429,52 @@ def strip_title(record: AttentionRecord, model: str | None = None) -> str:
     return f"{caption}\n{source} · {who}"
 
 
+def _png_text(value: str) -> str:
+    """``value`` as a PNG text chunk holds it: control characters escaped (a file name may
+    hold a newline), and a file name's bytes that are not UTF-8 as ``\\udcNN``."""
+    return printable(value).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def figure_text(record: AttentionRecord, model: str | None = None,
+                zero_style: str = "transparent", index: int | None = None) -> dict[str, str]:
+    """What a figure of ``record`` says of itself, as PNG text chunks (``Image.open(path).text``;
+    image viewers show ``Title`` and ``Description``): the caption, the image, the model (the
+    checkpoint's name, as :func:`checkpoint_names` gives it) with its attention mapping, the
+    colour scale, and for the figure of word ``index`` that word and its place in the caption.
+    A word's figure holds in its pixels the image and the word's attention alone, to compose
+    figures from; ``strip.png`` shows the same with the words written and the colour bar drawn.
+    """
+    who = f"{model} ({record.mapping} attention)" if model else f"{record.mapping} attention"
+    image = Path(record.source).name or record.source
+    zero = "white" if zero_style == "white" else "transparent (the image shows)"
+    text = {"Title": f"{image} · {who}"}
+    if index is not None:
+        word, position = record.tokens[index], f"word {index + 1} of {len(record.tokens)}"
+        text = {"Title": f"{word} · {position} · {text['Title']}", "Word": word,
+                "Position": position}
+    text |= {
+        "Description": record.caption or EMPTY_CAPTION,
+        "Caption": record.caption,
+        "Image": record.source,
+        **({"Model": model} if model else {}),
+        "Attention": f"{record.mapping} output attention",
+        "Colour scale": (f"attention weight 0..{record.vmax:.6g}, the darker the green the "
+                         f"higher (opacity {OVERLAY_OPACITY}); zero weight {zero}"),
+        "Software": "captioner heatmaps",
+    }
+    return {key: _png_text(value) for key, value in text.items()}
+
+
+def save_word_figure(panel: np.ndarray, path: Path, text: dict[str, str]) -> None:
+    """Save one word's panel, uint8 (H, W, 3), as a PNG holding ``text`` as text chunks."""
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    for key, value in text.items():
+        info.add_text(key, value)  # iTXt (UTF-8) where Latin-1 cannot hold the value
+    Image.fromarray(panel).save(path, pnginfo=info)
+
+
 def write_heatmaps(
     out_dir: Path,
     image: Image.Image,
@@ -417,9 +488,10 @@ def write_heatmaps(
     """Write one figure per word, the caption strip and the raw weights into ``out_dir``.
 
     Files: ``NN_word.png`` per word (the image with the word's attention over it, at the
-    image's aspect ratio, to compose figures from), ``strip.png`` (every word's panel under the
-    caption, the image's file name and the ``model`` with its mapping, and the colour bar),
-    ``attention.npz`` and ``attention.json``.
+    image's aspect ratio, to compose figures from; its word, caption, image, model and colour
+    scale in PNG text chunks, :func:`figure_text`), ``strip.png`` (every word's panel under the
+    caption, the image's file name and the ``model`` with its mapping, and the colour bar; the
+    same text chunks but the word's), ``attention.npz`` and ``attention.json``.
     An empty caption has no word to draw: its strip shows the image alone, marked
     ``(empty caption)``, and its raw weights hold no map. Returns the written paths.
     """
@@ -431,13 +503,14 @@ def write_heatmaps(
                               upsample=upsample)
         for index, (panel, word) in enumerate(zip(panels, record.tokens, strict=True)):
             path = out_dir / word_figure_name(index, word)
-            Image.fromarray(panel).save(path)
+            save_word_figure(panel, path, figure_text(record, model, zero_style, index))
             written.append(path)
         words = record.tokens
     else:
         panels, words = base[None], [EMPTY_CAPTION]
     strip = out_dir / "strip.png"
-    render_strip(panels, words, record.vmax, strip, title=strip_title(record, model))
+    render_strip(panels, words, record.vmax, strip, title=strip_title(record, model),
+                 text=figure_text(record, model, zero_style))
     written.append(strip)
     written.extend(record.save(out_dir / "attention"))
     return written

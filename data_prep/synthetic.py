@@ -24,6 +24,10 @@ dataset is a pure function of the seed and one split's size does not change anot
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +35,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from data_prep.files import atomic_write
+from data_prep.files import DISK_FULL, STAGING_PREFIX, atomic_write, disk_full, stops_held
 from data_prep.karpathy import SPLITS, tokenize
 from data_prep.synthetic_captions import (
     BACKGROUND_WORDS,
@@ -120,8 +124,20 @@ def generate(
     image_size: int = 256,
     progress: bool = True,
 ) -> SyntheticDataset:
-    """Render the synthetic dataset into ``out_dir`` (created if needed; files of an earlier
-    run are overwritten) and return its paths. Deterministic from ``seed``."""
+    """Render the synthetic dataset into ``out_dir`` (created if needed) and return its paths.
+    Deterministic from ``seed``.
+
+    The dataset is rendered into a hidden staging folder inside ``out_dir`` and moved into
+    place only once every file is written, replacing the files of an earlier run (its images
+    of an earlier, larger run too); other files are left alone. The Karpathy file marks a
+    complete dataset: an earlier run's is removed first, so that a run that fails leaves none.
+    A run that fails (a full disk, ``ulimit -f``, Ctrl-C) removes its staging folder, leaving
+    no image of its own; one killed outright leaves its staging folder, which the next run
+    removes.
+
+    Raises:
+        OSError: a full disk or the file size limit, naming ``out_dir`` in one line.
+    """
     from tqdm.auto import tqdm
 
     counts = {"train": n_train, "val": n_val, "test": n_test}
@@ -138,53 +154,98 @@ def generate(
     dataset = _paths(Path(out_dir))
     # The Karpathy file marks a complete dataset: remove an earlier one until this run ends.
     dataset.karpathy_json.unlink(missing_ok=True)
+    try:
+        with _staging_folder(Path(out_dir)) as staging, tqdm(
+            total=sum(counts.values()),
+            desc="rendering synthetic images",
+            unit="img",
+            disable=not progress,
+        ) as bar:
+            staged = _paths(staging)
+            _render_dataset(staged, counts, seed, image_size, bar.update)
+            _move_into_place(staged, dataset)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL:
+            raise
+        # Named after the dataset's folder, not the staging folder or a file in it, which are
+        # gone.
+        raise disk_full(exc.errno, dataset.karpathy_json, None) from exc
+    return dataset
+
+
+def _render_dataset(staged: SyntheticDataset, counts: dict[str, int], seed: int,
+                    image_size: int, rendered: Callable[[], Any]) -> None:
+    """Render every image of the dataset into ``staged`` with its instances files and, last,
+    its Karpathy file; ``rendered()`` is called after each image."""
     info = _info(seed, image_size, counts)
     karpathy_images: list[dict[str, Any]] = []
     annotation_count = 0
-    with tqdm(
-        total=sum(counts.values()),
-        desc="rendering synthetic images",
-        unit="img",
-        disable=not progress,
-    ) as bar:
-        for split_index, split in enumerate(SPLITS):
+    for split_index, split in enumerate(SPLITS):
+        split_dir = staged.image_root / split
+        split_dir.mkdir(parents=True)
+        coco_images: list[dict[str, Any]] = []
+        annotations: list[dict[str, Any]] = []
+        for index in range(counts[split]):
+            rng = np.random.default_rng([seed, split_index, index])
+            imgid = len(karpathy_images)
+            cocoid = imgid + 1
+            filename = f"synthetic_{split}_{cocoid:06d}.png"
+            background, objects = _sample_scene(rng, image_size)
+            pixels, masks = _render(rng, background, objects, image_size)
+            Image.fromarray(pixels).save(split_dir / filename, compress_level=1)
+            described = [_described(obj, image_size) for obj in objects]
+            captions = describe_scene(described, background, rng)
+            karpathy_images.append(_karpathy_record(split, filename, imgid, cocoid, captions))
+            coco_images.append(
+                {"id": cocoid, "file_name": filename, "width": image_size, "height": image_size}
+            )
+            annotations += _annotations(objects, masks, cocoid, first_id=annotation_count + 1)
+            annotation_count += len(objects)
+            rendered()
+        instances = {
+            "info": info,
+            "licenses": [],
+            "images": coco_images,
+            "annotations": annotations,
+            "categories": _COCO_CATEGORIES,
+        }
+        with atomic_write(staged.instances[split]) as handle:
+            json.dump(instances, handle)
+    with atomic_write(staged.karpathy_json) as handle:
+        json.dump({"images": karpathy_images, "dataset": "synthetic", "info": info}, handle)
+
+
+@contextmanager
+def _staging_folder(out_dir: Path) -> Iterator[Path]:
+    """A new hidden folder inside ``out_dir`` (on its file system, so that its files move by
+    renaming), removed at the end of the block, whatever ends it. The staging folders that
+    runs killed outright left there are removed first."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for leftover in out_dir.glob(f"{STAGING_PREFIX}synthetic-*"):
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}synthetic-", dir=out_dir))
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _move_into_place(staged: SyntheticDataset, dataset: SyntheticDataset) -> None:
+    """Move the whole dataset ``staged`` onto ``dataset`` by renames, replacing an earlier
+    run's files; its Karpathy file, which marks a complete dataset, comes last."""
+    with stops_held():
+        for split in SPLITS:
             split_dir = dataset.image_root / split
             split_dir.mkdir(parents=True, exist_ok=True)
-            stale = {path.name for path in split_dir.glob("synthetic_*.png")}
-            coco_images: list[dict[str, Any]] = []
-            annotations: list[dict[str, Any]] = []
-            for index in range(counts[split]):
-                rng = np.random.default_rng([seed, split_index, index])
-                imgid = len(karpathy_images)
-                cocoid = imgid + 1
-                filename = f"synthetic_{split}_{cocoid:06d}.png"
-                background, objects = _sample_scene(rng, image_size)
-                pixels, masks = _render(rng, background, objects, image_size)
-                Image.fromarray(pixels).save(split_dir / filename, compress_level=1)
-                stale.discard(filename)
-                described = [_described(obj, image_size) for obj in objects]
-                captions = describe_scene(described, background, rng)
-                karpathy_images.append(_karpathy_record(split, filename, imgid, cocoid, captions))
-                coco_images.append(
-                    {"id": cocoid, "file_name": filename, "width": image_size, "height": image_size}
-                )
-                annotations += _annotations(objects, masks, cocoid, first_id=annotation_count + 1)
-                annotation_count += len(objects)
-                bar.update()
-            for name in stale:  # images of an earlier, larger run
-                (split_dir / name).unlink()
-            instances = {
-                "info": info,
-                "licenses": [],
-                "images": coco_images,
-                "annotations": annotations,
-                "categories": _COCO_CATEGORIES,
-            }
-            with atomic_write(dataset.instances[split]) as handle:
-                json.dump(instances, handle)
-    with atomic_write(dataset.karpathy_json) as handle:
-        json.dump({"images": karpathy_images, "dataset": "synthetic", "info": info}, handle)
-    return dataset
+            new = {path.name: path for path in (staged.image_root / split).iterdir()}
+            for stale in split_dir.glob("synthetic_*.png"):  # an earlier, larger run's
+                if stale.name not in new:
+                    stale.unlink()
+            for name, path in new.items():
+                path.replace(split_dir / name)
+            staged.instances[split].replace(dataset.instances[split])
+        staged.karpathy_json.replace(dataset.karpathy_json)
 
 
 def _karpathy_record(

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import math
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image
@@ -47,6 +49,9 @@ from captioner.heatmaps import (
 )
 from data_prep.files import atomic_write
 from eval.static_page import page_files, render_page
+
+if TYPE_CHECKING:
+    from data_prep.karpathy import ImageEntry
 
 GALLERY_FORMAT = "captioner-gallery/1"
 # What `build_gallery` writes directly inside its folder (see the layout above); its page's
@@ -86,6 +91,17 @@ class GalleryImage:
     pixels: np.ndarray
     captions: list[GalleryCaption]
     references: list[str] = field(default_factory=list)
+
+
+def split_image_names(entries: Sequence[ImageEntry], image_root: Path) -> list[str]:
+    """The names a gallery shows the images of a Karpathy split by, one per entry: the file
+    name, or where two images of the split share it (COCO's ``train2014/`` and ``val2014/``
+    may), the path relative to ``image_root``; then the image id:
+    ``val2014/COCO_1.jpg (id 1)``. The split's loader has confined every path to the root."""
+    file_names = Counter(entry.path.name for entry in entries)
+    shown = [entry.path.name if file_names[entry.path.name] == 1
+             else entry.path.relative_to(image_root).as_posix() for entry in entries]
+    return [f"{name} (id {entry.image_id})" for name, entry in zip(shown, entries, strict=True)]
 
 
 def add_references(images: Sequence[GalleryImage], shown_ids: Mapping[str, int],

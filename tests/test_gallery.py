@@ -379,3 +379,21 @@ def test_pages_render_from_a_folder_holding_an_eval_folder(tmp_path, monkeypatch
                          cwd=tmp_path, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert int(run.stdout) > 1000
+
+
+def test_split_images_sharing_a_file_name_are_named_by_their_path_under_the_root(tmp_path):
+    from data_prep.karpathy import load_karpathy
+    from eval.gallery import split_image_names
+
+    def record(folder, name, image_id):
+        return {"filepath": folder, "filename": name, "cocoid": image_id, "imgid": image_id,
+                "split": "val", "sentences": [{"raw": "a dog", "tokens": ["a", "dog"]}]}
+
+    split = tmp_path / "dataset_coco.json"
+    split.write_text(json.dumps({"dataset": "coco", "images": [
+        record("train2014", "1.jpg", 11), record("val2014", "1.jpg", 12),
+        record("val2014", "2.jpg", 13), record("", "3.jpg", 14)]}))
+    root = tmp_path / "coco images"
+    entries = load_karpathy(split, root).split("val")
+    assert split_image_names(entries, root) == [
+        "train2014/1.jpg (id 11)", "val2014/1.jpg (id 12)", "2.jpg (id 13)", "3.jpg (id 14)"]

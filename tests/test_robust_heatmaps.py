@@ -131,3 +131,49 @@ def test_unusable_second_checkpoint_stops_before_any_figure(
     assert "weights_only" not in outcome.err
     assert not (ckpt.parent / "EXECUTED").exists()
     assert not out.exists()
+
+
+
+def _photo_folder_as_out(photos, tmp_path, capsys, ckpt):
+    """--out the folder that holds the input photo."""
+    return photos / "p0.png", photos, ("folder is not empty (p0.png, p1.png) and holds no "
+                                       "heatmaps of an earlier run")
+
+
+def _earlier_figure_as_input(photos, tmp_path, capsys, ckpt):
+    """An earlier run's figure given as the input photo of a run into that run's folder."""
+    out = tmp_path / "figures"
+    assert _heatmaps(capsys, ckpt, out, photos / "p0.png").code == 0
+    figure = sorted((out / ckpt.stem / "p0").glob("00_*.png"))[0]
+    return figure, out, f"{figure}: an input inside the output folder {out}"
+
+
+def _photo_inside_earlier_figures(photos, tmp_path, capsys, ckpt):
+    """A photo moved into an earlier run's folder, given to a run into that folder."""
+    out = tmp_path / "figures"
+    assert _heatmaps(capsys, ckpt, out, photos / "p0.png").code == 0
+    photo = bad.write_png(out / "mine.png", seed=6)
+    return photo, out, ("holds the heatmaps of an earlier run and other files too (mine.png), "
+                        "which --overwrite would delete")
+
+
+@pytest.mark.parametrize("overwrite", [False, True], ids=["", "--overwrite"])
+@pytest.mark.parametrize("make", [_photo_folder_as_out, _earlier_figure_as_input,
+                                  _photo_inside_earlier_figures],
+                         ids=["the photo folder", "an earlier figure as input",
+                              "a photo inside an earlier run's folder"])
+def test_an_out_holding_the_input_photo_is_refused_and_left_alone(make, overwrite,
+                                                                 tiny_checkpoint, tmp_path,
+                                                                 capsys):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for seed in range(2):
+        bad.write_png(photos / f"p{seed}.png", seed=seed)
+    image, out, phrase = make(photos, tmp_path, capsys, tiny_checkpoint)
+    if make is not _photo_folder_as_out and not overwrite:
+        phrase = "holds the heatmaps of an earlier run ("  # without --overwrite: a used folder
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    outcome = bad.run_cli(capsys, ["heatmaps", image, "--ckpt", tiny_checkpoint, "--out", out,
+                                   *(["--overwrite"] if overwrite else []), *FAST])
+    bad.assert_user_error(outcome, "heatmaps", str(out), phrase)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
