@@ -28,14 +28,10 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from data_prep.files import (
-    atomic_write,
-    check_input_file,
-    counted,
-    first_names,
-    shown,
-    stops_held,
-)
+from data_prep.atomic import atomic_write
+from data_prep.paths import check_input_file
+from data_prep.stop_signals import stops_held
+from data_prep.wording import counted, first_names, shown
 
 # Keys that LightningCLI stores beside a module's own hyperparameters (Lightning >= 2.3).
 LIGHTNING_HPARAM_KEYS = frozenset({"_instantiator", "_class_path"})

@@ -30,7 +30,8 @@ from functools import partial
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from data_prep.files import DISK_FULL, STOP_SIGNALS
+from data_prep.disk_space import DISK_FULL
+from data_prep.stop_signals import STOP_SIGNALS
 
 GROUP = "captioner.commands"
 SIGPIPE_STATUS = 141  # 128 + SIGPIPE, as a shell reports a process that signal ended

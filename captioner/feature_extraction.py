@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from data_prep import images as image_files
+from data_prep.atomic import atomic_write
+from data_prep.disk_space import check_room
 from data_prep.features import (
     FeatureCache,
     FeatureCacheWriter,
@@ -48,18 +50,12 @@ from data_prep.features import (
     partial_resume_key,
     skipped_images_path,
 )
-from data_prep.files import (
-    OutputPathError,
-    agreeing,
-    atomic_write,
-    check_integers,
-    check_output_file,
-    check_room,
-    counted,
-    file_sha256,
-    held_alone,
-    made_folder,
-)
+from data_prep.hashes import file_sha256
+from data_prep.locks import held_alone
+from data_prep.output_folders import made_folder
+from data_prep.paths import OutputPathError, check_output_file
+from data_prep.settings_files import check_integers
+from data_prep.wording import agreeing, counted
 
 if TYPE_CHECKING:
     import torch

@@ -43,8 +43,9 @@ from captioner.model.decoder import AttentionDecoder
 from captioner.model.encoder import build_encoder
 from captioner.optimizer import PAPER_BETAS, PAPER_LR, adam
 from data_prep.features import FeatureCache
-from data_prep.files import check_integers, file_sha256
+from data_prep.hashes import file_sha256
 from data_prep.images import MAX_IMAGE_SIZE
+from data_prep.settings_files import check_integers
 from data_prep.vocab import Vocabulary
 
 VOCABULARY_KEY = "vocabulary"

@@ -14,7 +14,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_prep.files import hold_exclusively, let_go, path_problem, read_settings
+from data_prep.locks import hold_exclusively, let_go
+from data_prep.paths import path_problem
+from data_prep.settings_files import read_settings
 
 LAST_NAME = "last.ckpt"
 PROGRESS_NAME = "progress.json"

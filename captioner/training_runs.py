@@ -45,12 +45,8 @@ from captioner.run_folders import (
     recorded_checkpoint,
     version_folders,
 )
-from data_prep.files import (
-    atomic_temporaries,
-    atomic_write,
-    hold_exclusively,
-    let_go,
-)
+from data_prep.atomic import atomic_temporaries, atomic_write
+from data_prep.locks import hold_exclusively, let_go
 
 # RunLock tries a held run this many times, so long apart, before it tells of another fit.
 _LOCK_TRIES, _LOCK_WAIT_S = 10, 0.05

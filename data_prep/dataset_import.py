@@ -62,18 +62,12 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path, PurePosixPath
 
-from data_prep.files import (
-    OutputPathError,
-    atomic_write,
-    check_output_file,
-    counted,
-    first_names,
-    parse_json,
-    require_file,
-    shown,
-)
+from data_prep.atomic import atomic_write
 from data_prep.images import IMAGE_SUFFIXES, ImageLoadError, load_image
 from data_prep.karpathy import normalize_image_path, tokenize
+from data_prep.paths import OutputPathError, check_output_file, require_file
+from data_prep.settings_files import parse_json
+from data_prep.wording import counted, first_names, shown
 
 FORMATS: tuple[str, ...] = ("auto", "jsonl", "json", "csv", "tsv", "coco")
 SPLITS: tuple[str, ...] = ("train", "val", "test")

@@ -51,8 +51,10 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.files import atomic_write, first_names, parse_json, shown
+from data_prep.atomic import atomic_write
 from data_prep.images import one_line
+from data_prep.settings_files import parse_json
+from data_prep.wording import first_names, shown
 
 _FORMAT = "captioner.feature-cache"
 _VERSION = 1
@@ -61,7 +63,7 @@ _VERIFY_ROWS = 256  # rows read at a time when the checksums of a partial file a
 
 def cache_lock_path(path: str | Path) -> Path:
     """The lock file that the one process making the cache ``path`` holds while it works
-    (:func:`data_prep.files.held_alone`): ``dir/.NAME.lock`` for ``dir/NAME.h5``, beside the
+    (:func:`data_prep.locks.held_alone`): ``dir/.NAME.lock`` for ``dir/NAME.h5``, beside the
     file a symbolic link leads to (two runs reaching one cache by two links hold one lock)."""
     path = Path(os.path.realpath(path))
     return path.with_name(f".{path.stem}.lock")

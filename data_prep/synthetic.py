@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from data_prep.files import atomic_write
+from data_prep.atomic import atomic_write
 from data_prep.karpathy import SPLITS, tokenize
 from data_prep.synthetic_captions import (
     BACKGROUND_WORDS,

@@ -107,7 +107,7 @@ def run_subprocess(argv: list, *, cwd: Path | None = None, seconds: float = 120.
 
 
 def leftover_temporaries(folder: Path) -> list[Path]:
-    """Temporary files of :func:`data_prep.files.atomic_write` (``.NAME.*.tmp``) under
+    """Temporary files of :func:`data_prep.atomic.atomic_write` (``.NAME.*.tmp``) under
     ``folder``."""
     return sorted(p for p in Path(folder).rglob(".*.tmp"))
 

@@ -383,7 +383,7 @@ def test_a_second_run_into_a_cache_being_made_is_refused_and_touches_nothing(tmp
     """Two runs into one cache: the second would read, or start over on, the partial file and
     the random encoder's weights that the first is writing."""
     from data_prep.features import cache_lock_path
-    from data_prep.files import hold_exclusively, let_go
+    from data_prep.locks import hold_exclusively, let_go
 
     data, images, ids = _make_dataset(tmp_path, 8)
     out = tmp_path / "features.h5"

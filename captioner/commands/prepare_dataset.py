@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
         Source,
         import_dataset,
     )
-    from data_prep.files import agreeing, counted, first_names
+    from data_prep.wording import agreeing, counted, first_names
 
     if len(args.captions) != len(args.images):
         parser.error(f"{counted(len(args.captions), '--captions file')} but "

@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
     settings = PretrainingSettings(**{f.name: getattr(args, f.name) for f in fields(defaults)})
 
     from captioner.encoder_pretraining import pretrain_encoder
-    from data_prep.files import OutputPathError, check_output_file
+    from data_prep.paths import OutputPathError, check_output_file
 
     reads = [("dataset file", args.data), ("instances file", args.train_instances),
              ("instances file", args.val_instances)]

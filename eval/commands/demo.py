@@ -43,14 +43,10 @@ from pathlib import Path
 
 from captioner.cli import SIGINT_STATUS
 from captioner.commands.options import close_progress_bars, command_parser, report_error
-from data_prep.files import (
-    OutputPathError,
-    check_output_dir,
-    clear_folder,
-    counted,
-    first_names,
-    held_alone,
-)
+from data_prep.locks import held_alone
+from data_prep.output_folders import clear_folder
+from data_prep.paths import OutputPathError, check_output_dir
+from data_prep.wording import counted, first_names
 from eval.demo import (
     FINISHED_MARK,
     FULL,
