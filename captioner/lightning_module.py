@@ -459,7 +459,7 @@ def _value_to_set(key: str, cached: Any, cache: FeatureCache) -> Any:
     that holds them (the cache and its ``NAME.encoder.pt`` moved together), if any."""
     if key != "weights" or not isinstance(cached, str) or Path(cached).exists():
         return cached
-    from captioner.feature_extraction import encoder_weights_path
+    from captioner.features.random_encoder import encoder_weights_path
 
     beside = encoder_weights_path(cache.path)
     if beside.is_file() and file_sha256(beside) == cache.weights_sha256:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from captioner import CONFIGS
-from captioner.pretraining_settings import PretrainingSettings, describe_accuracy
+from captioner.features.pretraining_settings import PretrainingSettings, describe_accuracy
 from data_prep.atomic import write_json
 from data_prep.hashes import file_sha256
 from data_prep.synthetic import SyntheticDataset
@@ -99,10 +99,10 @@ def prepare_data(out: Path, settings: DemoSettings) -> DemoData:
         ValueError: a dataset file of an earlier run that cannot be read, naming it and the
             folder to remove so that the data is made again.
     """
-    from captioner.encoder_pretraining import pretrain_encoder
-    from captioner.feature_extraction import extract_features
+    from captioner.features.extraction import extract_features
+    from captioner.features.pretraining import pretrain_encoder
+    from captioner.features.pretraining_settings import pretraining_report_path
     from captioner.model.encoder import EncoderWeightsError, build_encoder
-    from captioner.pretraining_settings import pretraining_report_path
     from data_prep.features import partial_cache_path
     from data_prep.karpathy import KarpathyFormatError, load_karpathy
     from data_prep.synthetic import generate

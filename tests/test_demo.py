@@ -264,7 +264,7 @@ def test_a_damaged_dataset_file_is_named_before_earlier_results_are_cleared(tmp_
 
 
 def test_an_encoder_file_that_cannot_be_read_is_made_again(tmp_path, capsys, monkeypatch):
-    import captioner.encoder_pretraining as pretraining
+    import captioner.features.pretraining as pretraining
     from data_prep.synthetic import generate
     from eval.demo import encoder_path
 

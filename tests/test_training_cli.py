@@ -24,7 +24,7 @@ from PIL import Image
 
 from captioner.checkpointing import load_safely, save_atomically
 from captioner.commands.lightning import main as lightning_main
-from captioner.feature_extraction import extract_features
+from captioner.features.extraction import extract_features
 from captioner.training_runs import read_progress
 from data_prep.features import FeatureCache
 from eval.demo import ENCODER_LAYER as DEMO_LAYER

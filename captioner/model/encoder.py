@@ -21,7 +21,7 @@ import torch
 import torchvision
 from torch import Tensor, nn
 
-from captioner.pretraining_settings import pretraining_report_path
+from captioner.features.pretraining_settings import pretraining_report_path
 from data_prep.hashes import file_sha256
 from data_prep.paths import require_file
 from data_prep.wording import first_names
