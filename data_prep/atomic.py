@@ -58,7 +58,8 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
     on a clean exit it is fsynced, given :func:`file_mode` and renamed over ``path``; on an
     exception it is removed and ``path`` is left as it was. A symbolic link stays a link: the
     file it leads to is replaced. A folder, device or other non-regular file at ``path`` is
-    refused (:class:`OutputPathError`), never replaced (:func:`file_to_replace`).
+    refused (:class:`~data_prep.paths.OutputPathError`), never replaced
+    (:func:`~data_prep.paths.file_to_replace`).
 
     The writer holds a ``flock`` on its temporary file while it writes: the temporaries of
     ``path`` that nobody holds were left by a writer that was killed (kill -9, the OOM

@@ -1,14 +1,15 @@
-"""Turn a folder of photos and a captions file into a Karpathy-split JSON file; or several
-captions files, each with its folder, into one (:func:`image_root`: COCO's train2017 and
-val2017 captions and folders become one dataset whose paths are ``train2017/NAME.jpg`` and
-``val2017/NAME.jpg``). An image, or a COCO id, that an earlier captions file gave is a
-``duplicate_entry`` of the later one.
+"""Turn a folder of photos and a captions file into a Karpathy-split JSON file; or several captions
+files, each with its folder, into one (:func:`~data_prep.importers.dataset.image_root`: COCO's
+train2017 and val2017 captions and folders become one dataset whose paths are
+``train2017/NAME.jpg`` and ``val2017/NAME.jpg``). An image, or a COCO id, that an earlier
+captions file gave is a ``duplicate_entry`` of the later one.
 
 The result is read unchanged by :func:`data_prep.karpathy.load_karpathy` (and so by
 ``captioner prepare-features`` and ``captioner fit``). Image names are paths relative to the
 image folder, written with ``/``.
 
-Captions files (the reader is chosen by :func:`detect_format`, or explicitly):
+Captions files (the reader is chosen by :func:`~data_prep.importers.formats.detect_format`, or
+explicitly):
 
 * ``jsonl``: one object per line, ``{"image": "relative/path.jpg", "captions": ["...", ...]}``
   (other keys are ignored; blank lines are allowed);
@@ -35,11 +36,12 @@ A record read over several lines is therefore kept only when it is well formed (
 caption holding a line break); otherwise its first line is reported as an unclosed quote and
 the lines after it are read again as records of their own.
 
-Every problem is reported under one of the reasons in :data:`REASONS`, with its place in the
-captions file. With ``on_error="skip"`` the bad record, caption or image is left out and listed
-in the :class:`ImportReport`; with ``on_error="fail"`` :class:`DatasetImportError` is raised
-once the captions file has been read, naming its first problem in file order and the places of
-the others, before any image is decoded; then at the first missing or unreadable image.
-Problems with the input as a whole (unreadable or non-UTF-8 captions file, missing CSV header,
-invalid ``--split``, an empty split) always raise.
-"""
+Every problem is reported under one of the reasons in
+:data:`~data_prep.importers.records.REASONS`, with its place in the captions file. With
+``on_error="skip"`` the bad record, caption or image is left out and listed in the
+:class:`~data_prep.importers.dataset.ImportReport`; with ``on_error="fail"``
+:class:`~data_prep.importers.records.DatasetImportError` is raised once the captions file has
+been read, naming its first problem in file order and the places of the others, before any image
+is decoded; then at the first missing or unreadable image. Problems with the input as a whole
+(unreadable or non-UTF-8 captions file, missing CSV header, invalid ``--split``, an empty split)
+always raise."""
