@@ -1,6 +1,6 @@
 """Checkpoint files: written atomically, read as untrusted data.
 
-A checkpoint is written through :func:`data_prep.files.atomic_write` (temporary file in the
+A checkpoint is written through :func:`data_prep.atomic.atomic_write` (temporary file in the
 destination folder, fsync, the user's file mode, ``os.replace``): an interrupted run leaves
 either the previous checkpoint or the new one, never a truncated file that a resume would
 choke on.
@@ -28,14 +28,10 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from data_prep.files import (
-    atomic_write,
-    check_input_file,
-    counted,
-    first_names,
-    shown,
-    stops_held,
-)
+from data_prep.atomic import atomic_write
+from data_prep.paths import check_input_file
+from data_prep.stop_signals import stops_held
+from data_prep.wording import counted, first_names, shown
 
 # Keys that LightningCLI stores beside a module's own hyperparameters (Lightning >= 2.3).
 LIGHTNING_HPARAM_KEYS = frozenset({"_instantiator", "_class_path"})
@@ -49,11 +45,11 @@ class CheckpointError(ValueError):
 
 
 def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
-    """``torch.save`` to ``path`` through :func:`data_prep.files.atomic_write`, with Ctrl-C
+    """``torch.save`` to ``path`` through :func:`data_prep.atomic.atomic_write`, with Ctrl-C
     (and the other stops) held back until the file is in place: torch.save's zip writer turns
     a KeyboardInterrupt raised inside it into a RuntimeError, which Lightning's graceful
     shutdown does not recognize, so a fit stopped while writing a checkpoint would end with a
-    traceback and without that checkpoint (:func:`data_prep.files.stops_held`)."""
+    traceback and without that checkpoint (:func:`data_prep.stop_signals.stops_held`)."""
     with stops_held(), atomic_write(path, "wb") as handle:
         kept = _KeepsWriteError(handle)
         try:

@@ -31,7 +31,8 @@ from functools import partial
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from data_prep.files import DISK_FULL, STOP_SIGNALS
+from data_prep.disk_space import DISK_FULL
+from data_prep.stop_signals import STOP_SIGNALS
 
 # Errors of a path that no file can have: a name past the file system's limit, a file where a
 # folder must be, a loop of links.

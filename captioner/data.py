@@ -34,11 +34,12 @@ from lightning.fabric.utilities.seed import pl_worker_init_function
 from torch.utils.data import DataLoader, Dataset
 
 from data_prep.features import FeatureCache
-from data_prep.files import check_integers, counted, first_names
 from data_prep.images import imagenet_transform, load_image
 from data_prep.karpathy import ImageEntry, KarpathyDataset, load_karpathy
 from data_prep.machine import usable_cpus
+from data_prep.settings_files import check_integers
 from data_prep.vocab import Vocabulary, word_counts
+from data_prep.wording import counted, first_names
 
 _STAGE_SPLITS = {
     "fit": ("train", "val"),

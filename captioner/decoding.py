@@ -45,8 +45,8 @@ from captioner.attention import DeferredChecks
 from captioner.decoding_options import DEFAULT_LENGTH_NORMALIZATION, check_length_normalization
 from captioner.losses import word_log_probs
 from captioner.model.decoder import AttentionDecoder, EncodedImages
-from data_prep.files import counted
 from data_prep.machine import available_memory
+from data_prep.wording import counted
 
 
 @dataclass

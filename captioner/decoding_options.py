@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from data_prep.files import check_integers
+from data_prep.settings_files import check_integers
 
 # Exponent a of the beam ranking score log_prob / n ** a: a mild preference for longer
 # captions, in the range commonly used for neural generation (Wu et al. 2016 use 0.6-0.7).

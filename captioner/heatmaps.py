@@ -47,7 +47,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image
 
-from data_prep.files import parse_json, refuse_repeated
+from data_prep.paths import refuse_repeated
+from data_prep.settings_files import parse_json
 from data_prep.text import printable
 
 if TYPE_CHECKING:

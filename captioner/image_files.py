@@ -14,8 +14,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from data_prep.files import refuse_repeated
 from data_prep.images import IMAGE_SUFFIXES, ImageLoadError, load_image
+from data_prep.paths import refuse_repeated
 
 _COCO_ID = re.compile(r"(?:^|_)(\d+)$")
 

@@ -37,9 +37,9 @@ from captioner.frozen_encoder import missing_weights_problem, put_back_encoder, 
 from captioner.image_files import ImageResult, load_images
 from captioner.lightning_module import VOCABULARY_KEY, CaptioningModule, stored_vocabulary
 from captioner.model.encoder import EncoderWeightsError
-from data_prep.files import first_names
 from data_prep.images import imagenet_transform, load_image
 from data_prep.vocab import Vocabulary
+from data_prep.wording import first_names
 
 if TYPE_CHECKING:
     from data_prep.features import FeatureCache

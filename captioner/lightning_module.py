@@ -43,8 +43,9 @@ from captioner.model.decoder import AttentionDecoder
 from captioner.model.encoder import build_encoder
 from captioner.optimizer import PAPER_BETAS, PAPER_LR, adam
 from data_prep.features import FeatureCache
-from data_prep.files import check_integers, file_sha256
+from data_prep.hashes import file_sha256
 from data_prep.images import MAX_IMAGE_SIZE
+from data_prep.settings_files import check_integers
 from data_prep.vocab import Vocabulary
 
 VOCABULARY_KEY = "vocabulary"
@@ -458,7 +459,7 @@ def _value_to_set(key: str, cached: Any, cache: FeatureCache) -> Any:
     that holds them (the cache and its ``NAME.encoder.pt`` moved together), if any."""
     if key != "weights" or not isinstance(cached, str) or Path(cached).exists():
         return cached
-    from captioner.feature_extraction import encoder_weights_path
+    from captioner.features.random_encoder import encoder_weights_path
 
     beside = encoder_weights_path(cache.path)
     if beside.is_file() and file_sha256(beside) == cache.weights_sha256:

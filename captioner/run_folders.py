@@ -14,7 +14,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_prep.files import hold_exclusively, let_go, path_problem, read_settings
+from data_prep.locks import hold_exclusively, let_go
+from data_prep.paths import path_problem
+from data_prep.settings_files import read_settings
 
 LAST_NAME = "last.ckpt"
 PROGRESS_NAME = "progress.json"
@@ -90,7 +92,7 @@ def read_progress(checkpoints: Path) -> dict:
     """The ``progress.json`` of a run's checkpoints folder ({} when absent or unreadable, or
     when a field is missing or of another type, or a checkpoint path no file can have: a
     damaged file is no run's progress), read within the limits of every settings file
-    (:func:`data_prep.files.read_settings`)."""
+    (:func:`data_prep.settings_files.read_settings`)."""
     try:
         progress = read_settings(checkpoints / PROGRESS_NAME)
     except (OSError, ValueError):
@@ -167,7 +169,7 @@ def run_attention(folder: Path) -> str:
     the output's keywords after it (``softmax/tvmax lam=0.01``), so that runs of one config
     name with other mappings (``--model.output_attention``) are told apart; ``?`` where the
     file is missing, unreadable or says no mapping. Read as data within the limits of every
-    settings file (:func:`data_prep.files.read_settings`): a run's files are untrusted."""
+    settings file (:func:`data_prep.settings_files.read_settings`): a run's files are untrusted."""
     try:
         config = read_settings(folder / "config.yaml")
     except (OSError, ValueError):

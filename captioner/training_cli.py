@@ -75,7 +75,9 @@ from captioner.training_runs import (
     remove_interrupted_writes,
 )
 from data_prep.features import FeatureCache
-from data_prep.files import check_output_dir, counted, first_names, let_go
+from data_prep.locks import let_go
+from data_prep.paths import check_output_dir
+from data_prep.wording import counted, first_names
 
 CHECKPOINT_DEFAULTS = {
     "checkpoint.monitor": "val/CIDEr",

@@ -45,12 +45,8 @@ from captioner.run_folders import (
     recorded_checkpoint,
     version_folders,
 )
-from data_prep.files import (
-    atomic_temporaries,
-    atomic_write,
-    hold_exclusively,
-    let_go,
-)
+from data_prep.atomic import atomic_temporaries, atomic_write
+from data_prep.locks import hold_exclusively, let_go
 
 # RunLock tries a held run this many times, so long apart, before it tells of another fit.
 _LOCK_TRIES, _LOCK_WAIT_S = 10, 0.05
@@ -454,7 +450,7 @@ _HELD_METRICS = "metrics.before-resume.csv"
 
 
 def remove_interrupted_writes(folders: Iterable[Path]) -> list[Path]:
-    """Remove the temporary files of atomic writes (:func:`data_prep.files.atomic_temporaries`)
+    """Remove the temporary files of atomic writes (:func:`data_prep.atomic.atomic_temporaries`)
     in ``folders``, which a run killed while writing a checkpoint leaves, as large as a
     checkpoint; returns them. Only for a resume holding the run (:class:`RunLock`): no other
     fit is writing there."""

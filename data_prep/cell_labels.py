@@ -1,5 +1,5 @@
 """Which annotated object covers each cell of an image's feature grid: the dense targets of
-encoder pretraining (``captioner.encoder_pretraining``) and the masks of attention precision
+encoder pretraining (``captioner.features.pretraining``) and the masks of attention precision
 (``eval.objects``), from COCO instance annotations.
 
 A cell is labelled with the object that covers the largest share of it when that share is at

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import re
 import time
@@ -51,17 +52,24 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.files import atomic_write, first_names, parse_json, shown
+from data_prep.atomic import atomic_write
+from data_prep.disk_space import check_room
 from data_prep.images import one_line
+from data_prep.settings_files import parse_json
+from data_prep.wording import first_names, shown
 
 _FORMAT = "captioner.feature-cache"
 _VERSION = 1
 _VERIFY_ROWS = 256  # rows read at a time when the checksums of a partial file are verified
+# HDF5's own structures (chunk index, attributes) beside a row's float16 values, and the room
+# kept free for what a commit and the close write besides a batch's rows.
+_ROW_OVERHEAD = 1.01
+_COMMIT_ROOM = 1 << 16
 
 
 def cache_lock_path(path: str | Path) -> Path:
     """The lock file that the one process making the cache ``path`` holds while it works
-    (:func:`data_prep.files.held_alone`): ``dir/.NAME.lock`` for ``dir/NAME.h5``, beside the
+    (:func:`data_prep.locks.held_alone`): ``dir/.NAME.lock`` for ``dir/NAME.h5``, beside the
     file a symbolic link leads to (two runs reaching one cache by two links hold one lock)."""
     path = Path(os.path.realpath(path))
     return path.with_name(f".{path.stem}.lock")
@@ -326,6 +334,8 @@ class FeatureCacheWriter:
         if not np.issubdtype(feats.dtype, np.floating):
             raise TypeError(f"features must be floating point, got dtype {feats.dtype}")
         self._check_new(ids)
+        self.check_room(len(ids), f"the cache {self.path.name} ({self.rows} rows written so far, "
+                        "kept for the rerun)", slack=_COMMIT_ROOM)
         with np.errstate(over="ignore"):  # overflow is reported below, naming the images
             half = np.ascontiguousarray(feats.astype(np.float16))
         finite = np.isfinite(half).reshape(len(ids), -1).all(axis=1)
@@ -347,6 +357,24 @@ class FeatureCacheWriter:
         self._ids.update(ids)
         self._crc["features"] = zlib.crc32(half.tobytes(), self._crc["features"])
         self._crc["image_ids"] = zlib.crc32(stored.tobytes(), self._crc["image_ids"])
+
+    def check_room(self, rows: int, what: str, *, slack: int = 0) -> None:
+        """Refuse, before ``rows`` more rows are written, a write that cannot fit: more bytes
+        (and ``slack``) than the folder has free, or a file past the file size limit (``ulimit
+        -f``). HDF5 does not survive a write that fails midway (h5py ends in a segmentation
+        fault), so the writer must not start one; the rows committed so far stay for the rerun.
+        ``what`` names the cache in the message.
+
+        Raises:
+            OSError: ENOSPC or EFBIG, one line naming the folder, the size needed and the room
+                (:func:`data_prep.disk_space.check_room`).
+        """
+        grows = int(rows * 2 * math.prod(self.grid) * self.channels * _ROW_OVERHEAD) + slack
+        try:
+            size = self._temporary.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        check_room(self.path.parent, grows, size + grows, what)
 
     def skip(self, image_id: int, path: str | Path, reason: str) -> None:
         """Record that the source image ``image_id`` (file ``path``) has no features because of

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
-from data_prep.files import check_input_file
+from data_prep.paths import check_input_file
 
 # 64 megapixels: four times a 24-megapixel camera photo, far above any COCO/Flickr image
 # (at most 640 / 500 px per side), and below Pillow's own warning threshold (~89.5 Mpx).

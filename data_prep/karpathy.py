@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from data_prep.files import parse_json, require_file, shown
+from data_prep.paths import require_file
+from data_prep.settings_files import parse_json
+from data_prep.wording import shown
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

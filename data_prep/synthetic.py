@@ -35,8 +35,11 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from data_prep.files import DISK_FULL, STAGING_PREFIX, atomic_write, disk_full, stops_held
+from data_prep.atomic import atomic_write
+from data_prep.disk_space import DISK_FULL, disk_full
 from data_prep.karpathy import SPLITS, tokenize
+from data_prep.output_folders import STAGING_PREFIX
+from data_prep.stop_signals import stops_held
 from data_prep.synthetic_captions import (
     BACKGROUND_WORDS,
     CAPTIONS_PER_IMAGE,

@@ -11,8 +11,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from data_prep.files import first_names
 from data_prep.text import printable, unsafe_character
+from data_prep.wording import first_names
 
 PAD = "<pad>"
 START = "<start>"

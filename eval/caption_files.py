@@ -7,8 +7,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from data_prep.files import agreeing, counted, first_names, parse_json, require_file
 from data_prep.karpathy import tokenize
+from data_prep.paths import require_file
+from data_prep.settings_files import parse_json
+from data_prep.wording import agreeing, counted, first_names
 
 
 class CaptionFileError(ValueError):

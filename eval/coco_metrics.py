@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from data_prep.files import agreeing, counted, first_names
+from data_prep.wording import agreeing, counted, first_names
 
 if TYPE_CHECKING:
     from eval.spice_jars import SpiceInstall

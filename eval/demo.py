@@ -15,9 +15,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from captioner import CONFIGS
-from captioner.pretraining_settings import PretrainingSettings, describe_accuracy
-from data_prep.files import counted, file_sha256, first_names, write_json
+from captioner.features.pretraining_settings import PretrainingSettings, describe_accuracy
+from data_prep.atomic import write_json
+from data_prep.hashes import file_sha256
 from data_prep.synthetic import SyntheticDataset
+from data_prep.wording import counted, first_names
 from eval.demo_trainings import FILE_NAME as TRAININGS_FILE
 
 MAPPINGS = ("softmax", "sparsemax", "tvmax")
@@ -97,10 +99,10 @@ def prepare_data(out: Path, settings: DemoSettings) -> DemoData:
         ValueError: a dataset file of an earlier run that cannot be read, naming it and the
             folder to remove so that the data is made again.
     """
-    from captioner.encoder_pretraining import pretrain_encoder
-    from captioner.feature_extraction import extract_features
+    from captioner.features.extraction import extract_features
+    from captioner.features.pretraining import pretrain_encoder
+    from captioner.features.pretraining_settings import pretraining_report_path
     from captioner.model.encoder import EncoderWeightsError, build_encoder
-    from captioner.pretraining_settings import pretraining_report_path
     from data_prep.features import partial_cache_path
     from data_prep.karpathy import KarpathyFormatError, load_karpathy
     from data_prep.synthetic import generate
@@ -216,7 +218,7 @@ FINISHED_MARK = "metrics.png"
 
 def earlier_results(out: Path) -> list[str]:
     """The names of the results of an earlier run in ``out``, sorted (``--overwrite`` removes
-    them with :func:`data_prep.files.clear_folder`): a new run must not mix its figures and
+    them with :func:`data_prep.output_folders.clear_folder`): a new run must not mix its figures and
     gallery with them, nor replace them unasked.
 
     Raises:
@@ -247,7 +249,7 @@ def _foreign_in_folders(out: Path, ours: set[str]) -> list[str]:
     demo did not write: the gallery's as its page lists them, the figures' by their names
     (``figures/STEM/MAPPING/`` holds what ``write_heatmaps`` writes)."""
     from captioner.heatmaps import is_heatmaps_file
-    from data_prep.files import foreign_entries
+    from data_prep.output_folders import foreign_entries
     from eval.gallery import gallery_files
 
     found = []

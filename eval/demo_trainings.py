@@ -19,7 +19,8 @@ import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from data_prep.files import parse_json, write_json
+from data_prep.atomic import write_json
+from data_prep.settings_files import parse_json
 
 FILE_NAME = "trainings.json"
 

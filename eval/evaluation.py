@@ -153,7 +153,7 @@ def run_features(captioner: Captioner,
     which features the evaluation reads and, where it encodes the images, why; None where
     there was no cache to read (a checkpoint outside a run folder, a run without a cache)."""
     from data_prep.features import FeatureCache
-    from data_prep.files import read_settings
+    from data_prep.settings_files import read_settings
 
     checkpoint = Path(captioner.checkpoint).resolve()
     config = checkpoint.parent.parent / "config.yaml"

@@ -47,7 +47,7 @@ from captioner.heatmaps import (
     shared_vmax,
     upsample_attention,
 )
-from data_prep.files import atomic_write
+from data_prep.atomic import atomic_write
 from eval.static_page import page_files, render_page
 
 if TYPE_CHECKING:

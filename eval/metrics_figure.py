@@ -22,7 +22,7 @@ def plot_seed_metrics(per_seed: Mapping[int, Mapping[str, Mapping[str, float]]],
     computed get no panel. Returns ``path``."""
     import matplotlib.pyplot as plt
 
-    from data_prep.files import atomic_write
+    from data_prep.atomic import atomic_write
 
     fig = seed_metrics_figure(per_seed, title)
     with atomic_write(path, "wb") as handle:

@@ -32,8 +32,8 @@ import torch
 from torch import Tensor
 
 from data_prep.cell_labels import ATTRIBUTE_FIELDS, downsample_mask, load_coco, mask_orientations
-from data_prep.files import first_names
 from data_prep.images import orient
+from data_prep.wording import first_names
 
 # Words naming each COCO category: the category name plus common synonyms and hyponyms used in
 # COCO captions. Irregular plurals are listed; regular plurals are derived.

@@ -38,8 +38,10 @@ from captioner.heatmaps import (
     shared_vmax,
     upsample_attention,
 )
-from data_prep.files import atomic_write, counted, parse_json
+from data_prep.atomic import atomic_write
 from data_prep.images import ImageLoadError, load_image
+from data_prep.settings_files import parse_json
+from data_prep.wording import counted
 from eval.static_page import page_files, render_page
 from eval.stopwords import content_word_indices
 

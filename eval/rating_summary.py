@@ -35,8 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
-from data_prep.files import first_names, parse_json
+from data_prep.settings_files import parse_json
 from data_prep.text import printable
+from data_prep.wording import first_names
 from eval.rating_kit import KEY_FORMAT, RATINGS_FORMAT, SCORES
 
 KINDS = ("caption", "attention")

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from data_prep.files import first_names
+from data_prep.wording import first_names
 from eval.coco_metrics import METRICS as COCO_METRICS
 from eval.coco_metrics import CaptionScores, score_captions
 from eval.rep import rep_per_image, rep_score

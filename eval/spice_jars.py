@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pycocoevalcap.spice as _pycocoevalcap_spice
 
-from data_prep.files import first_names
+from data_prep.wording import first_names
 
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
 SPICE_JAR_NAME = "spice-1.0.jar"

@@ -239,7 +239,7 @@ def train_tiny(dataset, out_dir: Path, **kwargs) -> Path:
 def cache32(synthetic_data, tmp_path_factory) -> Path:
     """A feature cache of the tiny dataset at 32 px by a random ResNet-18 (the demo's layer),
     for the ``captioner fit`` commands of :func:`tiny_fit_args`."""
-    from captioner.feature_extraction import extract_features
+    from captioner.features.extraction import extract_features
     from eval.demo import ENCODER_LAYER
 
     out = tmp_path_factory.mktemp("features") / "features_resnet18.h5"

@@ -107,7 +107,7 @@ def run_subprocess(argv: list, *, cwd: Path | None = None, seconds: float = 120.
 
 
 def leftover_temporaries(folder: Path) -> list[Path]:
-    """Temporary files of :func:`data_prep.files.atomic_write` (``.NAME.*.tmp``) under
+    """Temporary files of :func:`data_prep.atomic.atomic_write` (``.NAME.*.tmp``) under
     ``folder``."""
     return sorted(p for p in Path(folder).rglob(".*.tmp"))
 
@@ -548,7 +548,7 @@ class IntegrityCase:
 
 def _staging_left_by_a_killed_run(command: str) -> Callable[[Given], Prepared]:
     """Item 4: the staging folder a run killed with SIGKILL leaves in a new --out."""
-    from data_prep.files import STAGING_PREFIX
+    from data_prep.output_folders import STAGING_PREFIX
 
     shown = {"heatmaps": "wrote heatmaps of 2 images x 1 model to ",
              "gallery": "gallery of 2 images x 1 model: ",

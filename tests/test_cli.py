@@ -199,7 +199,7 @@ def test_runs_says_what_a_run_without_readable_progress_holds(progress, tmp_path
     assert rows[1].startswith("b ") and rows[1].endswith(
         "(progress.json missing or unreadable; checkpoints: last.ckpt)")
     # A fit holds it: training in its first epoch.
-    from data_prep.files import hold_exclusively, let_go
+    from data_prep.locks import hold_exclusively, let_go
 
     held = hold_exclusively(tmp_path / "runs" / "a" / "version_0")
     try:

@@ -175,7 +175,7 @@ def tiny_cache(synthetic_data, tmp_path_factory):
     """Features of the tiny dataset by the tiny model's encoder (random ResNet-18, layer4)."""
     from conftest import TINY_IMAGE_SIZE
 
-    from captioner.feature_extraction import extract_features
+    from captioner.features.extraction import extract_features
 
     out = tmp_path_factory.mktemp("features") / "features_resnet18.h5"
     extract_features(synthetic_data.karpathy_json, synthetic_data.image_root, out,

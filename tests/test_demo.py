@@ -154,7 +154,7 @@ def test_an_out_that_cannot_be_a_folder_is_one_line_before_any_work(tmp_path, ca
 
 
 def test_an_earlier_runs_results_are_neither_mixed_with_nor_replaced_unasked(tmp_path, capsys):
-    from data_prep.files import clear_folder
+    from data_prep.output_folders import clear_folder
     from eval.demo import earlier_results
 
     out = tmp_path / "demo"
@@ -264,7 +264,7 @@ def test_a_damaged_dataset_file_is_named_before_earlier_results_are_cleared(tmp_
 
 
 def test_an_encoder_file_that_cannot_be_read_is_made_again(tmp_path, capsys, monkeypatch):
-    import captioner.encoder_pretraining as pretraining
+    import captioner.features.pretraining as pretraining
     from data_prep.synthetic import generate
     from eval.demo import encoder_path
 
@@ -289,7 +289,7 @@ def test_an_encoder_file_that_cannot_be_read_is_made_again(tmp_path, capsys, mon
 
 
 def test_a_second_demo_into_a_folder_in_use_is_one_line_and_touches_nothing(tmp_path, capsys):
-    from data_prep.files import hold_exclusively, let_go
+    from data_prep.locks import hold_exclusively, let_go
 
     out = tmp_path / "demo"
     out.mkdir()

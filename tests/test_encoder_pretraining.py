@@ -18,9 +18,9 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 from turned_photo import turned_photo
 
-from captioner.encoder_pretraining import CellLabelledImages
+from captioner.features.pretraining import CellLabelledImages
+from captioner.features.pretraining_settings import PretrainingSettings
 from captioner.model.encoder import EncoderWeightsError, build_encoder
-from captioner.pretraining_settings import PretrainingSettings
 from data_prep.cell_labels import MIN_COVER, CellLabeller, downsample_mask
 from data_prep.features import FeatureCache
 
@@ -224,7 +224,7 @@ def test_settings_are_checked():
 
 def test_images_that_cannot_fit_in_memory_are_refused_before_they_are_read(
         synthetic_data, monkeypatch):
-    import captioner.encoder_pretraining as pretraining
+    import captioner.features.pretraining as pretraining
     from data_prep.karpathy import load_karpathy
 
     entries = load_karpathy(synthetic_data.karpathy_json, synthetic_data.image_root).split("val")
@@ -381,7 +381,7 @@ def test_ctrl_c_stops_pretraining_with_one_line_and_status_130(synthetic_data, t
     import signal
 
     from captioner.cli import SIGINT_STATUS, main
-    from captioner.encoder_pretraining import CellClassifier
+    from captioner.features.pretraining import CellClassifier
 
     def interrupted(self, batch, batch_idx):
         raise KeyboardInterrupt

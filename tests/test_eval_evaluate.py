@@ -266,21 +266,21 @@ def test_a_stop_while_the_evaluation_is_put_in_place_waits_for_it(synthetic_data
     import os
     import signal
 
-    import data_prep.files
+    import data_prep.atomic
 
     out = tmp_path / "evaluation"
     argv = ["--ckpt", str(tiny_checkpoint), "--data", str(synthetic_data.karpathy_json),
             "--images", str(synthetic_data.image_root), "--metrics", "Bleu", "--beam-size", "1",
             "--no-progress", "--out", str(out)]
     assert evaluate.main(argv) == 0
-    write_json = data_prep.files.write_json
+    write_json = data_prep.atomic.write_json
 
     def stopped_while_writing(path, *args, **kwargs):
         if Path(path).name == "metrics_test.json":
             os.kill(os.getpid(), signal.SIGINT)
         write_json(path, *args, **kwargs)
 
-    monkeypatch.setattr(data_prep.files, "write_json", stopped_while_writing)
+    monkeypatch.setattr(data_prep.atomic, "write_json", stopped_while_writing)
     with pytest.raises(KeyboardInterrupt):
         evaluate.main([*argv, "--beam-size", "2", "--overwrite"])
     assert sorted(path.name for path in out.iterdir()) == ["metrics_test.json",

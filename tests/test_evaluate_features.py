@@ -17,7 +17,8 @@ def cached_run(synthetic_data, tiny_fit, tmp_path_factory):
     RUN/checkpoints/last.ckpt)."""
     from conftest import TINY_IMAGE_SIZE
 
-    from captioner.feature_extraction import encoder_weights_path, extract_features
+    from captioner.features.extraction import extract_features
+    from captioner.features.random_encoder import encoder_weights_path
 
     root = tmp_path_factory.mktemp("cached_run")
     cache = root / "features_resnet18.h5"
@@ -80,7 +81,7 @@ def test_a_cache_that_cannot_stand_in_is_named_with_the_reason(cached_run, synth
     _, told = _evaluate(copy, synthetic_data, "run")
     assert told == ["features: encoding the images (the run's feature cache gone.h5 is gone)"]
     # A cache of another encoder (here: other image size) is not read.
-    from captioner.feature_extraction import extract_features
+    from captioner.features.extraction import extract_features
 
     other = tmp_path / "other.h5"
     extract_features(synthetic_data.karpathy_json, synthetic_data.image_root, other,

@@ -1,4 +1,4 @@
-"""`captioner prepare-features` and captioner.feature_extraction: the pre-check of every image,
+"""`captioner prepare-features` and captioner.features: the pre-check of every image,
 skipping unusable images, resuming after SIGKILL with a result equal to an uninterrupted run's,
 one-line errors, help text and file modes."""
 
@@ -23,7 +23,8 @@ import torchvision
 from PIL import Image
 from robust_inputs import png_header
 
-import captioner.feature_extraction as fx
+import captioner.features.extraction as fx
+import captioner.features.random_encoder as random_encoder
 from captioner.commands.prepare_features import main
 from captioner.data import CaptionDataModule
 from data_prep.features import FeatureCache, partial_cache_path, skipped_images_path
@@ -320,7 +321,7 @@ def test_resume_reuses_the_random_encoder_and_refuses_other_settings(tmp_path, c
     def other_encoder(*a, **k):
         raise AssertionError("the random encoder was made again instead of reused")
 
-    monkeypatch.setattr(fx, "_calibrated_random_resnet", other_encoder)
+    monkeypatch.setattr(random_encoder, "_calibrated_random_resnet", other_encoder)
     code, stdout, err = _run(capsys, *args)
     assert code == 0, err
     assert "resuming: 24 of 48 images already encoded" in stdout
@@ -383,7 +384,7 @@ def test_a_second_run_into_a_cache_being_made_is_refused_and_touches_nothing(tmp
     """Two runs into one cache: the second would read, or start over on, the partial file and
     the random encoder's weights that the first is writing."""
     from data_prep.features import cache_lock_path
-    from data_prep.files import hold_exclusively, let_go
+    from data_prep.locks import hold_exclusively, let_go
 
     data, images, ids = _make_dataset(tmp_path, 8)
     out = tmp_path / "features.h5"
@@ -423,7 +424,7 @@ def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path, capsys):
         process.communicate()
     assert process.returncode == -signal.SIGKILL, "finished before it could be killed"
     assert 40 <= committed < 160
-    weights_at_kill = fx._partial_weights_path(out).read_bytes()
+    weights_at_kill = fx.partial_weights_path(out).read_bytes()
     assert weights_at_kill == reference_weights
 
     rerun = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)

@@ -38,7 +38,7 @@ def _caption(path: Path, image: Path) -> tuple[str, torch.Tensor]:
 
 def test_the_checkpoint_names_the_encoder_weights_instead_of_holding_them(frozen, tmp_path):
     from captioner.frozen_encoder import export_self_contained
-    from data_prep.files import file_sha256
+    from data_prep.hashes import file_sha256
 
     checkpoint, weights, _ = frozen
     stored = torch.load(checkpoint, weights_only=True)

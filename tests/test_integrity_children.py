@@ -14,7 +14,7 @@ import time
 import pytest
 import robust_inputs as bad
 
-from data_prep.files import atomic_write
+from data_prep.atomic import atomic_write
 
 java = pytest.mark.java
 

@@ -128,3 +128,60 @@ def test_prepare_features_refuses_a_cache_that_cannot_fit_before_encoding(
     [line] = outcome.error_lines("captioner prepare-features: ")
     assert line.startswith(f"captioner prepare-features: {out.parent}: {phrase}"), line
     assert not out.exists() and not bad.leftover_temporaries(tmp_path)
+
+
+# A child process running prepare-features in which the disk fills after the third commit (the
+# empty file's, then two batches'): the file size limit drops to 300 KB past the partial cache,
+# less than the next batch of 4 rows of 16x16x256 float16 (524 KB) needs.
+_FILLED_MIDWAY = """
+import os, resource, signal, sys
+from data_prep.features import FeatureCacheWriter, partial_cache_path
+commit, commits = FeatureCacheWriter.commit, []
+def filling_commit(self):
+    commit(self)
+    commits.append(self.rows)
+    if len(commits) == 3:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        size = os.stat(partial_cache_path(self.path)).st_size
+        hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size + 300_000, hard))
+FeatureCacheWriter.commit = filling_commit
+from captioner.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.subprocess
+def test_prepare_features_stopped_midway_by_the_disk_is_one_line_and_resumes(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from data_prep.features import FeatureCache, partial_cache_path
+
+    data, images = _split(tmp_path, count=12)
+    weights = bad.write_foreign_state_dict(tmp_path / "encoder.pt")
+    out = tmp_path / "out" / "f.h5"
+    argv = ["prepare-features", "--data", data, "--images", images, "--out", out,
+            "--weights", weights, *ENCODER, "--batch-size", "4"]
+    child = subprocess.run([sys.executable, "-c", _FILLED_MIDWAY, *map(str, argv)],
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode == 2 and "Traceback" not in child.stderr, child.stderr[-3000:]
+    [line] = child.stderr.splitlines()
+    assert line.startswith(f"captioner prepare-features: {out.parent}: the cache f.h5 (8 rows "
+                           "written so far, kept for the rerun) grows to about "), line
+    assert "past the file size limit (ulimit -f) of" in line, line
+    assert line.endswith("; raise the limit and run again"), line
+    assert not out.exists() and partial_cache_path(out).is_file()
+    assert not bad.leftover_temporaries(tmp_path)
+
+    outcome = bad.run_cli(capsys, argv)  # with room again
+    assert outcome.code == 0, outcome.err[-2000:]
+    assert "resuming: 8 of 12 images already encoded" in outcome.out
+    whole = tmp_path / "whole" / "f.h5"
+    assert bad.run_cli(capsys, [*argv[:6], whole, *argv[7:]]).code == 0
+    resumed, uninterrupted = FeatureCache(out), FeatureCache(whole)
+    assert resumed.image_ids == uninterrupted.image_ids
+    for image_id in resumed.image_ids:
+        assert np.array_equal(resumed.get(image_id), uninterrupted.get(image_id))

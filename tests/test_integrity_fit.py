@@ -10,7 +10,7 @@ from conftest import tiny_fit_args
 
 from captioner.commands.lightning import main as lightning_main
 from data_prep.features import FeatureCache
-from data_prep.files import hold_exclusively, let_go
+from data_prep.locks import hold_exclusively, let_go
 
 REPO = Path(__file__).resolve().parents[1]
 

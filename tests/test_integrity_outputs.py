@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import robust_inputs as bad
 
-from data_prep.files import STAGING_PREFIX, held_alone, output_lock_path
+from data_prep.locks import held_alone
+from data_prep.output_folders import STAGING_PREFIX, output_lock_path
 
 FAST = ["--beam-size", "1", "--max-length", "4", "--no-progress", "--device", "cpu"]
 WHAT = {"gallery": "gallery", "rating-kit": "rating kit", "heatmaps": "heatmaps",

@@ -9,7 +9,7 @@ import json
 import pytest
 import robust_inputs as bad
 
-from data_prep.files import SettingsLimitError, read_settings
+from data_prep.settings_files import SettingsLimitError, read_settings
 
 # 10 levels of 10 aliases each: 10**10 values once expanded, from 500 bytes.
 ALIAS_BOMB = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(

@@ -1,5 +1,6 @@
-"""data_prep.files: atomic writes with the user's file mode, output paths checked before work,
-non-regular input files refused by name; and the commands that use them."""
+"""data_prep's file utilities (atomic, paths, output_folders, locks): atomic writes with the
+user's file mode, output paths checked before work, non-regular input files refused by name; and
+the commands that use them."""
 
 from __future__ import annotations
 
@@ -13,17 +14,10 @@ from pathlib import Path
 import pytest
 
 from captioner.checkpointing import load_safely, save_atomically
-from data_prep.files import (
-    OutputPathError,
-    atomic_write,
-    check_input_file,
-    check_output_dir,
-    check_output_file,
-    check_output_folder,
-    first_names,
-    foreign_entries,
-    write_json,
-)
+from data_prep.atomic import atomic_write, write_json
+from data_prep.output_folders import check_output_folder, foreign_entries
+from data_prep.paths import OutputPathError, check_input_file, check_output_dir, check_output_file
+from data_prep.wording import first_names
 
 
 @pytest.fixture(params=[0o022, 0o027])
@@ -290,7 +284,7 @@ def test_a_replacement_stopped_half_way_keeps_the_earlier_result(
 def test_a_killed_replacements_staging_folder_is_removed_by_the_next_one(tmp_path):
     """`kill -9` during a replacement leaves its hidden staging folder beside the earlier
     result: it is no one's file to refuse, and the next replacement removes it."""
-    from data_prep.files import STAGING_PREFIX, result_folder
+    from data_prep.output_folders import STAGING_PREFIX, result_folder
 
     out = tmp_path / "out"
     out.mkdir()
@@ -317,20 +311,20 @@ def test_a_stop_while_an_earlier_result_is_replaced_waits_for_the_replacement(tm
     import os
     import signal
 
-    import data_prep.files
-    from data_prep.files import result_folder
+    import data_prep.output_folders
+    from data_prep.output_folders import result_folder
 
     out = tmp_path / "out"
     out.mkdir()
     (out / "index.json").write_text("earlier marker")
     (out / "a.png").write_bytes(b"earlier")
-    clear = data_prep.files.clear_folder
+    clear = data_prep.output_folders.clear_folder
 
     def stopped_while_clearing(folder, names=None):
         clear(folder, names)
         os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(data_prep.files, "clear_folder", stopped_while_clearing)
+    monkeypatch.setattr(data_prep.output_folders, "clear_folder", stopped_while_clearing)
     with pytest.raises(KeyboardInterrupt):
         with result_folder(out, earlier=True) as staging:
             (staging / "index.json").write_text("new marker")
@@ -344,7 +338,7 @@ def test_stops_held_delivers_a_stop_once_its_block_has_ended(stop):
     import os
     import signal
 
-    from data_prep.files import stops_held
+    from data_prep.stop_signals import stops_held
 
     def stop_command(number, frame):  # as captioner.cli stops a command on SIGTERM, SIGHUP
         raise KeyboardInterrupt
@@ -531,7 +525,7 @@ def test_caption_keeps_going_past_a_fifo_and_escapes_odd_names(tiny_checkpoint, 
 
 
 def test_a_failed_block_removes_the_empty_folders_it_made(tmp_path):
-    from data_prep.files import made_folder
+    from data_prep.output_folders import made_folder
 
     (tmp_path / "a").mkdir()
     with pytest.raises(RuntimeError), made_folder(tmp_path / "a" / "b" / "c"):

@@ -21,8 +21,8 @@ from PIL import Image
 from captioner import CONFIGS
 from captioner.cli import main as cli_main
 from captioner.commands.next_steps import machine_setup
-from data_prep.dataset_import import parse_split, split_sizes, tokenize
-from data_prep.karpathy import load_karpathy
+from data_prep.importers.splits import parse_split, split_sizes
+from data_prep.karpathy import load_karpathy, tokenize
 
 NO_PROGRESS = ["--no-progress"]
 

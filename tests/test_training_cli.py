@@ -24,7 +24,7 @@ from PIL import Image
 
 from captioner.checkpointing import load_safely, save_atomically
 from captioner.commands.lightning import main as lightning_main
-from captioner.feature_extraction import extract_features
+from captioner.features.extraction import extract_features
 from captioner.training_runs import read_progress
 from data_prep.features import FeatureCache
 from eval.demo import ENCODER_LAYER as DEMO_LAYER
@@ -530,7 +530,7 @@ def test_validate_and_test_take_a_cli_checkpoint_and_best(synthetic_data, tiny_c
 def test_an_evaluation_logging_in_a_run_sends_another_one_beside_it(synthetic_data, tiny_cache,
                                                                     tmp_path, monkeypatch):
     """Two tests of one run's checkpoint started together write into two folders."""
-    from data_prep.files import hold_exclusively, let_go
+    from data_prep.locks import hold_exclusively, let_go
 
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     monkeypatch.chdir(tmp_path)
@@ -557,7 +557,7 @@ def test_an_evaluation_logging_in_a_run_sends_another_one_beside_it(synthetic_da
 
 def test_an_evaluation_folder_is_the_first_with_no_scores_that_nobody_holds(tmp_path):
     from captioner.training_runs import claim_evaluation_folder
-    from data_prep.files import hold_exclusively, let_go
+    from data_prep.locks import hold_exclusively, let_go
 
     (tmp_path / "validate").mkdir()
     (tmp_path / "validate" / "metrics.csv").write_text("val/CIDEr\n0.5\n")
@@ -1153,7 +1153,7 @@ def test_a_run_held_for_an_instant_as_runs_looks_at_it_is_not_refused(tmp_path):
 
     from captioner.run_folders import training_now
     from captioner.training_runs import RunLock
-    from data_prep.files import hold_exclusively, let_go
+    from data_prep.locks import hold_exclusively, let_go
 
     probe = hold_exclusively(tmp_path)  # as training_now holds it, for an instant
     threading.Timer(0.1, let_go, (probe,)).start()
@@ -1189,13 +1189,13 @@ def test_a_run_on_a_file_system_that_locks_no_folder_trains_with_a_warning(tmp_p
     import errno
     import fcntl as real_fcntl
 
-    import data_prep.files
+    import data_prep.locks
     from captioner.training_runs import RunLock
 
     def nfs_flock(fd, operation):
         raise OSError(errno.EBADF, "Bad file descriptor")
 
-    monkeypatch.setattr(data_prep.files, "fcntl", type("NFS", (), {
+    monkeypatch.setattr(data_prep.locks, "fcntl", type("NFS", (), {
         "flock": staticmethod(nfs_flock), "LOCK_EX": real_fcntl.LOCK_EX,
         "LOCK_NB": real_fcntl.LOCK_NB}))
     open_before = len(os.listdir("/proc/self/fd"))
@@ -1513,7 +1513,7 @@ def test_a_moved_caches_advice_names_its_encoder_file_where_it_now_lies(tiny_cac
     from types import SimpleNamespace
 
     from captioner.lightning_module import CACHE_SETTINGS, check_feature_cache
-    from data_prep.files import file_sha256
+    from data_prep.hashes import file_sha256
 
     cache = FeatureCache(tiny_cache)
     recorded = Path(cache.encoder["weights"])

@@ -57,7 +57,7 @@ def counting_device_solver(run: Callable[[], Any]) -> tuple[Any, int, int]:
 
 def refuse_unwritable(parser: argparse.ArgumentParser, option: str, path, check) -> None:
     """A usage error ``OPTION PATH: reason`` when ``check(path)`` (``check_output_file`` or
-    ``check_output_dir`` of :mod:`data_prep.files`) refuses the output ``path`` (None: not
+    ``check_output_dir`` of :mod:`data_prep.paths`) refuses the output ``path`` (None: not
     given): checked before the benchmark runs, so that its results are not lost to it."""
     if path is None:
         return
@@ -168,7 +168,7 @@ def write_markdown(path: Path | None, device, settings: str, table: str,
     one paragraph each."""
     if path is None:
         return
-    from data_prep.files import atomic_write
+    from data_prep.atomic import atomic_write
 
     parts = [machine_line(device), settings, table, *notes]
     with atomic_write(path) as file:

@@ -38,7 +38,7 @@ from captioner.benchmarks import (
     write_markdown,
 )
 from captioner.commands.options import at_least, command_parser, torch_seed
-from data_prep.files import check_output_file
+from data_prep.paths import check_output_file
 
 PROG = "captioner bench attention"
 HELP = "time forward+backward of softmax, sparsemax, entmax15 and TVmax (ratios printed)"

@@ -32,8 +32,8 @@ from captioner.benchmarks import (
     write_markdown,
 )
 from captioner.commands.options import at_least, command_parser, names, torch_seed
-from data_prep.files import check_output_dir, check_output_file
 from data_prep.machine import usable_cpus
+from data_prep.paths import check_output_dir, check_output_file
 
 PROG = "captioner bench fit"
 HELP = "time a real fit on generated COCO-shaped data against the model's own training step"
@@ -158,8 +158,8 @@ def write_coco_shaped(folder: Path, *, images: int, grid: int, channels: int,
     import numpy as np
     from tqdm.auto import tqdm
 
+    from data_prep.atomic import atomic_write
     from data_prep.features import FeatureCacheWriter
-    from data_prep.files import atomic_write
 
     settings = {"images": images, "grid": grid, "channels": channels,
                 "vocab_size": vocab_size, "seed": seed}

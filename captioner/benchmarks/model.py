@@ -42,7 +42,8 @@ from captioner.benchmarks import (
     write_markdown,
 )
 from captioner.commands.options import at_least, command_parser, names, torch_seed
-from data_prep.files import check_output_file, write_json
+from data_prep.atomic import write_json
+from data_prep.paths import check_output_file
 
 PROG = "captioner bench model"
 HELP = "time a training step and batched beam search per attention mapping, as ratios"

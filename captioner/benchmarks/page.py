@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from captioner.commands.options import command_parser
-from data_prep.files import atomic_write, check_input_file, check_output_file
+from data_prep.atomic import atomic_write
+from data_prep.paths import check_input_file, check_output_file
 
 PROG = "captioner bench page"
 HELP = "regenerate the generated tables of a markdown page such as docs/benchmarks.md"

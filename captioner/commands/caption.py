@@ -41,8 +41,8 @@ from captioner.commands.options import (
     decoding_options,
     report_error,
 )
-from data_prep.files import counted
 from data_prep.text import check_utf8_names, printable
+from data_prep.wording import counted
 
 HELP = "caption images or folders of images (text, jsonl with per-word attention, COCO results)"
 
@@ -91,7 +91,8 @@ def _caption(args: argparse.Namespace, claim: contextlib.ExitStack) -> int:
 
     from captioner.image_files import coco_image_ids, collect_images
     from captioner.inference import open_captioner
-    from data_prep.files import check_output_file, claimed_output
+    from data_prep.output_folders import claimed_output
+    from data_prep.paths import check_output_file
 
     try:
         paths = collect_images(args.inputs)
@@ -147,7 +148,7 @@ def _caption(args: argparse.Namespace, claim: contextlib.ExitStack) -> int:
         if args.out is None:
             write_records(sys.stdout)
         else:
-            from data_prep.files import atomic_write
+            from data_prep.atomic import atomic_write
 
             try:
                 with atomic_write(args.out) as handle:

@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
     from captioner.checkpointing import CheckpointError
     from captioner.frozen_encoder import export_self_contained
     from captioner.model.encoder import EncoderWeightsError
-    from data_prep.files import check_output_file
+    from data_prep.paths import check_output_file
 
     try:
         check_output_file(args.out, [("CKPT", args.ckpt)], overwrite=args.overwrite)

@@ -48,7 +48,7 @@ from captioner.commands.options import (
     decoding_options,
     report_error,
 )
-from data_prep.files import counted
+from data_prep.wording import counted
 
 if TYPE_CHECKING:
     from captioner.decoding_options import DecodingOptions
@@ -144,8 +144,8 @@ def _make_heatmaps(args: argparse.Namespace, claim: contextlib.ExitStack) -> int
     )
     from captioner.image_files import collect_images
     from captioner.inference import open_captioner
-    from data_prep.files import (
-        atomic_write,
+    from data_prep.atomic import atomic_write
+    from data_prep.output_folders import (
         check_output_folder,
         claimed_output,
         refuse_inputs_in_output,

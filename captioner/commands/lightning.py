@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
         config_files,
         end_distributed,
     )
-    from data_prep.files import SettingsLimitError, read_settings
+    from data_prep.settings_files import SettingsLimitError, read_settings
 
     argv = _with_the_runs_config(argv)
     for config in config_files(argv):

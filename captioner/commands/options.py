@@ -302,7 +302,7 @@ def decoding_options(args: argparse.Namespace, model_options: DecodingOptions) -
 def add_overwrite_argument(parser: argparse.ArgumentParser, what: str | None = None) -> None:
     """``--overwrite``: replace the ``what`` of an earlier run in the folder --out (see
     :func:`check_output_folder`), or, without ``what``, the existing file --out (see
-    :func:`data_prep.files.check_output_file`)."""
+    :func:`data_prep.paths.check_output_file`)."""
     parser.add_argument("--overwrite", action="store_true", help=(
         "replace an existing --out file (default: refuse it)" if what is None else
         f"replace the {what} of an earlier run in --out, wholly (default: --out must be new "

@@ -46,7 +46,9 @@ PROG = "captioner prepare-dataset"
 
 
 def _parser() -> argparse.ArgumentParser:
-    from data_prep.dataset_import import DEFAULT_SPLIT, FORMATS, ON_ERROR
+    from data_prep.importers.dataset import DEFAULT_SPLIT
+    from data_prep.importers.formats import FORMATS
+    from data_prep.importers.records import ON_ERROR
 
     # A second --out or --split is more likely a second dataset's than a correction.
     parser = command_parser(PROG, __doc__, refuse_repeats=True)
@@ -75,14 +77,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    from data_prep.dataset_import import (
-        REASONS,
-        DatasetImportError,
-        ImportOptions,
-        Source,
-        import_dataset,
-    )
-    from data_prep.files import agreeing, counted, first_names
+    from data_prep.importers.dataset import ImportOptions, Source, import_dataset
+    from data_prep.importers.records import REASONS, DatasetImportError
+    from data_prep.wording import agreeing, counted, first_names
 
     if len(args.captions) != len(args.images):
         parser.error(f"{counted(len(args.captions), '--captions file')} but "

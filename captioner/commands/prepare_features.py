@@ -27,7 +27,8 @@ import sys
 from pathlib import Path
 
 from captioner.commands.options import DEVICE_HELP, command_parser, names, report_error
-from captioner.feature_extraction import ON_ERROR, extract_features
+from captioner.features.extraction import extract_features
+from captioner.features.settings import ON_ERROR
 from data_prep.machine import usable_cpus
 
 HELP = "cache frozen-encoder grid features (float16, HDF5) for the images of a Karpathy JSON"

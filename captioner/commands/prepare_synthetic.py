@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    from data_prep.files import check_output_dir
+    from data_prep.paths import check_output_dir
     from data_prep.synthetic import generate
 
     try:

@@ -22,7 +22,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from captioner.commands.options import add_overwrite_argument, command_parser
-from captioner.pretraining_settings import (
+from captioner.features.pretraining_settings import (
     PretrainingSettings,
     describe_accuracy,
     pretraining_report_path,
@@ -61,8 +61,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     settings = PretrainingSettings(**{f.name: getattr(args, f.name) for f in fields(defaults)})
 
-    from captioner.encoder_pretraining import pretrain_encoder
-    from data_prep.files import OutputPathError, check_output_file
+    from captioner.features.pretraining import pretrain_encoder
+    from data_prep.paths import OutputPathError, check_output_file
 
     reads = [("dataset file", args.data), ("instances file", args.train_instances),
              ("instances file", args.val_instances)]

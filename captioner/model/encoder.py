@@ -21,8 +21,10 @@ import torch
 import torchvision
 from torch import Tensor, nn
 
-from captioner.pretraining_settings import pretraining_report_path
-from data_prep.files import file_sha256, first_names, require_file
+from captioner.features.pretraining_settings import pretraining_report_path
+from data_prep.hashes import file_sha256
+from data_prep.paths import require_file
+from data_prep.wording import first_names
 
 ARCHITECTURES = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 LAYERS = ("layer3", "layer4")

@@ -43,14 +43,10 @@ from pathlib import Path
 
 from captioner.cli import SIGINT_STATUS
 from captioner.commands.options import close_progress_bars, command_parser, report_error
-from data_prep.files import (
-    OutputPathError,
-    check_output_dir,
-    clear_folder,
-    counted,
-    first_names,
-    held_alone,
-)
+from data_prep.locks import held_alone
+from data_prep.output_folders import clear_folder
+from data_prep.paths import OutputPathError, check_output_dir
+from data_prep.wording import counted, first_names
 from eval.demo import (
     FINISHED_MARK,
     FULL,
@@ -109,7 +105,7 @@ def main(argv: list[str]) -> int:
     try:
         check_output_dir(out)
         out.mkdir(parents=True, exist_ok=True)
-    except ValueError as exc:  # data_prep.files.OutputPathError
+    except ValueError as exc:  # data_prep.paths.OutputPathError
         return report_error("captioner demo", exc)
     except OSError as exc:
         return report_error("captioner demo", exc, f"cannot create the folder {out}")

@@ -47,15 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from captioner.inference import open_captioner
-    from data_prep.files import (
-        OutputPathError,
-        check_output_dir,
-        check_output_file,
-        counted,
-        first_names,
-        stops_held,
-        write_json,
-    )
+    from data_prep.atomic import write_json
+    from data_prep.paths import OutputPathError, check_output_dir, check_output_file
+    from data_prep.stop_signals import stops_held
+    from data_prep.wording import counted, first_names
     from eval.caption_files import empty_caption_ids
     from eval.evaluation import evaluate_captioner
     from eval.java_tools import JavaToolError

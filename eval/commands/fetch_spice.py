@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars or log lines")
     args = parser.parse_args(argv)
-    from data_prep.files import check_output_dir
+    from data_prep.paths import check_output_dir
 
     try:
         check_output_dir(spice_cache_dir(args.cache_dir))

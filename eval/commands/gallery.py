@@ -47,7 +47,7 @@ from captioner.commands.options import (
     decoding_options,
     report_error,
 )
-from data_prep.files import counted
+from data_prep.wording import counted
 
 HELP = "side-by-side attention gallery of several checkpoints (static HTML)"
 DEFAULT_SPLIT_SAMPLE = 20
@@ -104,7 +104,7 @@ def _images(args: argparse.Namespace) -> _Selection:
     n = args.n or DEFAULT_SPLIT_SAMPLE
     sample, skipped = sample_readable(candidates, n, args.seed)
     if not sample:  # a wrong --images, most likely: one line, not one per image
-        from data_prep.files import first_names
+        from data_prep.wording import first_names
 
         raise ValueError(f"{args.data}: the {args.split} split has no images" if not candidates
                          else f"--images {args.images}: none of the {len(candidates)} images of "
@@ -121,7 +121,7 @@ def _write_page(args: argparse.Namespace, images, models, earlier: bool) -> Path
     """Write the gallery into --out, replacing the ``earlier`` one (--overwrite) only once the
     new one is whole: one stopped half-way, or of only empty captions (no weight to scale
     colours by), must not replace a good one by none. Returns the page's path."""
-    from data_prep.files import result_folder
+    from data_prep.output_folders import result_folder
     from eval.gallery import build_gallery, gallery_scale
 
     gallery_scale(images, models, vmax=args.vmax, zero_style=args.zero_style)
@@ -143,7 +143,11 @@ def main(argv: list[str]) -> int:
 def _make_gallery(args: argparse.Namespace, claim: contextlib.ExitStack) -> int:
     from captioner.heatmaps import checkpoint_names
     from captioner.inference import open_captioner
-    from data_prep.files import check_output_folder, claimed_output, refuse_inputs_in_output
+    from data_prep.output_folders import (
+        check_output_folder,
+        claimed_output,
+        refuse_inputs_in_output,
+    )
     from data_prep.text import check_utf8_names
     from eval.gallery import (
         GALLERY_FORMAT,

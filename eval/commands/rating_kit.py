@@ -32,7 +32,7 @@ from captioner.commands.options import (
     decoding_options,
     report_error,
 )
-from data_prep.files import counted
+from data_prep.wording import counted
 
 HELP = "build a blinded human-rating kit (static HTML) comparing checkpoints"
 
@@ -80,7 +80,7 @@ def _check_key(path: Path, overwrite: bool, reads: list[tuple[str, Path]]) -> bo
             or holds a key and ``overwrite`` is False (the ratings of its kit could never be
             unblinded again).
     """
-    from data_prep.files import OutputPathError, check_output_file
+    from data_prep.paths import OutputPathError, check_output_file
     from eval.rating_kit import is_key_file
 
     check_output_file(path, reads)
@@ -121,7 +121,8 @@ def _write_kit(args: argparse.Namespace, images, models, key_path: Path, earlier
     """Write the kit into --out and its key to ``key_path``, replacing the ``earlier`` kit
     (--overwrite) only once the new one is whole, so that it is never replaced by none (one
     stopped half-way, or of only empty captions). Returns the `RatingKit`."""
-    from data_prep.files import result_folder, stops_held
+    from data_prep.output_folders import result_folder
+    from data_prep.stop_signals import stops_held
     from eval.rating_kit import build_kit, kit_scale, write_key
 
     vmax = kit_scale(images, models)
@@ -156,7 +157,11 @@ def main(argv: list[str]) -> int:
 def _make_kit(args: argparse.Namespace, key_path: Path, claim: contextlib.ExitStack) -> int:
     from captioner.heatmaps import checkpoint_names
     from captioner.inference import open_captioner
-    from data_prep.files import check_output_folder, claimed_output, refuse_inputs_in_output
+    from data_prep.output_folders import (
+        check_output_folder,
+        claimed_output,
+        refuse_inputs_in_output,
+    )
     from data_prep.text import check_utf8_names
     from eval.rating_kit import KIT_FORMAT, KitModel, fewer_than_asked, kit_files, sample_readable
 

@@ -31,7 +31,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    from data_prep.files import check_output_file, refuse_repeated, require_file, write_json
+    from data_prep.atomic import write_json
+    from data_prep.paths import check_output_file, refuse_repeated, require_file
     from eval.rating_summary import RatingsError, format_table, summarize
 
     try:

@@ -44,14 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from data_prep.files import (
-        OutputPathError,
-        agreeing,
-        check_output_file,
-        counted,
-        first_names,
-        write_json,
-    )
+    from data_prep.atomic import write_json
+    from data_prep.paths import OutputPathError, check_output_file
+    from data_prep.wording import agreeing, counted, first_names
     from eval.caption_files import (
         CaptionFileError,
         check_result_names,

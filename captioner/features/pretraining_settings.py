@@ -1,6 +1,6 @@
 """What ``captioner pretrain-encoder`` trains and how (:class:`PretrainingSettings`), where its
 report goes and how it reads: plain data, so that the command's options and help need neither
-torch nor torchvision. The training itself is :mod:`captioner.encoder_pretraining`.
+torch nor torchvision. The training itself is :mod:`captioner.features.pretraining`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,34 @@
+"""English wording of one-line messages: counts with their nouns, the first few of a list,
+values cut to a readable length."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def first_names(names: Sequence[object], limit: int = 10, separator: str = ", ") -> str:
+    """The first ``limit`` of ``names`` (files, ids, problems; each as ``str`` gives it) joined
+    by ``separator``, then how many are left out: ``a, b, c`` or ``a, b, c and 7 more``, as a
+    one-line message lists them (``separator="; "`` where the names hold commas)."""
+    shown = separator.join(str(name) for name in names[:limit])
+    return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
+
+
+def counted(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless one: "1 image", "2 images" (regular nouns)."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` for a one-line message (a numpy value as its Python list or number),
+    cut to ``limit`` characters, with its whole length, when longer."""
+    tolist = getattr(value, "tolist", None)  # numpy arrays and scalars
+    text = repr(tolist() if callable(tolist) else value)
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} characters)"
+
+
+def agreeing(count: int, one: str, many: str) -> str:
+    """The word that agrees with ``count`` things: ``one`` ("is", "has") for one, else
+    ``many`` ("are", "have"), for the verb after :func:`counted`."""
+    return one if count == 1 else many
