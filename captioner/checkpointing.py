@@ -341,7 +341,19 @@ def _shape(value: Any) -> tuple[int, ...] | str:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning CheckpointIO plugin: atomic writes, ``weights_only=True`` reads."""
+    """Lightning CheckpointIO plugin: atomic writes, ``weights_only=True`` reads, and removals
+    held until :meth:`remove_now` (a best checkpoint that a better one supersedes goes once
+    ``last.ckpt`` names the new one: :class:`captioner.training_runs.BestCheckpoint`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.superseded: list[str] = []  # the checkpoints Lightning asked to remove
+
+    def remove_checkpoint(self, path) -> None:
+        self.superseded.append(str(path))
+
+    def remove_now(self, path) -> None:
+        super().remove_checkpoint(path)
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path, storage_options: Any | None = None
