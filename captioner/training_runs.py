@@ -87,6 +87,11 @@ class BestCheckpoint(ModelCheckpoint):
         super().load_state_dict(state_dict)
         superseded = state_dict.get("superseded") or []
         self._restored = tuple(path for path in superseded if isinstance(path, str))
+        # A run copied or moved: its best checkpoint is the one of that name in its own folder,
+        # not the file the checkpoint names where it was written.
+        here = Path(self.dirpath or ".") / Path(self.best_model_path or ".").name
+        if self.dirpath and self.best_model_path and here.is_file():
+            self.best_model_path = str(here)
 
     def setup(self, trainer: L.Trainer, pl_module, stage: str) -> None:
         super().setup(trainer, pl_module, stage)

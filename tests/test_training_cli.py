@@ -1143,6 +1143,34 @@ def test_a_copied_runs_folder_resumes_and_tests_its_own_run(synthetic_data, tiny
         "version_0"]
 
 
+def _file_state(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(path.relative_to(folder)): (path.stat().st_size, path.stat().st_mtime_ns)
+            for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+@pytest.mark.parametrize("copy_to", ["runs/other_name/version_0", "elsewhere/plain_copy"])
+def test_a_run_copied_under_another_name_resumes_as_itself(copy_to, synthetic_data,
+                                                            tiny_cache, tmp_path, capsys):
+    """A run is the folder its config.yaml is in: a copy of a run under another run name (or
+    into a plain folder) resumed from its own config.yaml trains there, and the original run,
+    which the files name, is left as it was (it was resumed and rewritten: epochs 1 -> 2)."""
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.max_epochs", "1")
+    assert lightning_main(["fit", *args]) == 0
+    original = tmp_path / "runs" / "demo_softmax" / "version_0"
+    copy = tmp_path / copy_to
+    shutil.copytree(original, copy)
+    before = _file_state(original)
+    capsys.readouterr()
+    assert lightning_main(["fit", "--config", str(copy / "config.yaml"), "--ckpt_path", "last",
+                           "--trainer.max_epochs", "2"]) == 0, capsys.readouterr().err
+    assert f"run folder: {copy}" in capsys.readouterr().out
+    assert read_epochs_done(copy) == 2
+    assert load_safely(copy / "checkpoints" / "last.ckpt")["global_step"] == 4
+    assert read_progress(copy / "checkpoints")["best_checkpoint"].startswith(f"{copy}/")
+    assert _file_state(original) == before
+    assert sorted(path.name for path in original.parent.iterdir()) == ["version_0"]
+
+
 def _wait_a_minute(started) -> None:
     started.set()
     time.sleep(60)
