@@ -343,7 +343,7 @@ def _shape(value: Any) -> tuple[int, ...] | str:
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning CheckpointIO plugin: atomic writes, ``weights_only=True`` reads, and removals
     held until :meth:`remove_now` (a best checkpoint that a better one supersedes goes once
-    ``last.ckpt`` names the new one: :class:`captioner.training_runs.BestCheckpoint`)."""
+    ``last.ckpt`` names the new one: :class:`captioner.training.runs.BestCheckpoint`)."""
 
     def __init__(self) -> None:
         super().__init__()

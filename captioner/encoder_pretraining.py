@@ -38,9 +38,9 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms.functional import pil_to_tensor
 
 from captioner.checkpointing import save_atomically
-from captioner.lightning_stops import stops_as_keyboard_interrupt
 from captioner.model.encoder import GridEncoder, later_stages
 from captioner.pretraining_settings import STRIDES, PretrainingSettings, pretraining_report_path
+from captioner.training.stops import stops_as_keyboard_interrupt
 from data_prep.cell_labels import CellLabeller
 from data_prep.files import check_output_file, stops_held, write_json
 from data_prep.images import IMAGENET_MEAN, IMAGENET_STD, load_image

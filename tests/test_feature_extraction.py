@@ -25,7 +25,7 @@ from robust_inputs import png_header
 
 import captioner.feature_extraction as fx
 from captioner.commands.prepare_features import main
-from captioner.data import CaptionDataModule
+from captioner.training.datamodule import CaptionDataModule
 from data_prep.features import FeatureCache, partial_cache_path, skipped_images_path
 from data_prep.images import check_image
 

@@ -25,7 +25,7 @@ from PIL import Image
 from captioner.checkpointing import load_safely, save_atomically
 from captioner.commands.lightning import main as lightning_main
 from captioner.feature_extraction import extract_features
-from captioner.training_runs import read_progress
+from captioner.training.runs import read_progress
 from data_prep.features import FeatureCache
 from eval.demo import ENCODER_LAYER as DEMO_LAYER
 
@@ -161,12 +161,12 @@ def test_features_preloaded_on_the_device_train_the_weights_of_features_read_per
 def test_features_too_large_for_the_device_stop_the_fit_in_one_line(
     synthetic_data, tiny_cache, tmp_path, capsys, monkeypatch
 ):
-    import captioner.data
+    import captioner.training.datamodule
 
-    check = captioner.data._check_device_memory
+    check = captioner.training.datamodule._check_device_memory
     # As on a GPU with 1 KiB free (the check reads the free memory of CUDA devices only).
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1024, 2**30))
-    monkeypatch.setattr(captioner.data, "_check_device_memory",
+    monkeypatch.setattr(captioner.training.datamodule, "_check_device_memory",
                         lambda device, shape, path: check(torch.device("cuda:0"), shape, path))
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--data.preload_features", "device")
     assert lightning_main(["fit", *args]) == 2
@@ -412,7 +412,7 @@ def test_an_int_batch_limit_counts_batches_and_a_float_is_a_fraction(
 
 def test_last_checkpoint_every_n_steps_when_asked(synthetic_data, tiny_cache, tmp_path,
                                                   monkeypatch):
-    from captioner.training_runs import LastCheckpoint
+    from captioner.training.runs import LastCheckpoint
 
     saved = []
     save = LastCheckpoint._save
@@ -435,7 +435,7 @@ def test_a_stop_after_last_ckpt_is_written_still_records_its_progress(
     # file was written: progress.json and the resume line named the epoch before.
     import signal
 
-    from captioner.training_cli import Trainer
+    from captioner.training.cli import Trainer
 
     save = Trainer.save_checkpoint
 
@@ -556,7 +556,7 @@ def test_an_evaluation_logging_in_a_run_sends_another_one_beside_it(synthetic_da
 
 
 def test_an_evaluation_folder_is_the_first_with_no_scores_that_nobody_holds(tmp_path):
-    from captioner.training_runs import claim_evaluation_folder
+    from captioner.training.runs import claim_evaluation_folder
     from data_prep.files import hold_exclusively, let_go
 
     (tmp_path / "validate").mkdir()
@@ -800,7 +800,7 @@ def test_ctrl_c_in_a_test_leaves_no_unscored_run_folder(synthetic_data, tiny_cac
     # no checkpoint yet.
     import signal
 
-    from captioner.lightning_module import CaptioningModule
+    from captioner.training.module import CaptioningModule
 
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
@@ -834,7 +834,7 @@ STOPPED_BEFORE_TRAINING = {
 def _stop_before_training(monkeypatch, where: str) -> tuple[str, ...]:
     """Make the loader of ``where`` (a key of STOPPED_BEFORE_TRAINING) fail; the options that
     reach it."""
-    from captioner.data import CaptionDataModule
+    from captioner.training.datamodule import CaptionDataModule
 
     hook, options = STOPPED_BEFORE_TRAINING[where]
 
@@ -893,7 +893,7 @@ def test_runs_started_together_each_get_their_own_version_folder(synthetic_data,
     # version before the first has made its folder. Lightning's logger would give both
     # version_0, and they would write their checkpoints and metrics into one folder.
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.max_epochs", "1")
-    from captioner.training_cli import build_cli
+    from captioner.training.cli import build_cli
 
     first = build_cli([*args, "--seed_everything", "1"], run=False)
     second = build_cli([*args, "--seed_everything", "2"], run=False)
@@ -935,7 +935,7 @@ def test_an_interrupted_fit_lets_go_of_its_run(synthetic_data, tiny_cache, tmp_p
     # refused as if another fit were training in it.
     import signal
 
-    from captioner.lightning_module import CaptioningModule
+    from captioner.training.module import CaptioningModule
 
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
@@ -960,7 +960,7 @@ def test_an_interrupted_fit_lets_go_of_its_run(synthetic_data, tiny_cache, tmp_p
 
 def test_a_fit_holds_a_version_named_on_its_command_line(synthetic_data, tiny_cache, tmp_path,
                                                          capsys):
-    from captioner.training_runs import RunLock
+    from captioner.training.runs import RunLock
 
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.max_epochs", "1",
                      "--trainer.logger.init_args.version", "mine")
@@ -1179,8 +1179,8 @@ def _wait_a_minute(started) -> None:
 def test_a_run_held_for_an_instant_as_runs_looks_at_it_is_not_refused(tmp_path):
     import threading
 
-    from captioner.run_folders import training_now
-    from captioner.training_runs import RunLock
+    from captioner.training.folders import training_now
+    from captioner.training.runs import RunLock
     from data_prep.files import hold_exclusively, let_go
 
     probe = hold_exclusively(tmp_path)  # as training_now holds it, for an instant
@@ -1192,7 +1192,7 @@ def test_a_run_held_for_an_instant_as_runs_looks_at_it_is_not_refused(tmp_path):
 def test_a_held_run_is_let_go_when_its_fit_ends_though_a_forked_worker_lives_on(tmp_path):
     import multiprocessing
 
-    from captioner.training_runs import RunInUse, RunLock
+    from captioner.training.runs import RunInUse, RunLock
 
     held = RunLock(tmp_path)
     with pytest.raises(RunInUse, match=re.escape(str(tmp_path))):
@@ -1218,7 +1218,7 @@ def test_a_run_on_a_file_system_that_locks_no_folder_trains_with_a_warning(tmp_p
     import fcntl as real_fcntl
 
     import data_prep.files
-    from captioner.training_runs import RunLock
+    from captioner.training.runs import RunLock
 
     def nfs_flock(fd, operation):
         raise OSError(errno.EBADF, "Bad file descriptor")
@@ -1304,7 +1304,7 @@ def test_the_best_checkpoint_monitors_a_metric_the_model_logs(synthetic_data, ti
     """A misspelt --checkpoint.monitor is refused before training (Lightning finds out after
     the first epoch's validation, and that epoch is lost); the names it may take are exactly
     those a fit logs."""
-    from captioner.lightning_module import LOGGED_METRICS
+    from captioner.training.module import LOGGED_METRICS
 
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.max_epochs", "1")
     assert lightning_main(["fit", *args, "--checkpoint.monitor", "val/CIDER"]) == 2
@@ -1520,7 +1520,7 @@ def test_a_cache_moved_with_its_encoder_file_trains(synthetic_data, tiny_cache, 
 def test_a_cache_of_other_weights_than_a_checkpoints_asks_for_another_cache(tiny_cache):
     # The model of a --ckpt_path checkpoint keeps its encoder_weights: setting them to the
     # cache's would be refused in turn, so the advice is another cache.
-    from captioner.lightning_module import CACHE_SETTINGS, check_feature_cache
+    from captioner.training.module import CACHE_SETTINGS, check_feature_cache
 
     cache = FeatureCache(tiny_cache)
     settings = {option: cache.encoder.get(key, "layer4") for key, option in CACHE_SETTINGS.items()}
@@ -1540,7 +1540,7 @@ def test_a_moved_caches_advice_names_its_encoder_file_where_it_now_lies(tiny_cac
     # the advice must name the file beside the cache, not the recorded path that is gone.
     from types import SimpleNamespace
 
-    from captioner.lightning_module import CACHE_SETTINGS, check_feature_cache
+    from captioner.training.module import CACHE_SETTINGS, check_feature_cache
     from data_prep.files import file_sha256
 
     cache = FeatureCache(tiny_cache)
@@ -1564,7 +1564,7 @@ def test_a_moved_caches_advice_names_its_encoder_file_where_it_now_lies(tiny_cac
 def test_a_cache_of_another_encoder_names_every_setting_that_differs(tiny_cache):
     # Set one by one, the paper config's defaults (resnet101, layer4, 256 px, ImageNet weights)
     # took four refused runs to fit a cache of --arch resnet18 --layer layer3.
-    from captioner.lightning_module import CACHE_SETTINGS, check_feature_cache
+    from captioner.training.module import CACHE_SETTINGS, check_feature_cache
 
     cache = FeatureCache(tiny_cache)
     needed = {option: cache.encoder.get(key, "layer4") for key, option in CACHE_SETTINGS.items()}
@@ -1598,7 +1598,7 @@ def test_ctrl_c_stops_fit_with_status_130_and_says_how_to_resume(synthetic_data,
                                                                  epoch):
     import signal
 
-    from captioner.lightning_module import CaptioningModule
+    from captioner.training.module import CaptioningModule
 
     step = CaptioningModule.training_step
 
@@ -1633,7 +1633,7 @@ def test_a_fit_from_an_earlier_runs_config_stopped_names_the_command_that_resume
     import shlex
     import signal
 
-    from captioner.lightning_module import CaptioningModule
+    from captioner.training.module import CaptioningModule
 
     assert lightning_main(["fit", *_cli_args(synthetic_data, tiny_cache, tmp_path),
                            "--trainer.max_epochs", "1"]) == 0
@@ -2006,7 +2006,7 @@ def test_fit_validate_and_test_each_have_their_own_help_line(capsys):
 
 
 def test_float32_matmul_precision_is_set_before_training(synthetic_data, tiny_cache, tmp_path):
-    from captioner.training_cli import build_cli
+    from captioner.training.cli import build_cli
 
     before = torch.get_float32_matmul_precision()
     try:
@@ -2020,7 +2020,7 @@ def test_float32_matmul_precision_is_set_before_training(synthetic_data, tiny_ca
 
 
 def test_the_configs_of_a_command_line_in_every_spelling(tmp_path):
-    from captioner.training_cli import _first_config, config_files, option_values
+    from captioner.training.cli import _first_config, config_files, option_values
 
     first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
     for path in (first, second):
@@ -2124,7 +2124,7 @@ def test_a_fit_killed_after_its_last_checkpoint_removes_what_it_superseded_on_re
 ):
     # Killed once last.ckpt is written, before progress.json and the removal of the best
     # checkpoint it supersedes: last.ckpt records that file, which the resume removes.
-    import captioner.training_runs as training_runs
+    import captioner.training.runs as training_runs
 
     write_progress = training_runs.write_progress
 

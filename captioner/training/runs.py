@@ -38,7 +38,7 @@ from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 
 from captioner.checkpointing import AtomicCheckpointIO, CheckpointError, load_safely
-from captioner.run_folders import (
+from captioner.training.folders import (
     LAST_NAME,
     PROGRESS_NAME,
     read_progress,

@@ -3,16 +3,16 @@
 On top of Lightning's CLI over :class:`CaptioningModule` and :class:`CaptionDataModule`:
 
 * runs are named: the CSV logger writes ``runs/NAME/version_N`` with NAME the first config
-  file's stem or ``--run_name`` (see :mod:`captioner.training_runs`);
+  file's stem or ``--run_name`` (see :mod:`captioner.training.runs`);
 * ``--ckpt_path last`` (fit) resumes the newest version of NAME that has a ``last.ckpt``, in
   the same folder, or the run whose own ``config.yaml`` is the config; ``--ckpt_path best``
   or ``last`` (validate, test) use that version's best or last checkpoint;
 * a checkpoint given to ``--ckpt_path`` is read as untrusted data: tensors only, and its
   hyperparameters are checked as plain data against the model's constructor before they reach
   jsonargparse (which would import any ``class_path`` they named);
-* :class:`captioner.training_runs.LastCheckpoint` (options ``--last.*``) writes ``last.ckpt``
+* :class:`captioner.training.runs.LastCheckpoint` (options ``--last.*``) writes ``last.ckpt``
   every epoch; the best checkpoint on ``val/CIDEr`` is Lightning's ModelCheckpoint
-  (``--checkpoint.*``), as :class:`captioner.training_runs.BestCheckpoint`, which removes a
+  (``--checkpoint.*``), as :class:`captioner.training.runs.BestCheckpoint`, which removes a
   superseded best checkpoint only once ``last.ckpt`` names the new one;
 * ``--trainer.limit_*_batches 1`` is one batch, as Lightning documents, not 1.0 (:class:`Trainer`).
 """
@@ -38,17 +38,16 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from captioner.checkpointing import load_safely, restore_problem
-from captioner.data import CaptionDataModule
-from captioner.lightning_module import (
+from captioner.training.datamodule import CaptionDataModule
+from captioner.training.folders import version_number
+from captioner.training.module import (
     CACHE_SETTINGS,
     LOGGED_METRICS,
     CaptioningModule,
     check_feature_cache,
     stored_vocabulary,
 )
-from captioner.lightning_stops import KeepStopSignals, TellLostProcesses
-from captioner.run_folders import version_number
-from captioner.training_runs import (
+from captioner.training.runs import (
     LAST_NAME,
     PROGRESS_NAME,
     BestCheckpoint,
@@ -68,6 +67,7 @@ from captioner.training_runs import (
     remove_if_empty,
     remove_interrupted_writes,
 )
+from captioner.training.stops import KeepStopSignals, TellLostProcesses
 from data_prep.features import FeatureCache
 from data_prep.files import check_output_dir, counted, first_names, let_go, read_settings
 
@@ -99,7 +99,7 @@ class Trainer(LightningTrainer):
     types the limits ``float | int``; jsonargparse gives a value the first type that holds it,
     so ``--trainer.limit_train_batches 1`` (or ``limit_train_batches: 1`` in a config) became
     1.0, every batch. Its signals are handled by
-    :class:`~captioner.lightning_stops.KeepStopSignals` (SIGTERM stops a run as Ctrl-C does).
+    :class:`~captioner.training.stops.KeepStopSignals` (SIGTERM stops a run as Ctrl-C does).
 
     Args:
         limit_train_batches: training batches per epoch: an int counts batches, a float is a
