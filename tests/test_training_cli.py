@@ -24,6 +24,7 @@ from PIL import Image
 
 from captioner.checkpointing import load_safely, save_atomically
 from captioner.commands.lightning import main as lightning_main
+from captioner.commands.runs import main as runs_main
 from captioner.feature_extraction import extract_features
 from captioner.training.runs import read_progress
 from data_prep.features import FeatureCache
@@ -94,6 +95,15 @@ def tiny_cache(synthetic_data, tmp_path_factory) -> Path:
         num_workers=0, progress=False,
     )
     return out
+
+
+def _call(capsys, *argv: str) -> tuple[int, str, str]:
+    """``captioner ARGV`` (fit, validate, test or runs) in this process: (exit status, stdout,
+    stderr), as :func:`_run` gives them where the process boundary is not what is tested."""
+    capsys.readouterr()
+    code = runs_main(list(argv[1:])) if argv[0] == "runs" else lightning_main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def test_prepare_features_records_the_encoder(tiny_cache, synthetic_data):
@@ -277,10 +287,10 @@ def test_a_min_count_that_leaves_no_word_is_refused_before_training(synthetic_da
 
 # With loader workers too: were they kept from epoch to epoch, an uninterrupted run would
 # start them once and a resumed run again, drawing its shuffle and dropout masks elsewhere.
-@pytest.mark.subprocess
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
-    synthetic_data, tiny_cache, tmp_path, workers
+    synthetic_data, tiny_cache, tmp_path, workers, capsys
 ):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert lightning_main(["fit", *_cli_args(synthetic_data, tiny_cache, straight,
@@ -316,19 +326,19 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
     assert load_safely(run / "checkpoints" / "last.ckpt")["global_step"] == 8
 
     # A finished run is not "resumed" silently.
-    code, _, err = _run("fit", *args, "--trainer.max_epochs", "4", "--ckpt_path", "last")
+    code, _, err = _call(capsys, "fit", *args, "--trainer.max_epochs", "4", "--ckpt_path", "last")
     assert code == 2 and "has trained 4 epochs already" in err and "Traceback" not in err
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_fit_stopped_by_max_steps_inside_an_epoch_resumes_the_rest_of_it(
-    synthetic_data, tiny_cache, tmp_path
+    synthetic_data, tiny_cache, tmp_path, capsys
 ):
     # Saved at the epoch's end, Lightning counted the epoch as done: progress.json said one
     # epoch done, and the resume skipped the epoch's other batches (2 epochs of 2 batches
     # ended at step 3, not 4).
     args = [*_cli_args(synthetic_data, tiny_cache, tmp_path), "--trainer.max_epochs", "2"]
-    code, out, err = _run("fit", *args, "--trainer.max_steps", "3")
+    code, out, err = _call(capsys, "fit", *args, "--trainer.max_steps", "3")
     assert code == 0, err[-2000:]
     checkpoints = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints"
     assert f"last checkpoint: {checkpoints / 'last.ckpt'} (epochs done: 1, step 3)" in out
@@ -351,8 +361,8 @@ def test_a_fit_stopped_before_its_first_validation_does_not_blame_the_monitor(
     assert "could not find the monitored key" not in err
 
 
-@pytest.mark.subprocess
-def test_a_runs_own_config_with_ckpt_path_last_resumes_that_run(synthetic_data, tiny_cache,
+@pytest.mark.slow
+def test_a_runs_own_config_with_ckpt_path_last_resumes_that_call(capsys, synthetic_data, tiny_cache,
                                                                 tmp_path):
     # The saved config.yaml names the run through its logger, not through its own file name.
     # That run, even where a newer version of the same name exists.
@@ -362,7 +372,7 @@ def test_a_runs_own_config_with_ckpt_path_last_resumes_that_run(synthetic_data, 
     run, newer = (tmp_path / "runs" / "demo_softmax" / f"version_{n}" for n in (0, 1))
     # The config.yaml holds ckpt_path: null; given after --ckpt_path last, it would start a
     # third run from scratch.
-    code, _, err = _run("fit", "--ckpt_path", "last", "--config", str(run / "config.yaml"),
+    code, _, err = _call(capsys, "fit", "--ckpt_path", "last", "--config", str(run / "config.yaml"),
                         "--trainer.max_epochs", "2")
     assert code == 2 and err.strip() == (
         f"captioner fit: --ckpt_path comes before --config {run / 'config.yaml'}, which sets "
@@ -458,12 +468,12 @@ def test_a_stop_after_last_ckpt_is_written_still_records_its_progress(
         f"resumes from {run / 'checkpoints' / 'last.ckpt'} (epochs done: 2)")
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow
 def test_fit_prints_the_run_folder_and_checkpoints_and_runs_lists_them(
-    synthetic_data, tiny_cache, tmp_path
+    synthetic_data, tiny_cache, tmp_path, capsys
 ):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--run_name", "tiny")
-    code, out, err = _run("fit", *args, "--trainer.max_epochs", "1")
+    code, out, err = _call(capsys, "fit", *args, "--trainer.max_epochs", "1")
     assert code == 0, err[-2000:]
     run = tmp_path / "runs" / "tiny" / "version_0"
     assert f"run folder: {run}" in out
@@ -473,7 +483,7 @@ def test_fit_prints_the_run_folder_and_checkpoints_and_runs_lists_them(
     assert "Tip:" not in out + err and "module(s) in eval mode at the start" not in err
     assert "Seed set to 0" in out + err  # told once the model and the data stand
 
-    code, out, err = _run("runs", "--root", str(tmp_path / "runs"))
+    code, out, err = _call(capsys, "runs", "--root", str(tmp_path / "runs"))
     assert code == 0, err
     row = next(line for line in out.splitlines() if line.startswith("tiny"))
     assert "version_0" in row and str(best) in row and " 1 " in row
@@ -481,29 +491,29 @@ def test_fit_prints_the_run_folder_and_checkpoints_and_runs_lists_them(
     # A moved runs folder: its checkpoints where they are now, not where they were written.
     moved = tmp_path / "moved"
     (tmp_path / "runs").rename(moved)
-    code, out, err = _run("runs", "--root", str(moved))
+    code, out, err = _call(capsys, "runs", "--root", str(moved))
     row = next(line for line in out.splitlines() if line.startswith("tiny"))
     here = moved / "tiny" / "version_0" / "checkpoints"
     assert f"best {here / best.name}  last {here / 'last.ckpt'}" in row, row
     # A copy whose file is gone: that file marked missing, not the original's listed.
     shutil.copytree(moved, tmp_path / "copy")
     (tmp_path / "copy" / "tiny" / "version_0" / "checkpoints" / "last.ckpt").unlink()
-    code, out, err = _run("runs", "--root", str(tmp_path / "copy"))
+    code, out, err = _call(capsys, "runs", "--root", str(tmp_path / "copy"))
     row = next(line for line in out.splitlines() if line.startswith("tiny"))
     copied = tmp_path / "copy" / "tiny" / "version_0" / "checkpoints"
     assert f"best {copied / best.name}  last {copied / 'last.ckpt'} (missing)" in row, row
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow
 def test_validate_and_test_take_a_cli_checkpoint_and_best(synthetic_data, tiny_cache, tmp_path,
-                                                           monkeypatch):
+                                                           monkeypatch, capsys):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
     best = next((tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints").glob("best*"))
     monkeypatch.chdir(best.parent)
     assert lightning_main(["validate", *args, "--ckpt_path", best.name]) == 0
     monkeypatch.chdir(tmp_path)
-    code, out, err = _run("test", *args, "--ckpt_path", "best")
+    code, out, err = _call(capsys, "test", *args, "--ckpt_path", "best")
     assert code == 0, err[-2000:]
     assert "dirpath has changed" not in err  # Lightning's warning, of no use to a test
     run = tmp_path / "runs" / "demo_softmax" / "version_0"
@@ -579,9 +589,9 @@ def test_an_evaluation_folder_is_the_first_with_no_scores_that_nobody_holds(tmp_
     let_go(hold)
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow
 def test_runs_says_a_version_holds_the_test_of_a_checkpoint_from_elsewhere(
-    synthetic_data, tiny_cache, tmp_path
+    synthetic_data, tiny_cache, tmp_path, capsys
 ):
     trained = _cli_args(synthetic_data, tiny_cache, tmp_path / "trained")
     assert lightning_main(["fit", *trained, "--trainer.max_epochs", "1"]) == 0
@@ -590,9 +600,9 @@ def test_runs_says_a_version_holds_the_test_of_a_checkpoint_from_elsewhere(
     shutil.copy(tmp_path / "trained" / "runs" / "demo_softmax" / "version_0" / "checkpoints" /
                 "last.ckpt", model)
     args = _cli_args(synthetic_data, tiny_cache, tmp_path / "scored")
-    code, _, err = _run("test", *args, "--ckpt_path", str(model))
+    code, _, err = _call(capsys, "test", *args, "--ckpt_path", str(model))
     assert code == 0, err[-2000:]
-    code, out, err = _run("runs", "--root", str(tmp_path / "scored" / "runs"))
+    code, out, err = _call(capsys, "runs", "--root", str(tmp_path / "scored" / "runs"))
     assert code == 0, err
     run = tmp_path / "scored" / "runs" / "demo_softmax" / "version_0"
     assert out.splitlines()[1] == (
@@ -601,7 +611,7 @@ def test_runs_says_a_version_holds_the_test_of_a_checkpoint_from_elsewhere(
     # A training run that has not saved a checkpoint yet is not taken for one.
     (run.parent / "version_1").mkdir()
     (run.parent / "version_1" / "config.yaml").write_text("ckpt_path: null\n")
-    code, out, err = _run("runs", "--root", str(tmp_path / "scored" / "runs"))
+    code, out, err = _call(capsys, "runs", "--root", str(tmp_path / "scored" / "runs"))
     assert out.splitlines()[2].endswith(
         f"version_1  {'?':<16}      -        - -     (stopped before its first checkpoint: "
         "nothing to resume)")
@@ -662,15 +672,15 @@ def test_user_errors_are_one_line_and_exit_2(synthetic_data, tiny_cache, tmp_pat
     assert not list(tmp_path.glob("runs/*/version_*"))  # no empty run folder left behind
 
 
-@pytest.mark.subprocess
-def test_a_refused_resume_leaves_the_run_as_it_was(synthetic_data, tiny_cache, tmp_path):
+@pytest.mark.slow
+def test_a_refused_resume_leaves_the_run_as_it_was(synthetic_data, tiny_cache, tmp_path, capsys):
     # The checkpoint is read before anything of the run is rewritten: a resume refused for
     # another vocabulary keeps the run's config.yaml and metrics.csv.
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
     run = tmp_path / "runs" / "demo_softmax" / "version_0"
     before = {name: (run / name).read_bytes() for name in ("config.yaml", "metrics.csv")}
-    code, _, err = _run("fit", "--config", str(run / "config.yaml"), "--ckpt_path", "last",
+    code, _, err = _call(capsys, "fit", "--config", str(run / "config.yaml"), "--ckpt_path", "last",
                         "--trainer.max_epochs", "2", "--data.min_count", "50")
     assert code == 2 and "vocabulary differs" in err, err[-2000:]
     assert {name: (run / name).read_bytes() for name in before} == before
@@ -678,10 +688,10 @@ def test_a_refused_resume_leaves_the_run_as_it_was(synthetic_data, tiny_cache, t
     assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["fit", "test"])
 def test_a_checkpoint_whose_weights_do_not_fit_is_one_line(synthetic_data, tiny_cache, tmp_path,
-                                                           command):
+                                                           command, capsys):
     # Hyperparameters that build a model, weights that do not fit it (a tensor missing): the
     # refusal names the file and the tensor, and the run it came from is left as it was.
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
@@ -694,7 +704,7 @@ def test_a_checkpoint_whose_weights_do_not_fit_is_one_line(synthetic_data, tiny_
     save_atomically(checkpoint, damaged)
     before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
 
-    code, _, err = _run(command, "--config", str(run / "config.yaml"), "--ckpt_path",
+    code, _, err = _call(capsys, command, "--config", str(run / "config.yaml"), "--ckpt_path",
                         str(damaged), "--trainer.max_epochs", "2")
     assert code == 2 and "Traceback" not in err, err[-3000:]
     errors = [line for line in err.splitlines() if line.startswith(f"captioner {command}: ")]
@@ -717,7 +727,7 @@ def test_a_checkpoint_whose_weights_do_not_fit_is_one_line(synthetic_data, tiny_
     ({"vocab_size": 500}, ["--trainer.max_epochs", "2"], "but vocab_size is 500"),
 ])
 def test_fit_refuses_a_checkpoint_file_caption_refuses_or_that_has_nothing_left_to_train(
-        synthetic_data, tiny_cache, tmp_path, edit, extra, message):
+        synthetic_data, tiny_cache, tmp_path, edit, extra, message, capsys):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
     checkpoint = load_safely(tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints"
@@ -725,7 +735,8 @@ def test_fit_refuses_a_checkpoint_file_caption_refuses_or_that_has_nothing_left_
     checkpoint["hyper_parameters"].update(edit or {})
     given = tmp_path / "given.ckpt"
     save_atomically(checkpoint, given)
-    code, _, err = _run("fit", *args, "--run_name", "again", "--ckpt_path", str(given), *extra)
+    code, _, err = _call(capsys, "fit", *args, "--run_name", "again", "--ckpt_path", str(given),
+                         *extra)
     assert code == 2 and "Traceback" not in err, err[-3000:]
     errors = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
     assert len(errors) == 1 and str(given) in errors[0], err[-3000:]
@@ -733,12 +744,12 @@ def test_fit_refuses_a_checkpoint_file_caption_refuses_or_that_has_nothing_left_
     assert not (tmp_path / "runs" / "again").exists()
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_beam_validation_cannot_fit_in_memory_is_refused_before_training(
-        synthetic_data, tiny_cache, tmp_path):
+        synthetic_data, tiny_cache, tmp_path, capsys):
     # It trained the epoch, then failed at validation's first beam search with no checkpoint.
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
-    code, out, err = _run("fit", *args, "--trainer.max_epochs", "1",
+    code, out, err = _call(capsys, "fit", *args, "--trainer.max_epochs", "1",
                           "--model.decoding.beam_size", str(10**10))
     assert code == 1 and "Traceback" not in err, err[-3000:]
     errors = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
@@ -750,17 +761,17 @@ def test_a_beam_validation_cannot_fit_in_memory_is_refused_before_training(
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_refused_test_of_a_runs_checkpoint_leaves_no_test_folder(synthetic_data, tiny_cache,
-                                                                   tmp_path):
+                                                                   tmp_path, capsys):
     # A test that never scored leaves no version_N/test/ (its config.yaml naming the
     # checkpoint) behind: the next test of the run logs there as the first.
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
     run = tmp_path / "runs" / "demo_softmax" / "version_0"
     before = sorted(path.name for path in run.iterdir())
-    code, _, err = _run("test", "--config", str(run / "config.yaml"), "--ckpt_path", "best",
-                        "--data.min_count", "50")
+    code, _, err = _call(capsys, "test", "--config", str(run / "config.yaml"),
+                         "--ckpt_path", "best", "--data.min_count", "50")
     assert code == 2 and "vocabulary differs" in err, err[-3000:]
     assert sorted(path.name for path in run.iterdir()) == before
     assert lightning_main(["test", "--config", str(run / "config.yaml"),
@@ -1364,34 +1375,34 @@ def test_runs_lists_a_run_whose_checkpoints_are_kept_elsewhere(synthetic_data, t
     assert saved["ckpt_path"] == str(best.resolve())
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_misspelt_key_of_a_config_file_names_the_config_files(synthetic_data, tiny_cache,
-                                                                tmp_path):
+                                                                tmp_path, capsys):
     typo = tmp_path / "mine.yaml"
     typo.write_text("data:\n  min_cout: 2\n")
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
-    code, _, err = _run("fit", *args, "--config", str(typo))
+    code, _, err = _call(capsys, "fit", *args, "--config", str(typo))
     assert code == 2 and "Traceback" not in err
     [line] = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
     assert line.startswith("captioner fit: --config ") and f"demo_softmax.yaml, {typo}: " in line
     assert "does not accept option 'data.min_cout'" in line
 
 
-@pytest.mark.subprocess
-def test_a_bad_value_names_the_config_files_only_when_it_comes_from_them(synthetic_data,
-                                                                         tiny_cache, tmp_path):
+@pytest.mark.slow
+def test_a_bad_value_names_the_config_files_only_when_it_comes_from_them(
+        synthetic_data, tiny_cache, tmp_path, capsys):
     bad = tmp_path / "mine.yaml"
     bad.write_text("model:\n  lr: big\n")
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     for extra, named in ((["--config", str(bad)], True), (["--model.lr", "big"], False)):
-        code, _, err = _run("fit", *args, *extra)
+        code, _, err = _call(capsys, "fit", *args, *extra)
         assert code == 2 and "Traceback" not in err
         [line] = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
         assert line.endswith('Parser key "model.lr": Expected a <class \'float\'>. Got '
                              "value: big")
         assert line.startswith("captioner fit: --config ") == named, line
     # The file's bad value fails the parse although the command line gives the key a good one.
-    code, _, err = _run("fit", *args, "--config", str(bad), "--model.lr", "0.1")
+    code, _, err = _call(capsys, "fit", *args, "--config", str(bad), "--model.lr", "0.1")
     assert code == 2 and f"{bad}: Parser key \"model.lr\"" in err, err
 
 
@@ -1453,11 +1464,11 @@ def test_a_missing_include_of_a_config_file_is_named_once_with_where_it_was_look
     assert capsys.readouterr().err.startswith(f"captioner fit: --config {config}: ")
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow
 def test_unknown_output_mapping_is_refused_before_training_starts(synthetic_data, tiny_cache,
-                                                                 tmp_path):
+                                                                 tmp_path, capsys):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
-    code, out, err = _run("fit", *args, "--trainer.max_epochs", "1",
+    code, out, err = _call(capsys, "fit", *args, "--trainer.max_epochs", "1",
                           "--model.output_mapping", "foo")
     assert code == 2 and "Traceback" not in err, err[-2000:]
     errors = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
@@ -1466,29 +1477,29 @@ def test_unknown_output_mapping_is_refused_before_training_starts(synthetic_data
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow
 def test_unloadable_encoder_weights_are_one_line_and_exit_2(synthetic_data, tiny_cache,
-                                                           tmp_path):
+                                                           tmp_path, capsys):
     # The same error as named ImageNet weights that are neither cached nor downloadable.
     weights = tmp_path / "encoder.pt"
     weights.write_bytes(b"not a state_dict")
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     # Without a feature cache: one of other weights would be refused first (see below).
-    code, _, err = _run("fit", *args, "--trainer.max_epochs", "1", "--data.feature_cache", "null",
-                        "--model.encoder_weights", str(weights))
+    code, _, err = _call(capsys, "fit", *args, "--trainer.max_epochs", "1",
+                         "--data.feature_cache", "null", "--model.encoder_weights", str(weights))
     assert code == 2 and "Traceback" not in err, err[-2000:]
     errors = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
     assert len(errors) == 1 and "encoder weights file" in errors[0] and str(weights) in errors[0]
 
 
-@pytest.mark.subprocess
-def test_a_cache_of_other_weights_is_named_before_the_weights_are_loaded(synthetic_data,
-                                                                        tiny_cache, tmp_path):
+@pytest.mark.slow
+def test_a_cache_of_other_weights_is_named_before_the_weights_are_loaded(
+        synthetic_data, tiny_cache, tmp_path, capsys):
     # A paper config names ImageNet weights, which an offline machine lacks; a cache written
     # with `prepare-features --weights none` needs its own NAME.encoder.pt. The error says so,
     # not that the ImageNet weights could not be downloaded.
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
-    code, _, err = _run("fit", *args, "--trainer.max_epochs", "1",
+    code, _, err = _call(capsys, "fit", *args, "--trainer.max_epochs", "1",
                         "--model.encoder_weights", "IMAGENET1K_V1")
     assert code == 2 and "Traceback" not in err, err[-2000:]
     [line] = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
@@ -1498,8 +1509,8 @@ def test_a_cache_of_other_weights_is_named_before_the_weights_are_loaded(synthet
     assert not list(tmp_path.glob("runs/*"))
 
 
-@pytest.mark.subprocess
-def test_a_cache_moved_with_its_encoder_file_trains(synthetic_data, tiny_cache, tmp_path):
+@pytest.mark.slow
+def test_a_cache_moved_with_its_encoder_file_trains(synthetic_data, tiny_cache, tmp_path, capsys):
     # The cache records its NAME.encoder.pt by absolute path; copied to another machine or
     # folder together, the weights are the same bytes under another path.
     moved = tmp_path / "moved"
@@ -1512,7 +1523,7 @@ def test_a_cache_moved_with_its_encoder_file_trains(synthetic_data, tiny_cache, 
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
     other = moved / "other.pt"
     torch.save({k: v + 1 for k, v in torch.load(weights).items()}, other)
-    code, _, err = _run("fit", *args, "--trainer.max_epochs", "1",
+    code, _, err = _call(capsys, "fit", *args, "--trainer.max_epochs", "1",
                         "--model.encoder_weights", str(other))
     assert code == 2 and f"was written with encoder weights={str(weights)!r}" in err, err[-2000:]
 
@@ -1770,13 +1781,13 @@ def test_a_checkpoint_keeps_the_image_size_it_was_trained_at(synthetic_data, tin
     assert used["data"]["image_size"] == trained
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_checkpoint_keeps_its_hyperparameters_and_takes_decoding_options(
         synthetic_data, tiny_cache, tmp_path, capsys):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
     last = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints" / "last.ckpt"
-    code, _, err = _run("fit", *args, "--trainer.max_epochs", "2", "--ckpt_path", "last",
+    code, _, err = _call(capsys, "fit", *args, "--trainer.max_epochs", "2", "--ckpt_path", "last",
                         "--model.hidden_dim", "64")
     assert code == 2 and "Traceback" not in err, err[-2000:]
     [line] = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
@@ -2095,9 +2106,9 @@ def test_a_fit_killed_between_its_best_and_last_checkpoints_names_files_that_exi
     assert len(list(folder.glob("*.ckpt"))) == 2 and not list(folder.glob("*-v1.ckpt"))
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_best_checkpoint_of_an_epoch_the_resume_replays_is_removed(synthetic_data, tiny_cache,
-                                                                      tmp_path):
+                                                                      tmp_path, capsys):
     # Killed as last.ckpt of epoch 1 was being written: epoch 1's best checkpoint exists, and
     # no last.ckpt names it. The resume replays epoch 1; on a GPU, whose kernels are not
     # deterministic, it may score otherwise and be saved under another name (as here, where
@@ -2110,7 +2121,7 @@ def test_a_best_checkpoint_of_an_epoch_the_resume_replays_is_removed(synthetic_d
     folder = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints"
     replayed = next(folder.glob("best-epoch01-*.ckpt"))
     kept = shutil.copy(replayed, folder / "copy-of-epoch01.ckpt")  # the user's: not its own best
-    code, _, err = _run("fit", *args, "--trainer.max_epochs", "3", "--ckpt_path", "last",
+    code, _, err = _call(capsys, "fit", *args, "--trainer.max_epochs", "3", "--ckpt_path", "last",
                         "--checkpoint.filename", "again-epoch{epoch:02d}")
     assert code == 0, err[-2000:]
     assert "exists and is not empty" not in err  # a resume writes into its own folders
