@@ -261,8 +261,10 @@ class CaptionerCLI(LightningCLI):
         # the seed is told once they stand (after_instantiate_classes).
         self._seed_log = logging.getLogger(seed_everything.__module__)
         told, self._seed_log.disabled = self._seed_log.disabled, True
+        ended = False
         try:
             super().__init__(*args, **kwargs)
+            ended = True
         except KeyboardInterrupt:
             raise Interrupted(self._after_interrupt()) from None
         except SystemExit:
@@ -276,11 +278,10 @@ class CaptionerCLI(LightningCLI):
             if told_by is None:
                 raise
             raise PeerLost(self._lost_process(told_by)) from None
-        except BaseException:
-            self._remove_unused_folder()
-            raise
         finally:
             self._seed_log.disabled = told
+            if not ended:
+                self._remove_unused_folder()
             self._let_go()
 
     def _let_go(self) -> None:
@@ -507,7 +508,7 @@ class CaptionerCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
-        config = self.config[subcommand] if subcommand else self.config
+        config = self._subcommand_config()
         if self._ckpt_path is not None:
             config["ckpt_path"] = self._ckpt_path  # held back from Lightning (_read_ckpt_path)
         for key in ("optimizer", "lr_scheduler"):
@@ -634,13 +635,13 @@ class CaptionerCLI(LightningCLI):
 
     def _starts_afresh(self) -> bool:
         """Whether this fit starts from no checkpoint (no --ckpt_path)."""
-        config = self.config[self.subcommand] if self.subcommand else self.config
+        config = self._subcommand_config()
         return not config.get("ckpt_path")
 
     def _resumes_its_folder(self) -> bool:
         """Whether this fit resumes from a checkpoint of the folder it writes its checkpoints
         to (:meth:`_checkpoint_folder`): the run there goes on."""
-        config = self.config[self.subcommand] if self.subcommand else self.config
+        config = self._subcommand_config()
         ckpt_path = config.get("ckpt_path")
         return bool(ckpt_path) and (Path(ckpt_path).resolve().parent
                                     == self._checkpoint_folder().resolve())
