@@ -468,12 +468,13 @@ def test_a_stop_after_last_ckpt_is_written_still_records_its_progress(
         f"resumes from {run / 'checkpoints' / 'last.ckpt'} (epochs done: 2)")
 
 
-@pytest.mark.slow
+@pytest.mark.subprocess
 def test_fit_prints_the_run_folder_and_checkpoints_and_runs_lists_them(
     synthetic_data, tiny_cache, tmp_path, capsys
 ):
+    # A child process: what the console shows (Lightning's log lines too) is what is tested.
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--run_name", "tiny")
-    code, out, err = _call(capsys, "fit", *args, "--trainer.max_epochs", "1")
+    code, out, err = _run("fit", *args, "--trainer.max_epochs", "1")
     assert code == 0, err[-2000:]
     run = tmp_path / "runs" / "tiny" / "version_0"
     assert f"run folder: {run}" in out
@@ -504,7 +505,7 @@ def test_fit_prints_the_run_folder_and_checkpoints_and_runs_lists_them(
     assert f"best {copied / best.name}  last {copied / 'last.ckpt'} (missing)" in row, row
 
 
-@pytest.mark.slow
+@pytest.mark.subprocess
 def test_validate_and_test_take_a_cli_checkpoint_and_best(synthetic_data, tiny_cache, tmp_path,
                                                            monkeypatch, capsys):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
@@ -513,7 +514,8 @@ def test_validate_and_test_take_a_cli_checkpoint_and_best(synthetic_data, tiny_c
     monkeypatch.chdir(best.parent)
     assert lightning_main(["validate", *args, "--ckpt_path", best.name]) == 0
     monkeypatch.chdir(tmp_path)
-    code, out, err = _call(capsys, "test", *args, "--ckpt_path", "best")
+    # A child process: the absence of Lightning's warning on stderr is tested.
+    code, out, err = _run("test", *args, "--ckpt_path", "best")
     assert code == 0, err[-2000:]
     assert "dirpath has changed" not in err  # Lightning's warning, of no use to a test
     run = tmp_path / "runs" / "demo_softmax" / "version_0"
@@ -1464,11 +1466,12 @@ def test_a_missing_include_of_a_config_file_is_named_once_with_where_it_was_look
     assert capsys.readouterr().err.startswith(f"captioner fit: --config {config}: ")
 
 
-@pytest.mark.slow
+@pytest.mark.subprocess
 def test_unknown_output_mapping_is_refused_before_training_starts(synthetic_data, tiny_cache,
-                                                                 tmp_path, capsys):
+                                                                 tmp_path):
+    # A child process: the absence of Lightning's model summary on the console is tested.
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
-    code, out, err = _call(capsys, "fit", *args, "--trainer.max_epochs", "1",
+    code, out, err = _run("fit", *args, "--trainer.max_epochs", "1",
                           "--model.output_mapping", "foo")
     assert code == 2 and "Traceback" not in err, err[-2000:]
     errors = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
@@ -2106,9 +2109,9 @@ def test_a_fit_killed_between_its_best_and_last_checkpoints_names_files_that_exi
     assert len(list(folder.glob("*.ckpt"))) == 2 and not list(folder.glob("*-v1.ckpt"))
 
 
-@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_best_checkpoint_of_an_epoch_the_resume_replays_is_removed(synthetic_data, tiny_cache,
-                                                                      tmp_path, capsys):
+                                                                      tmp_path):
     # Killed as last.ckpt of epoch 1 was being written: epoch 1's best checkpoint exists, and
     # no last.ckpt names it. The resume replays epoch 1; on a GPU, whose kernels are not
     # deterministic, it may score otherwise and be saved under another name (as here, where
@@ -2121,7 +2124,8 @@ def test_a_best_checkpoint_of_an_epoch_the_resume_replays_is_removed(synthetic_d
     folder = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints"
     replayed = next(folder.glob("best-epoch01-*.ckpt"))
     kept = shutil.copy(replayed, folder / "copy-of-epoch01.ckpt")  # the user's: not its own best
-    code, _, err = _call(capsys, "fit", *args, "--trainer.max_epochs", "3", "--ckpt_path", "last",
+    # A child process: the absence of Lightning's warning on stderr is tested.
+    code, _, err = _run("fit", *args, "--trainer.max_epochs", "3", "--ckpt_path", "last",
                         "--checkpoint.filename", "again-epoch{epoch:02d}")
     assert code == 0, err[-2000:]
     assert "exists and is not empty" not in err  # a resume writes into its own folders
