@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.plugins import TorchCheckpointIO
 
 from data_prep.files import (
     atomic_write,
