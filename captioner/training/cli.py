@@ -569,7 +569,8 @@ class CaptionerCLI(LightningCLI):
             if isinstance(version, int) or Path(ckpt_path).resolve().parent.parent == run.resolve():
                 self._resumed_run = run
         self._version_given = init_args["version"] is not None
-        if rank_zero_only.rank == 0 and not config.trainer.get("fast_dev_run"):
+        # Not for a CLI that runs no sub-command (the demo's): it decides later whether to train.
+        if subcommand and rank_zero_only.rank == 0 and not config.trainer.get("fast_dev_run"):
             if self._evaluated_run is not None:
                 self._claim_evaluation_folder(init_args)
             elif init_args["version"] is None:
