@@ -24,7 +24,6 @@ from PIL import Image
 
 from captioner.checkpointing import load_safely, save_atomically
 from captioner.commands.lightning import main as lightning_main
-from captioner.commands.runs import main as runs_main
 from captioner.feature_extraction import extract_features
 from captioner.training.runs import read_progress
 from data_prep.features import FeatureCache
@@ -98,10 +97,12 @@ def tiny_cache(synthetic_data, tmp_path_factory) -> Path:
 
 
 def _call(capsys, *argv: str) -> tuple[int, str, str]:
-    """``captioner ARGV`` (fit, validate, test or runs) in this process: (exit status, stdout,
+    """``captioner ARGV`` in this process (the console script's main): (exit status, stdout,
     stderr), as :func:`_run` gives them where the process boundary is not what is tested."""
+    from captioner.cli import main as cli_main
+
     capsys.readouterr()
-    code = runs_main(list(argv[1:])) if argv[0] == "runs" else lightning_main(list(argv))
+    code = cli_main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 
