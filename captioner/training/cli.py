@@ -61,7 +61,6 @@ from captioner.training.runs import (
     hold_metrics_for_resume,
     last_checkpoint,
     latest_resumable,
-    new_version,
     read_progress,
     recorded_checkpoint,
     remove_if_empty,
@@ -196,6 +195,9 @@ for _message in (
 ):
     warnings.filterwarnings("ignore", message=_message)
 
+_CSV_LOGGERS = ("lightning.pytorch.loggers.CSVLogger",
+                "lightning.pytorch.loggers.csv_logs.CSVLogger")
+_RUN_LOGGER = "captioner.training.runs.RunLogger"
 _NAMED_CHECKPOINTS = ("last", "best")
 # Model settings linked from the data's (add_arguments_to_parser): no config sets them itself.
 _LINKED_MODEL_KEYS = frozenset({"model.image_size", "model.vocab_size"})
@@ -245,6 +247,7 @@ class CaptionerCLI(LightningCLI):
         self._new_root: Path | None = None  # the runs folder, when this command makes it
         self._made_folder: Path | None = None  # the log folder this command made (rank 0)
         self._version_given = False  # the logger's version is named (a resume, an option)
+        self._logger_class: str | None = None  # the CSVLogger class_path RunLogger replaces
         self._run_lock: RunLock | None = None  # fit's hold on its run folder (before_fit)
         # fit's hold on a checkpoint folder outside its run (--checkpoint.dirpath; before_fit)
         self._checkpoints_lock: RunLock | None = None
@@ -319,11 +322,9 @@ class CaptionerCLI(LightningCLI):
             tell = self._on_lost_process
             self.trainer.callbacks.append(TellLostProcesses(
                 lambda told: tell(self._lost_process(told)) if tell is not None else None))
-        init_args = getattr(config.trainer.get("logger"), "init_args", None)
-        if self.subcommand == "fit" and self._made_folder is not None and init_args is not None:
-            # The config.yaml a new run saves names no version: given again as --config, it
-            # trains a new run, not into this one.
-            init_args["version"] = None
+        logger = config.trainer.get("logger")
+        if self._logger_class is not None:
+            logger.class_path = self._logger_class  # what the run's config.yaml records
 
     def _subcommand_config(self):
         subcommand = self.config.get("subcommand")
@@ -569,16 +570,12 @@ class CaptionerCLI(LightningCLI):
             if isinstance(version, int) or Path(ckpt_path).resolve().parent.parent == run.resolve():
                 self._resumed_run = run
         self._version_given = init_args["version"] is not None
-        # Not for a CLI that runs no sub-command (the demo's): it decides later whether to train.
-        if subcommand and rank_zero_only.rank == 0 and not config.trainer.get("fast_dev_run"):
-            if self._evaluated_run is not None:
-                self._claim_evaluation_folder(init_args)
-            elif init_args["version"] is None:
-                # A new version_N, picked by making it: the logger's own pick races with
-                # other runs of the name started together.
-                root, name = Path(init_args.get("save_dir") or "."), init_args["name"]
-                init_args["version"] = new_version(root, name)
-                self._made_folder = root / name / f"version_{init_args['version']}"
+        if logger.class_path in _CSV_LOGGERS:
+            # Lightning's CSVLogger picks a new version_N racing with other runs of the name.
+            self._logger_class, logger.class_path = logger.class_path, _RUN_LOGGER
+        if (subcommand and self._evaluated_run is not None and rank_zero_only.rank == 0
+                and not config.trainer.get("fast_dev_run")):
+            self._claim_evaluation_folder(init_args)
 
     def before_fit(self) -> None:
         if self.trainer.limit_train_batches == 0:
@@ -599,7 +596,7 @@ class CaptionerCLI(LightningCLI):
                 # Without a logger the run folder is default_root_dir (the working directory).
                 _refuse_replacing(Path(self.trainer.default_root_dir) / "config.yaml")
             named = None
-            folder = self._resumed_run or self._made_folder
+            folder = self._resumed_run or self._new_version()
             if folder is None:
                 folder = named = self._named_version()
             if folder is not None:
@@ -664,6 +661,8 @@ class CaptionerCLI(LightningCLI):
         return root / "checkpoints"
 
     def before_validate(self) -> None:
+        if self.trainer.is_global_zero and self._evaluated_run is None:
+            self._new_version()
         # First: SaveConfigOnceRestored writes config.yaml at setup, and the guard must see
         # the logger's new folder still empty to know it is this command's.
         self.trainer.callbacks.insert(0, EvaluationGuard(self._new_root))
@@ -680,6 +679,16 @@ class CaptionerCLI(LightningCLI):
                                                               self.config.subcommand)
         init_args["version"] = f"{self._evaluated_run.name}/{name}"
         self._made_folder = self._evaluated_run / name
+
+    def _new_version(self) -> Path | None:
+        """The folder of the new version the logger picks (and makes: :class:`RunLogger`),
+        now; None when the command names the version (a resume, an option) or has no
+        logger."""
+        folder = None if self._version_given else _logger_folder(self.trainer.logger)
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)  # another logger makes it on first write
+            self._made_folder = folder
+        return folder
 
     def _named_version(self) -> Path | None:
         """The folder of a version the command named (``--trainer.logger.init_args.version``),

@@ -36,6 +36,8 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities import rank_zero_only
 
 from captioner.checkpointing import AtomicCheckpointIO, CheckpointError, load_safely
 from captioner.training.folders import (
@@ -342,6 +344,26 @@ def new_version(root: Path, name: str) -> int:
             return version
         except FileExistsError:
             version += 1
+
+
+class RunLogger(CSVLogger):
+    """Lightning's CSVLogger (its arguments), but a new version is picked by making its
+    folder (:func:`new_version`), on the first process: Lightning's own pick lists the
+    folders, and two runs of one name started together would both pick ``version_N``."""
+
+    def __init__(self, save_dir: str | Path, name: str | None = "lightning_logs",
+                 version: int | str | None = None, prefix: str = "",
+                 flush_logs_every_n_steps: int = 100) -> None:
+        super().__init__(save_dir, name, version, prefix, flush_logs_every_n_steps)
+        self._picked = version
+
+    @property
+    def version(self) -> int | str:
+        if self._picked is None:
+            if rank_zero_only.rank != 0:  # writes nothing: Lightning's pick, without a folder
+                return super().version
+            self._picked = new_version(Path(self.save_dir), self.name or "")
+        return self._picked
 
 
 class RunInUse(ValueError):
