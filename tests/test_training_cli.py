@@ -363,8 +363,8 @@ def test_a_fit_stopped_before_its_first_validation_does_not_blame_the_monitor(
 
 
 @pytest.mark.slow
-def test_a_runs_own_config_with_ckpt_path_last_resumes_that_call(capsys, synthetic_data, tiny_cache,
-                                                                tmp_path):
+def test_a_runs_own_config_with_ckpt_path_last_resumes_that_run(synthetic_data, tiny_cache,
+                                                                tmp_path, capsys):
     # The saved config.yaml names the run through its logger, not through its own file name.
     # That run, even where a newer version of the same name exists.
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
