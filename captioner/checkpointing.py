@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.plugins import TorchCheckpointIO
 
 from data_prep.atomic import atomic_write
 from data_prep.paths import check_input_file
@@ -337,7 +337,19 @@ def _shape(value: Any) -> tuple[int, ...] | str:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning CheckpointIO plugin: atomic writes, ``weights_only=True`` reads."""
+    """Lightning CheckpointIO plugin: atomic writes, ``weights_only=True`` reads, and removals
+    held until :meth:`remove_now` (a best checkpoint that a better one supersedes goes once
+    ``last.ckpt`` names the new one: :class:`captioner.training.runs.BestCheckpoint`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.superseded: list[str] = []  # the checkpoints Lightning asked to remove
+
+    def remove_checkpoint(self, path) -> None:
+        self.superseded.append(str(path))
+
+    def remove_now(self, path) -> None:
+        super().remove_checkpoint(path)
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path, storage_options: Any | None = None

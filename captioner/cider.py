@@ -3,7 +3,7 @@
 pycocoevalcap's ``Cider`` takes its document frequencies from the evaluated references, so its
 IDF weights log(N / df) are all 0 when the references hold N = 1 image and it returns 0 there,
 even for a caption equal to its reference. :func:`cider_d` reports NaN instead, with a warning
-saying why. Used by validation (:mod:`captioner.lightning_module`) and by ``eval``'s metrics.
+saying why. Used by validation (:mod:`captioner.training.module`) and by ``eval``'s metrics.
 """
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ def _stopped_as_by_ctrl_c() -> Iterator[None]:
     SIGINT gets the same handler, so that every stop is noted for :func:`_unraisable`, the
     ``sys.unraisablehook`` meanwhile. A signal ignored when the command starts stays ignored
     (``nohup``'s SIGHUP, a background job's SIGINT). Lightning's own SIGTERM handling is kept
-    out of fits (``captioner.lightning_stops.KeepStopSignals``)."""
+    out of fits (``captioner.training.stops.KeepStopSignals``)."""
     global _stop_came
     if threading.current_thread() is not threading.main_thread():
         yield

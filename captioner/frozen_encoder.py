@@ -95,7 +95,7 @@ def export_self_contained(checkpoint_path: str | Path, out: str | Path) -> bool:
         EncoderWeightsError: the recorded weights cannot be read.
     """
     from captioner.checkpointing import load_safely, save_atomically
-    from captioner.lightning_module import CaptioningModule
+    from captioner.training.module import CaptioningModule
 
     checkpoint = load_safely(Path(checkpoint_path))
     weights = recorded_weights(checkpoint, checkpoint_path)

@@ -374,7 +374,7 @@ def checkpoint_names(paths: Sequence[Path]) -> list[str]:
         ValueError: a checkpoint given twice (also as another path to the same file): its
             figures would go twice into one folder, under a name made unique by hashing.
     """
-    from captioner.run_folders import version_number
+    from captioner.training.folders import version_number
 
     paths = [Path(p) for p in paths]
     refuse_repeated(paths, "checkpoint")

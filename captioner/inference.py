@@ -35,8 +35,8 @@ from captioner.checkpointing import (
 from captioner.decoding_options import DecodingOptions
 from captioner.frozen_encoder import missing_weights_problem, put_back_encoder, recorded_weights
 from captioner.image_files import ImageResult, load_images
-from captioner.lightning_module import VOCABULARY_KEY, CaptioningModule, stored_vocabulary
 from captioner.model.encoder import EncoderWeightsError
+from captioner.training.module import VOCABULARY_KEY, CaptioningModule, stored_vocabulary
 from data_prep.images import imagenet_transform, load_image
 from data_prep.vocab import Vocabulary
 from data_prep.wording import first_names
@@ -254,9 +254,9 @@ class Captioner:
     def cache_problem(self, cache: FeatureCache, image_ids: Sequence[int]) -> str | None:
         """Why ``cache`` cannot stand in for this checkpoint's encoder on ``image_ids``, in
         one line, or None: the encoder must be the frozen one that wrote it (architecture,
-        weights, layer, image size: :func:`captioner.lightning_module.check_feature_cache`)
+        weights, layer, image size: :func:`captioner.training.module.check_feature_cache`)
         and every image must be in it."""
-        from captioner.lightning_module import check_feature_cache
+        from captioner.training.module import check_feature_cache
 
         hp = self.module.hparams
         encoder = self.module.model.encoder

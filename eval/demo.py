@@ -181,8 +181,8 @@ def train(mapping: str, data: DemoData, settings: DemoSettings, out: Path, seed:
     """Train one captioner through the same CLI and config as ``captioner fit``, unless the
     run's :class:`~eval.demo_trainings.TrainingRecord` holds a finished training of the same
     resolved config and encoder; returns its best checkpoint and that checkpoint's val/CIDEr."""
-    from captioner.lightning_stops import stops_as_keyboard_interrupt
-    from captioner.training_cli import build_cli
+    from captioner.training.cli import build_cli
+    from captioner.training.stops import stops_as_keyboard_interrupt
     from eval.demo_trainings import Training, TrainingRecord
 
     cli = build_cli(fit_arguments(mapping, data, settings, out, seed, extra), run=False)

@@ -193,8 +193,8 @@ def fit_tiny(
     import lightning as L
 
     from captioner.checkpointing import AtomicCheckpointIO
-    from captioner.data import CaptionDataModule
-    from captioner.lightning_module import CaptioningModule
+    from captioner.training.datamodule import CaptionDataModule
+    from captioner.training.module import CaptioningModule
 
     L.seed_everything(0, verbose=False)
     data = CaptionDataModule(

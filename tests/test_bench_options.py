@@ -137,7 +137,7 @@ def test_the_fit_lowers_the_configs_workers_to_the_usable_cpus(monkeypatch):
 def test_the_fewest_images_bench_fit_takes_fill_two_loader_batches(batch_size, tmp_path):
     """The option check's bound is the fit loader's own count: at ``min_images`` the training
     captions fill two batches or more, one image fewer (when there is one) a single batch."""
-    from captioner.data import CaptionDataModule
+    from captioner.training.datamodule import CaptionDataModule
 
     def loader_batches(images: int) -> int:
         karpathy, cache = fit.write_coco_shaped(tmp_path / str(images), images=images, grid=1,

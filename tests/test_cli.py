@@ -386,7 +386,7 @@ def test_a_lightning_run_leaves_sigterm_to_the_command():
     from lightning.pytorch import Callback
     from lightning.pytorch.demos.boring_classes import BoringModel
 
-    from captioner.training_cli import Trainer
+    from captioner.training.cli import Trainer
 
     def stop(number, frame):
         raise KeyboardInterrupt
@@ -448,7 +448,7 @@ def test_loader_workers_leave_stop_signals_to_the_main_process():
     # status 0, which torch does not take for a failure.
     import multiprocessing
 
-    from captioner.data import WORKER_GRACE_S
+    from captioner.training.datamodule import WORKER_GRACE_S
 
     context = multiprocessing.get_context("fork")
     worker = context.Process(target=_start_a_worker_then_signal_it)
@@ -460,7 +460,7 @@ def test_loader_workers_leave_stop_signals_to_the_main_process():
 
 
 def _start_a_worker_then_signal_it() -> None:
-    from captioner.data import start_worker
+    from captioner.training.datamodule import start_worker
 
     start_worker(0, rank=0)
     for number in (signal.SIGTERM, signal.SIGHUP):
@@ -476,7 +476,7 @@ def test_a_process_that_exits_while_its_loader_workers_live_ends():
     code = (
         "import functools, sys\n"
         "from torch.utils.data import DataLoader\n"
-        "from captioner.data import start_worker\n"
+        "from captioner.training.datamodule import start_worker\n"
         "loader = DataLoader(list(range(100)), batch_size=1, num_workers=2,\n"
         "                    worker_init_fn=functools.partial(start_worker, rank=0))\n"
         "iterator = iter(loader)\n"

@@ -14,7 +14,7 @@ import captioner.attention as att
 from captioner.decoding import beam_search
 from captioner.decoding_options import DecodingOptions
 from captioner.losses import caption_loss
-from captioner.optimizer import adam
+from captioner.training.optimizer import adam
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -185,7 +185,7 @@ def tiny_cache(synthetic_data, tmp_path_factory):
 
 
 def test_features_held_on_the_gpu_are_gathered_there(synthetic_data, tiny_cache):
-    from captioner.data import DeviceFeatures
+    from captioner.training.datamodule import DeviceFeatures
     from data_prep.features import FeatureCache
     from data_prep.karpathy import load_karpathy
 

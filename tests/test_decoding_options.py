@@ -19,7 +19,7 @@ class _ModuleWith:
     """A CaptioningModule's ``decode`` around a hand-made decoder (scores fixed per word)."""
 
     def __init__(self, decoder, decoding: DecodingOptions) -> None:
-        from captioner.lightning_module import CaptioningModule
+        from captioner.training.module import CaptioningModule
 
         self.decode = CaptioningModule.decode.__get__(self)
         self.model = type("Model", (), {"decoder": decoder})()

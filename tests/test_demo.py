@@ -31,11 +31,11 @@ def resumed_demo(tmp_path_factory):
     from io import StringIO
     from types import SimpleNamespace
 
-    import captioner.training_cli
+    import captioner.training.cli
     from captioner.commands.lightning import main as lightning_main
 
     out = tmp_path_factory.mktemp("quick_demo") / "demo"
-    build_cli = captioner.training_cli.build_cli
+    build_cli = captioner.training.cli.build_cli
 
     def ctrl_c_at_tvmax(args, run):
         if any(arg.endswith("demo_tvmax.yaml") for arg in args):
@@ -44,7 +44,7 @@ def resumed_demo(tmp_path_factory):
 
     printed, said = StringIO(), StringIO()
     with pytest.MonkeyPatch.context() as patch, redirect_stdout(printed), redirect_stderr(said):
-        patch.setattr(captioner.training_cli, "build_cli", ctrl_c_at_tvmax)
+        patch.setattr(captioner.training.cli, "build_cli", ctrl_c_at_tvmax)
         code = main(["--quick", "--out", str(out)])
     stopped = SimpleNamespace(code=code, err=said.getvalue(),
                               checkpoints=sorted(p.name for p in out.glob("*.ckpt")))
@@ -318,7 +318,7 @@ def test_ctrl_c_while_a_captioner_trains_stops_the_demo(monkeypatch, tmp_path):
     """Lightning ends an interrupted fit with exit(1): the demo stops as at Ctrl-C anywhere."""
     from types import SimpleNamespace
 
-    import captioner.training_cli
+    import captioner.training.cli
     from eval import demo
 
     def interrupted(model, datamodule):
@@ -326,7 +326,7 @@ def test_ctrl_c_while_a_captioner_trains_stops_the_demo(monkeypatch, tmp_path):
 
     trainer = SimpleNamespace(max_epochs=1, fit=interrupted, interrupted=True)
     parser = SimpleNamespace(dump=lambda config: "config")
-    monkeypatch.setattr(captioner.training_cli, "build_cli",
+    monkeypatch.setattr(captioner.training.cli, "build_cli",
                         lambda args, run: SimpleNamespace(trainer=trainer, model=None,
                                                           datamodule=None, parser=parser,
                                                           config=None))

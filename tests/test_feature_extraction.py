@@ -26,7 +26,7 @@ from robust_inputs import png_header
 import captioner.features.extraction as fx
 import captioner.features.random_encoder as random_encoder
 from captioner.commands.prepare_features import main
-from captioner.data import CaptionDataModule
+from captioner.training.datamodule import CaptionDataModule
 from data_prep.features import FeatureCache, partial_cache_path, skipped_images_path
 from data_prep.images import check_image
 

@@ -116,8 +116,8 @@ def test_lightning_restores_it_from_the_configs_encoder(frozen, synthetic_data, 
     import lightning as L
     from conftest import TINY_IMAGE_SIZE, tiny_model_kwargs
 
-    from captioner.data import CaptionDataModule
-    from captioner.lightning_module import CaptioningModule
+    from captioner.training.datamodule import CaptionDataModule
+    from captioner.training.module import CaptioningModule
 
     checkpoint, weights, _ = frozen
     data = CaptionDataModule(karpathy_json=synthetic_data.karpathy_json,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from captioner.data import CaptionDataModule
+from captioner.training.datamodule import CaptionDataModule
 from data_prep.features import FeatureCache, FeatureCacheWriter
 
 GRID, CHANNELS = (2, 3), 4
@@ -128,7 +128,7 @@ def test_device_preload_carries_rows_and_gathers_the_features_after_the_transfer
 
 
 def test_device_preload_reads_only_the_images_added_since(cached_dataset, monkeypatch):
-    from captioner.data import DeviceFeatures
+    from captioner.training.datamodule import DeviceFeatures
 
     karpathy, cache, features = cached_dataset
     module = _module(karpathy, cache)
@@ -147,7 +147,7 @@ def test_device_preload_reads_only_the_images_added_since(cached_dataset, monkey
 
 
 def test_device_preload_refuses_features_larger_than_the_free_device_memory(monkeypatch):
-    from captioner.data import _check_device_memory
+    from captioner.training.datamodule import _check_device_memory
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (20 * 2**30, 80 * 2**30))
     # 100,000 images x 8x8x2048 float16 = 26,214,400,000 bytes = 24.4 GiB.

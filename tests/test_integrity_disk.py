@@ -16,7 +16,7 @@ from conftest import tiny_fit_args
 
 from captioner.checkpointing import load_safely, save_atomically
 from captioner.commands.lightning import main as lightning_main
-from captioner.training_runs import read_progress
+from captioner.training.runs import read_progress
 
 REPO = Path(__file__).resolve().parents[1]
 

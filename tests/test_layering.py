@@ -58,11 +58,6 @@ def test_the_private_import_check_sees_them(source, expected):
     assert _private_imports(source) == expected
 
 
-# The one left: the training CLI reads the keys a --config file sets by a parse without links,
-# which jsonargparse offers only privately; the redesigned run management drops it.
-STILL_PRIVATE = {"captioner/training_cli.py": ["jsonargparse._link_arguments"]}
-
-
 def test_no_private_import_of_the_libraries():
     found = {
         str(path.relative_to(ROOT)): names
@@ -70,4 +65,4 @@ def test_no_private_import_of_the_libraries():
         for path in sorted((ROOT / package).rglob("*.py"))
         if (names := _private_imports(path.read_text(encoding="utf-8")))
     }
-    assert found == STILL_PRIVATE
+    assert found == {}

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from captioner.checkpointing import load_safely, save_atomically
-from captioner.data import CaptionDataModule
-from captioner.lightning_module import _vocabulary_difference, corpus_scores, lr_decay_factor
+from captioner.training.datamodule import CaptionDataModule
+from captioner.training.module import _vocabulary_difference, corpus_scores, lr_decay_factor
 from data_prep.vocab import Vocabulary
 
 
@@ -39,7 +39,7 @@ def test_the_grid_probe_leaves_a_trainable_encoders_statistics_alone():
     # batch-norm running statistics.
     from conftest import TINY_IMAGE_SIZE, tiny_model_kwargs
 
-    from captioner.lightning_module import CaptioningModule
+    from captioner.training.module import CaptioningModule
 
     module = CaptioningModule(vocab_size=10, **tiny_model_kwargs(encoder_trainable=True)).train()
     before = {k: v.clone() for k, v in module.model.encoder.state_dict().items()}

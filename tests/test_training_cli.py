@@ -25,7 +25,7 @@ from PIL import Image
 from captioner.checkpointing import load_safely, save_atomically
 from captioner.commands.lightning import main as lightning_main
 from captioner.features.extraction import extract_features
-from captioner.training_runs import read_progress
+from captioner.training.runs import read_progress
 from data_prep.features import FeatureCache
 from eval.demo import ENCODER_LAYER as DEMO_LAYER
 
@@ -96,6 +96,17 @@ def tiny_cache(synthetic_data, tmp_path_factory) -> Path:
     return out
 
 
+def _call(capsys, *argv: str) -> tuple[int, str, str]:
+    """``captioner ARGV`` in this process (the console script's main): (exit status, stdout,
+    stderr), as :func:`_run` gives them where the process boundary is not what is tested."""
+    from captioner.cli import main as cli_main
+
+    capsys.readouterr()
+    code = cli_main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def test_prepare_features_records_the_encoder(tiny_cache, synthetic_data):
     cache = FeatureCache(tiny_cache)
     assert cache.encoder["arch"] == "resnet18"
@@ -161,12 +172,12 @@ def test_features_preloaded_on_the_device_train_the_weights_of_features_read_per
 def test_features_too_large_for_the_device_stop_the_fit_in_one_line(
     synthetic_data, tiny_cache, tmp_path, capsys, monkeypatch
 ):
-    import captioner.data
+    import captioner.training.datamodule
 
-    check = captioner.data._check_device_memory
+    check = captioner.training.datamodule._check_device_memory
     # As on a GPU with 1 KiB free (the check reads the free memory of CUDA devices only).
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1024, 2**30))
-    monkeypatch.setattr(captioner.data, "_check_device_memory",
+    monkeypatch.setattr(captioner.training.datamodule, "_check_device_memory",
                         lambda device, shape, path: check(torch.device("cuda:0"), shape, path))
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--data.preload_features", "device")
     assert lightning_main(["fit", *args]) == 2
@@ -277,10 +288,10 @@ def test_a_min_count_that_leaves_no_word_is_refused_before_training(synthetic_da
 
 # With loader workers too: were they kept from epoch to epoch, an uninterrupted run would
 # start them once and a resumed run again, drawing its shuffle and dropout masks elsewhere.
-@pytest.mark.subprocess
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
-    synthetic_data, tiny_cache, tmp_path, workers
+    synthetic_data, tiny_cache, tmp_path, workers, capsys
 ):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert lightning_main(["fit", *_cli_args(synthetic_data, tiny_cache, straight,
@@ -316,19 +327,19 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
     assert load_safely(run / "checkpoints" / "last.ckpt")["global_step"] == 8
 
     # A finished run is not "resumed" silently.
-    code, _, err = _run("fit", *args, "--trainer.max_epochs", "4", "--ckpt_path", "last")
+    code, _, err = _call(capsys, "fit", *args, "--trainer.max_epochs", "4", "--ckpt_path", "last")
     assert code == 2 and "has trained 4 epochs already" in err and "Traceback" not in err
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_fit_stopped_by_max_steps_inside_an_epoch_resumes_the_rest_of_it(
-    synthetic_data, tiny_cache, tmp_path
+    synthetic_data, tiny_cache, tmp_path, capsys
 ):
     # Saved at the epoch's end, Lightning counted the epoch as done: progress.json said one
     # epoch done, and the resume skipped the epoch's other batches (2 epochs of 2 batches
     # ended at step 3, not 4).
     args = [*_cli_args(synthetic_data, tiny_cache, tmp_path), "--trainer.max_epochs", "2"]
-    code, out, err = _run("fit", *args, "--trainer.max_steps", "3")
+    code, out, err = _call(capsys, "fit", *args, "--trainer.max_steps", "3")
     assert code == 0, err[-2000:]
     checkpoints = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints"
     assert f"last checkpoint: {checkpoints / 'last.ckpt'} (epochs done: 1, step 3)" in out
@@ -351,9 +362,9 @@ def test_a_fit_stopped_before_its_first_validation_does_not_blame_the_monitor(
     assert "could not find the monitored key" not in err
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_runs_own_config_with_ckpt_path_last_resumes_that_run(synthetic_data, tiny_cache,
-                                                                tmp_path):
+                                                                tmp_path, capsys):
     # The saved config.yaml names the run through its logger, not through its own file name.
     # That run, even where a newer version of the same name exists.
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
@@ -362,7 +373,7 @@ def test_a_runs_own_config_with_ckpt_path_last_resumes_that_run(synthetic_data, 
     run, newer = (tmp_path / "runs" / "demo_softmax" / f"version_{n}" for n in (0, 1))
     # The config.yaml holds ckpt_path: null; given after --ckpt_path last, it would start a
     # third run from scratch.
-    code, _, err = _run("fit", "--ckpt_path", "last", "--config", str(run / "config.yaml"),
+    code, _, err = _call(capsys, "fit", "--ckpt_path", "last", "--config", str(run / "config.yaml"),
                         "--trainer.max_epochs", "2")
     assert code == 2 and err.strip() == (
         f"captioner fit: --ckpt_path comes before --config {run / 'config.yaml'}, which sets "
@@ -412,7 +423,7 @@ def test_an_int_batch_limit_counts_batches_and_a_float_is_a_fraction(
 
 def test_last_checkpoint_every_n_steps_when_asked(synthetic_data, tiny_cache, tmp_path,
                                                   monkeypatch):
-    from captioner.training_runs import LastCheckpoint
+    from captioner.training.runs import LastCheckpoint
 
     saved = []
     save = LastCheckpoint._save
@@ -435,7 +446,7 @@ def test_a_stop_after_last_ckpt_is_written_still_records_its_progress(
     # file was written: progress.json and the resume line named the epoch before.
     import signal
 
-    from captioner.training_cli import Trainer
+    from captioner.training.cli import Trainer
 
     save = Trainer.save_checkpoint
 
@@ -460,8 +471,9 @@ def test_a_stop_after_last_ckpt_is_written_still_records_its_progress(
 
 @pytest.mark.subprocess
 def test_fit_prints_the_run_folder_and_checkpoints_and_runs_lists_them(
-    synthetic_data, tiny_cache, tmp_path
+    synthetic_data, tiny_cache, tmp_path, capsys
 ):
+    # A child process: what the console shows (Lightning's log lines too) is what is tested.
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--run_name", "tiny")
     code, out, err = _run("fit", *args, "--trainer.max_epochs", "1")
     assert code == 0, err[-2000:]
@@ -473,7 +485,7 @@ def test_fit_prints_the_run_folder_and_checkpoints_and_runs_lists_them(
     assert "Tip:" not in out + err and "module(s) in eval mode at the start" not in err
     assert "Seed set to 0" in out + err  # told once the model and the data stand
 
-    code, out, err = _run("runs", "--root", str(tmp_path / "runs"))
+    code, out, err = _call(capsys, "runs", "--root", str(tmp_path / "runs"))
     assert code == 0, err
     row = next(line for line in out.splitlines() if line.startswith("tiny"))
     assert "version_0" in row and str(best) in row and " 1 " in row
@@ -481,14 +493,14 @@ def test_fit_prints_the_run_folder_and_checkpoints_and_runs_lists_them(
     # A moved runs folder: its checkpoints where they are now, not where they were written.
     moved = tmp_path / "moved"
     (tmp_path / "runs").rename(moved)
-    code, out, err = _run("runs", "--root", str(moved))
+    code, out, err = _call(capsys, "runs", "--root", str(moved))
     row = next(line for line in out.splitlines() if line.startswith("tiny"))
     here = moved / "tiny" / "version_0" / "checkpoints"
     assert f"best {here / best.name}  last {here / 'last.ckpt'}" in row, row
     # A copy whose file is gone: that file marked missing, not the original's listed.
     shutil.copytree(moved, tmp_path / "copy")
     (tmp_path / "copy" / "tiny" / "version_0" / "checkpoints" / "last.ckpt").unlink()
-    code, out, err = _run("runs", "--root", str(tmp_path / "copy"))
+    code, out, err = _call(capsys, "runs", "--root", str(tmp_path / "copy"))
     row = next(line for line in out.splitlines() if line.startswith("tiny"))
     copied = tmp_path / "copy" / "tiny" / "version_0" / "checkpoints"
     assert f"best {copied / best.name}  last {copied / 'last.ckpt'} (missing)" in row, row
@@ -496,13 +508,14 @@ def test_fit_prints_the_run_folder_and_checkpoints_and_runs_lists_them(
 
 @pytest.mark.subprocess
 def test_validate_and_test_take_a_cli_checkpoint_and_best(synthetic_data, tiny_cache, tmp_path,
-                                                           monkeypatch):
+                                                           monkeypatch, capsys):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
     best = next((tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints").glob("best*"))
     monkeypatch.chdir(best.parent)
     assert lightning_main(["validate", *args, "--ckpt_path", best.name]) == 0
     monkeypatch.chdir(tmp_path)
+    # A child process: the absence of Lightning's warning on stderr is tested.
     code, out, err = _run("test", *args, "--ckpt_path", "best")
     assert code == 0, err[-2000:]
     assert "dirpath has changed" not in err  # Lightning's warning, of no use to a test
@@ -556,7 +569,7 @@ def test_an_evaluation_logging_in_a_run_sends_another_one_beside_it(synthetic_da
 
 
 def test_an_evaluation_folder_is_the_first_with_no_scores_that_nobody_holds(tmp_path):
-    from captioner.training_runs import claim_evaluation_folder
+    from captioner.training.runs import claim_evaluation_folder
     from data_prep.locks import hold_exclusively, let_go
 
     (tmp_path / "validate").mkdir()
@@ -579,9 +592,9 @@ def test_an_evaluation_folder_is_the_first_with_no_scores_that_nobody_holds(tmp_
     let_go(hold)
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow
 def test_runs_says_a_version_holds_the_test_of_a_checkpoint_from_elsewhere(
-    synthetic_data, tiny_cache, tmp_path
+    synthetic_data, tiny_cache, tmp_path, capsys
 ):
     trained = _cli_args(synthetic_data, tiny_cache, tmp_path / "trained")
     assert lightning_main(["fit", *trained, "--trainer.max_epochs", "1"]) == 0
@@ -590,9 +603,9 @@ def test_runs_says_a_version_holds_the_test_of_a_checkpoint_from_elsewhere(
     shutil.copy(tmp_path / "trained" / "runs" / "demo_softmax" / "version_0" / "checkpoints" /
                 "last.ckpt", model)
     args = _cli_args(synthetic_data, tiny_cache, tmp_path / "scored")
-    code, _, err = _run("test", *args, "--ckpt_path", str(model))
+    code, _, err = _call(capsys, "test", *args, "--ckpt_path", str(model))
     assert code == 0, err[-2000:]
-    code, out, err = _run("runs", "--root", str(tmp_path / "scored" / "runs"))
+    code, out, err = _call(capsys, "runs", "--root", str(tmp_path / "scored" / "runs"))
     assert code == 0, err
     run = tmp_path / "scored" / "runs" / "demo_softmax" / "version_0"
     assert out.splitlines()[1] == (
@@ -601,7 +614,7 @@ def test_runs_says_a_version_holds_the_test_of_a_checkpoint_from_elsewhere(
     # A training run that has not saved a checkpoint yet is not taken for one.
     (run.parent / "version_1").mkdir()
     (run.parent / "version_1" / "config.yaml").write_text("ckpt_path: null\n")
-    code, out, err = _run("runs", "--root", str(tmp_path / "scored" / "runs"))
+    code, out, err = _call(capsys, "runs", "--root", str(tmp_path / "scored" / "runs"))
     assert out.splitlines()[2].endswith(
         f"version_1  {'?':<16}      -        - -     (stopped before its first checkpoint: "
         "nothing to resume)")
@@ -662,15 +675,15 @@ def test_user_errors_are_one_line_and_exit_2(synthetic_data, tiny_cache, tmp_pat
     assert not list(tmp_path.glob("runs/*/version_*"))  # no empty run folder left behind
 
 
-@pytest.mark.subprocess
-def test_a_refused_resume_leaves_the_run_as_it_was(synthetic_data, tiny_cache, tmp_path):
+@pytest.mark.slow
+def test_a_refused_resume_leaves_the_run_as_it_was(synthetic_data, tiny_cache, tmp_path, capsys):
     # The checkpoint is read before anything of the run is rewritten: a resume refused for
     # another vocabulary keeps the run's config.yaml and metrics.csv.
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
     run = tmp_path / "runs" / "demo_softmax" / "version_0"
     before = {name: (run / name).read_bytes() for name in ("config.yaml", "metrics.csv")}
-    code, _, err = _run("fit", "--config", str(run / "config.yaml"), "--ckpt_path", "last",
+    code, _, err = _call(capsys, "fit", "--config", str(run / "config.yaml"), "--ckpt_path", "last",
                         "--trainer.max_epochs", "2", "--data.min_count", "50")
     assert code == 2 and "vocabulary differs" in err, err[-2000:]
     assert {name: (run / name).read_bytes() for name in before} == before
@@ -678,10 +691,10 @@ def test_a_refused_resume_leaves_the_run_as_it_was(synthetic_data, tiny_cache, t
     assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["fit", "test"])
 def test_a_checkpoint_whose_weights_do_not_fit_is_one_line(synthetic_data, tiny_cache, tmp_path,
-                                                           command):
+                                                           command, capsys):
     # Hyperparameters that build a model, weights that do not fit it (a tensor missing): the
     # refusal names the file and the tensor, and the run it came from is left as it was.
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
@@ -694,7 +707,7 @@ def test_a_checkpoint_whose_weights_do_not_fit_is_one_line(synthetic_data, tiny_
     save_atomically(checkpoint, damaged)
     before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
 
-    code, _, err = _run(command, "--config", str(run / "config.yaml"), "--ckpt_path",
+    code, _, err = _call(capsys, command, "--config", str(run / "config.yaml"), "--ckpt_path",
                         str(damaged), "--trainer.max_epochs", "2")
     assert code == 2 and "Traceback" not in err, err[-3000:]
     errors = [line for line in err.splitlines() if line.startswith(f"captioner {command}: ")]
@@ -717,7 +730,7 @@ def test_a_checkpoint_whose_weights_do_not_fit_is_one_line(synthetic_data, tiny_
     ({"vocab_size": 500}, ["--trainer.max_epochs", "2"], "but vocab_size is 500"),
 ])
 def test_fit_refuses_a_checkpoint_file_caption_refuses_or_that_has_nothing_left_to_train(
-        synthetic_data, tiny_cache, tmp_path, edit, extra, message):
+        synthetic_data, tiny_cache, tmp_path, edit, extra, message, capsys):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
     checkpoint = load_safely(tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints"
@@ -725,7 +738,8 @@ def test_fit_refuses_a_checkpoint_file_caption_refuses_or_that_has_nothing_left_
     checkpoint["hyper_parameters"].update(edit or {})
     given = tmp_path / "given.ckpt"
     save_atomically(checkpoint, given)
-    code, _, err = _run("fit", *args, "--run_name", "again", "--ckpt_path", str(given), *extra)
+    code, _, err = _call(capsys, "fit", *args, "--run_name", "again", "--ckpt_path", str(given),
+                         *extra)
     assert code == 2 and "Traceback" not in err, err[-3000:]
     errors = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
     assert len(errors) == 1 and str(given) in errors[0], err[-3000:]
@@ -733,12 +747,12 @@ def test_fit_refuses_a_checkpoint_file_caption_refuses_or_that_has_nothing_left_
     assert not (tmp_path / "runs" / "again").exists()
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_beam_validation_cannot_fit_in_memory_is_refused_before_training(
-        synthetic_data, tiny_cache, tmp_path):
+        synthetic_data, tiny_cache, tmp_path, capsys):
     # It trained the epoch, then failed at validation's first beam search with no checkpoint.
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
-    code, out, err = _run("fit", *args, "--trainer.max_epochs", "1",
+    code, out, err = _call(capsys, "fit", *args, "--trainer.max_epochs", "1",
                           "--model.decoding.beam_size", str(10**10))
     assert code == 1 and "Traceback" not in err, err[-3000:]
     errors = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
@@ -750,17 +764,17 @@ def test_a_beam_validation_cannot_fit_in_memory_is_refused_before_training(
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_refused_test_of_a_runs_checkpoint_leaves_no_test_folder(synthetic_data, tiny_cache,
-                                                                   tmp_path):
+                                                                   tmp_path, capsys):
     # A test that never scored leaves no version_N/test/ (its config.yaml naming the
     # checkpoint) behind: the next test of the run logs there as the first.
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
     run = tmp_path / "runs" / "demo_softmax" / "version_0"
     before = sorted(path.name for path in run.iterdir())
-    code, _, err = _run("test", "--config", str(run / "config.yaml"), "--ckpt_path", "best",
-                        "--data.min_count", "50")
+    code, _, err = _call(capsys, "test", "--config", str(run / "config.yaml"),
+                         "--ckpt_path", "best", "--data.min_count", "50")
     assert code == 2 and "vocabulary differs" in err, err[-3000:]
     assert sorted(path.name for path in run.iterdir()) == before
     assert lightning_main(["test", "--config", str(run / "config.yaml"),
@@ -800,7 +814,7 @@ def test_ctrl_c_in_a_test_leaves_no_unscored_run_folder(synthetic_data, tiny_cac
     # no checkpoint yet.
     import signal
 
-    from captioner.lightning_module import CaptioningModule
+    from captioner.training.module import CaptioningModule
 
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
@@ -834,7 +848,7 @@ STOPPED_BEFORE_TRAINING = {
 def _stop_before_training(monkeypatch, where: str) -> tuple[str, ...]:
     """Make the loader of ``where`` (a key of STOPPED_BEFORE_TRAINING) fail; the options that
     reach it."""
-    from captioner.data import CaptionDataModule
+    from captioner.training.datamodule import CaptionDataModule
 
     hook, options = STOPPED_BEFORE_TRAINING[where]
 
@@ -893,7 +907,7 @@ def test_runs_started_together_each_get_their_own_version_folder(synthetic_data,
     # version before the first has made its folder. Lightning's logger would give both
     # version_0, and they would write their checkpoints and metrics into one folder.
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.max_epochs", "1")
-    from captioner.training_cli import build_cli
+    from captioner.training.cli import build_cli
 
     first = build_cli([*args, "--seed_everything", "1"], run=False)
     second = build_cli([*args, "--seed_everything", "2"], run=False)
@@ -935,7 +949,7 @@ def test_an_interrupted_fit_lets_go_of_its_run(synthetic_data, tiny_cache, tmp_p
     # refused as if another fit were training in it.
     import signal
 
-    from captioner.lightning_module import CaptioningModule
+    from captioner.training.module import CaptioningModule
 
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
@@ -960,7 +974,7 @@ def test_an_interrupted_fit_lets_go_of_its_run(synthetic_data, tiny_cache, tmp_p
 
 def test_a_fit_holds_a_version_named_on_its_command_line(synthetic_data, tiny_cache, tmp_path,
                                                          capsys):
-    from captioner.training_runs import RunLock
+    from captioner.training.runs import RunLock
 
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.max_epochs", "1",
                      "--trainer.logger.init_args.version", "mine")
@@ -1143,6 +1157,34 @@ def test_a_copied_runs_folder_resumes_and_tests_its_own_run(synthetic_data, tiny
         "version_0"]
 
 
+def _file_state(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(path.relative_to(folder)): (path.stat().st_size, path.stat().st_mtime_ns)
+            for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+@pytest.mark.parametrize("copy_to", ["runs/other_name/version_0", "elsewhere/plain_copy"])
+def test_a_run_copied_under_another_name_resumes_as_itself(copy_to, synthetic_data,
+                                                            tiny_cache, tmp_path, capsys):
+    """A run is the folder its config.yaml is in: a copy of a run under another run name (or
+    into a plain folder) resumed from its own config.yaml trains there, and the original run,
+    which the files name, is left as it was (it was resumed and rewritten: epochs 1 -> 2)."""
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.max_epochs", "1")
+    assert lightning_main(["fit", *args]) == 0
+    original = tmp_path / "runs" / "demo_softmax" / "version_0"
+    copy = tmp_path / copy_to
+    shutil.copytree(original, copy)
+    before = _file_state(original)
+    capsys.readouterr()
+    assert lightning_main(["fit", "--config", str(copy / "config.yaml"), "--ckpt_path", "last",
+                           "--trainer.max_epochs", "2"]) == 0, capsys.readouterr().err
+    assert f"run folder: {copy}" in capsys.readouterr().out
+    assert read_epochs_done(copy) == 2
+    assert load_safely(copy / "checkpoints" / "last.ckpt")["global_step"] == 4
+    assert read_progress(copy / "checkpoints")["best_checkpoint"].startswith(f"{copy}/")
+    assert _file_state(original) == before
+    assert sorted(path.name for path in original.parent.iterdir()) == ["version_0"]
+
+
 def _wait_a_minute(started) -> None:
     started.set()
     time.sleep(60)
@@ -1151,8 +1193,8 @@ def _wait_a_minute(started) -> None:
 def test_a_run_held_for_an_instant_as_runs_looks_at_it_is_not_refused(tmp_path):
     import threading
 
-    from captioner.run_folders import training_now
-    from captioner.training_runs import RunLock
+    from captioner.training.folders import training_now
+    from captioner.training.runs import RunLock
     from data_prep.locks import hold_exclusively, let_go
 
     probe = hold_exclusively(tmp_path)  # as training_now holds it, for an instant
@@ -1164,7 +1206,7 @@ def test_a_run_held_for_an_instant_as_runs_looks_at_it_is_not_refused(tmp_path):
 def test_a_held_run_is_let_go_when_its_fit_ends_though_a_forked_worker_lives_on(tmp_path):
     import multiprocessing
 
-    from captioner.training_runs import RunInUse, RunLock
+    from captioner.training.runs import RunInUse, RunLock
 
     held = RunLock(tmp_path)
     with pytest.raises(RunInUse, match=re.escape(str(tmp_path))):
@@ -1189,8 +1231,10 @@ def test_a_run_on_a_file_system_that_locks_no_folder_trains_with_a_warning(tmp_p
     import errno
     import fcntl as real_fcntl
 
+    import data_prep.files
+
     import data_prep.locks
-    from captioner.training_runs import RunLock
+    from captioner.training.runs import RunLock
 
     def nfs_flock(fd, operation):
         raise OSError(errno.EBADF, "Bad file descriptor")
@@ -1276,7 +1320,7 @@ def test_the_best_checkpoint_monitors_a_metric_the_model_logs(synthetic_data, ti
     """A misspelt --checkpoint.monitor is refused before training (Lightning finds out after
     the first epoch's validation, and that epoch is lost); the names it may take are exactly
     those a fit logs."""
-    from captioner.lightning_module import LOGGED_METRICS
+    from captioner.training.module import LOGGED_METRICS
 
     args = _cli_args(synthetic_data, tiny_cache, tmp_path, "--trainer.max_epochs", "1")
     assert lightning_main(["fit", *args, "--checkpoint.monitor", "val/CIDER"]) == 2
@@ -1336,34 +1380,34 @@ def test_runs_lists_a_run_whose_checkpoints_are_kept_elsewhere(synthetic_data, t
     assert saved["ckpt_path"] == str(best.resolve())
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_misspelt_key_of_a_config_file_names_the_config_files(synthetic_data, tiny_cache,
-                                                                tmp_path):
+                                                                tmp_path, capsys):
     typo = tmp_path / "mine.yaml"
     typo.write_text("data:\n  min_cout: 2\n")
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
-    code, _, err = _run("fit", *args, "--config", str(typo))
+    code, _, err = _call(capsys, "fit", *args, "--config", str(typo))
     assert code == 2 and "Traceback" not in err
     [line] = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
     assert line.startswith("captioner fit: --config ") and f"demo_softmax.yaml, {typo}: " in line
     assert "does not accept option 'data.min_cout'" in line
 
 
-@pytest.mark.subprocess
-def test_a_bad_value_names_the_config_files_only_when_it_comes_from_them(synthetic_data,
-                                                                         tiny_cache, tmp_path):
+@pytest.mark.slow
+def test_a_bad_value_names_the_config_files_only_when_it_comes_from_them(
+        synthetic_data, tiny_cache, tmp_path, capsys):
     bad = tmp_path / "mine.yaml"
     bad.write_text("model:\n  lr: big\n")
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     for extra, named in ((["--config", str(bad)], True), (["--model.lr", "big"], False)):
-        code, _, err = _run("fit", *args, *extra)
+        code, _, err = _call(capsys, "fit", *args, *extra)
         assert code == 2 and "Traceback" not in err
         [line] = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
         assert line.endswith('Parser key "model.lr": Expected a <class \'float\'>. Got '
                              "value: big")
         assert line.startswith("captioner fit: --config ") == named, line
     # The file's bad value fails the parse although the command line gives the key a good one.
-    code, _, err = _run("fit", *args, "--config", str(bad), "--model.lr", "0.1")
+    code, _, err = _call(capsys, "fit", *args, "--config", str(bad), "--model.lr", "0.1")
     assert code == 2 and f"{bad}: Parser key \"model.lr\"" in err, err
 
 
@@ -1428,6 +1472,7 @@ def test_a_missing_include_of_a_config_file_is_named_once_with_where_it_was_look
 @pytest.mark.subprocess
 def test_unknown_output_mapping_is_refused_before_training_starts(synthetic_data, tiny_cache,
                                                                  tmp_path):
+    # A child process: the absence of Lightning's model summary on the console is tested.
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     code, out, err = _run("fit", *args, "--trainer.max_epochs", "1",
                           "--model.output_mapping", "foo")
@@ -1438,29 +1483,29 @@ def test_unknown_output_mapping_is_refused_before_training_starts(synthetic_data
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow
 def test_unloadable_encoder_weights_are_one_line_and_exit_2(synthetic_data, tiny_cache,
-                                                           tmp_path):
+                                                           tmp_path, capsys):
     # The same error as named ImageNet weights that are neither cached nor downloadable.
     weights = tmp_path / "encoder.pt"
     weights.write_bytes(b"not a state_dict")
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     # Without a feature cache: one of other weights would be refused first (see below).
-    code, _, err = _run("fit", *args, "--trainer.max_epochs", "1", "--data.feature_cache", "null",
-                        "--model.encoder_weights", str(weights))
+    code, _, err = _call(capsys, "fit", *args, "--trainer.max_epochs", "1",
+                         "--data.feature_cache", "null", "--model.encoder_weights", str(weights))
     assert code == 2 and "Traceback" not in err, err[-2000:]
     errors = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
     assert len(errors) == 1 and "encoder weights file" in errors[0] and str(weights) in errors[0]
 
 
-@pytest.mark.subprocess
-def test_a_cache_of_other_weights_is_named_before_the_weights_are_loaded(synthetic_data,
-                                                                        tiny_cache, tmp_path):
+@pytest.mark.slow
+def test_a_cache_of_other_weights_is_named_before_the_weights_are_loaded(
+        synthetic_data, tiny_cache, tmp_path, capsys):
     # A paper config names ImageNet weights, which an offline machine lacks; a cache written
     # with `prepare-features --weights none` needs its own NAME.encoder.pt. The error says so,
     # not that the ImageNet weights could not be downloaded.
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
-    code, _, err = _run("fit", *args, "--trainer.max_epochs", "1",
+    code, _, err = _call(capsys, "fit", *args, "--trainer.max_epochs", "1",
                         "--model.encoder_weights", "IMAGENET1K_V1")
     assert code == 2 and "Traceback" not in err, err[-2000:]
     [line] = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
@@ -1470,8 +1515,8 @@ def test_a_cache_of_other_weights_is_named_before_the_weights_are_loaded(synthet
     assert not list(tmp_path.glob("runs/*"))
 
 
-@pytest.mark.subprocess
-def test_a_cache_moved_with_its_encoder_file_trains(synthetic_data, tiny_cache, tmp_path):
+@pytest.mark.slow
+def test_a_cache_moved_with_its_encoder_file_trains(synthetic_data, tiny_cache, tmp_path, capsys):
     # The cache records its NAME.encoder.pt by absolute path; copied to another machine or
     # folder together, the weights are the same bytes under another path.
     moved = tmp_path / "moved"
@@ -1484,7 +1529,7 @@ def test_a_cache_moved_with_its_encoder_file_trains(synthetic_data, tiny_cache, 
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
     other = moved / "other.pt"
     torch.save({k: v + 1 for k, v in torch.load(weights).items()}, other)
-    code, _, err = _run("fit", *args, "--trainer.max_epochs", "1",
+    code, _, err = _call(capsys, "fit", *args, "--trainer.max_epochs", "1",
                         "--model.encoder_weights", str(other))
     assert code == 2 and f"was written with encoder weights={str(weights)!r}" in err, err[-2000:]
 
@@ -1492,7 +1537,7 @@ def test_a_cache_moved_with_its_encoder_file_trains(synthetic_data, tiny_cache, 
 def test_a_cache_of_other_weights_than_a_checkpoints_asks_for_another_cache(tiny_cache):
     # The model of a --ckpt_path checkpoint keeps its encoder_weights: setting them to the
     # cache's would be refused in turn, so the advice is another cache.
-    from captioner.lightning_module import CACHE_SETTINGS, check_feature_cache
+    from captioner.training.module import CACHE_SETTINGS, check_feature_cache
 
     cache = FeatureCache(tiny_cache)
     settings = {option: cache.encoder.get(key, "layer4") for key, option in CACHE_SETTINGS.items()}
@@ -1512,7 +1557,7 @@ def test_a_moved_caches_advice_names_its_encoder_file_where_it_now_lies(tiny_cac
     # the advice must name the file beside the cache, not the recorded path that is gone.
     from types import SimpleNamespace
 
-    from captioner.lightning_module import CACHE_SETTINGS, check_feature_cache
+    from captioner.training.module import CACHE_SETTINGS, check_feature_cache
     from data_prep.hashes import file_sha256
 
     cache = FeatureCache(tiny_cache)
@@ -1536,7 +1581,7 @@ def test_a_moved_caches_advice_names_its_encoder_file_where_it_now_lies(tiny_cac
 def test_a_cache_of_another_encoder_names_every_setting_that_differs(tiny_cache):
     # Set one by one, the paper config's defaults (resnet101, layer4, 256 px, ImageNet weights)
     # took four refused runs to fit a cache of --arch resnet18 --layer layer3.
-    from captioner.lightning_module import CACHE_SETTINGS, check_feature_cache
+    from captioner.training.module import CACHE_SETTINGS, check_feature_cache
 
     cache = FeatureCache(tiny_cache)
     needed = {option: cache.encoder.get(key, "layer4") for key, option in CACHE_SETTINGS.items()}
@@ -1570,7 +1615,7 @@ def test_ctrl_c_stops_fit_with_status_130_and_says_how_to_resume(synthetic_data,
                                                                  epoch):
     import signal
 
-    from captioner.lightning_module import CaptioningModule
+    from captioner.training.module import CaptioningModule
 
     step = CaptioningModule.training_step
 
@@ -1605,7 +1650,7 @@ def test_a_fit_from_an_earlier_runs_config_stopped_names_the_command_that_resume
     import shlex
     import signal
 
-    from captioner.lightning_module import CaptioningModule
+    from captioner.training.module import CaptioningModule
 
     assert lightning_main(["fit", *_cli_args(synthetic_data, tiny_cache, tmp_path),
                            "--trainer.max_epochs", "1"]) == 0
@@ -1742,13 +1787,13 @@ def test_a_checkpoint_keeps_the_image_size_it_was_trained_at(synthetic_data, tin
     assert used["data"]["image_size"] == trained
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_checkpoint_keeps_its_hyperparameters_and_takes_decoding_options(
         synthetic_data, tiny_cache, tmp_path, capsys):
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
     last = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints" / "last.ckpt"
-    code, _, err = _run("fit", *args, "--trainer.max_epochs", "2", "--ckpt_path", "last",
+    code, _, err = _call(capsys, "fit", *args, "--trainer.max_epochs", "2", "--ckpt_path", "last",
                         "--model.hidden_dim", "64")
     assert code == 2 and "Traceback" not in err, err[-2000:]
     [line] = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
@@ -1978,7 +2023,7 @@ def test_fit_validate_and_test_each_have_their_own_help_line(capsys):
 
 
 def test_float32_matmul_precision_is_set_before_training(synthetic_data, tiny_cache, tmp_path):
-    from captioner.training_cli import build_cli
+    from captioner.training.cli import build_cli
 
     before = torch.get_float32_matmul_precision()
     try:
@@ -1992,7 +2037,7 @@ def test_float32_matmul_precision_is_set_before_training(synthetic_data, tiny_ca
 
 
 def test_the_configs_of_a_command_line_in_every_spelling(tmp_path):
-    from captioner.training_cli import _first_config, config_files, option_values
+    from captioner.training.cli import _first_config, config_files, option_values
 
     first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
     for path in (first, second):
@@ -2082,6 +2127,7 @@ def test_a_best_checkpoint_of_an_epoch_the_resume_replays_is_removed(synthetic_d
     folder = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints"
     replayed = next(folder.glob("best-epoch01-*.ckpt"))
     kept = shutil.copy(replayed, folder / "copy-of-epoch01.ckpt")  # the user's: not its own best
+    # A child process: the absence of Lightning's warning on stderr is tested.
     code, _, err = _run("fit", *args, "--trainer.max_epochs", "3", "--ckpt_path", "last",
                         "--checkpoint.filename", "again-epoch{epoch:02d}")
     assert code == 0, err[-2000:]
@@ -2096,7 +2142,7 @@ def test_a_fit_killed_after_its_last_checkpoint_removes_what_it_superseded_on_re
 ):
     # Killed once last.ckpt is written, before progress.json and the removal of the best
     # checkpoint it supersedes: last.ckpt records that file, which the resume removes.
-    import captioner.training_runs as training_runs
+    import captioner.training.runs as training_runs
 
     write_progress = training_runs.write_progress
 

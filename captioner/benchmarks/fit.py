@@ -47,7 +47,7 @@ ACCELERATORS = ("auto", "cpu", "gpu", "cuda")  # Lightning's names of the CPU an
 
 
 def _parser() -> argparse.ArgumentParser:
-    from captioner.training_cli import MATMUL_PRECISIONS
+    from captioner.training.cli import MATMUL_PRECISIONS
 
     precisions = _precisions()
     parser = command_parser(PROG, __doc__)
@@ -297,7 +297,7 @@ def time_fit(mapping: str, args: argparse.Namespace, karpathy: Path, cache: Path
              runs: Path) -> dict:
     """Seconds per step of a real fit, and the model and vocabulary it trained."""
     from captioner.benchmarks import counting_device_solver
-    from captioner.training_cli import build_cli
+    from captioner.training.cli import build_cli
 
     cli = build_cli(_fit_arguments(mapping, args, karpathy, cache, runs), run=False)
     workers = _loader_workers(cli.datamodule, args.num_workers)
@@ -342,7 +342,7 @@ def time_model_step(module, args: argparse.Namespace, steps: int) -> tuple[float
     import torch
 
     from captioner.benchmarks.model import STEP_PHASES, train_step
-    from captioner.optimizer import adam
+    from captioner.training.optimizer import adam
 
     device, hp = module.device, module.hparams
     optimizer = adam(module.parameters(), lr=hp.lr, betas=hp.betas)

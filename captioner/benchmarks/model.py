@@ -184,7 +184,7 @@ class _Runner:
         self.overlap = row == OVERLAP_ROW if args.tvmax_overlap and mapping == "tvmax" else None
 
         from captioner.model import AttentionDecoder
-        from captioner.optimizer import PAPER_BETAS, PAPER_LR, adam
+        from captioner.training.optimizer import PAPER_BETAS, PAPER_LR, adam
 
         input_attention = mapping if args.input_attention == "same" else args.input_attention
         torch.manual_seed(args.seed)

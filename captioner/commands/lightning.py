@@ -6,7 +6,7 @@
     captioner fit --config configs/coco_tvmax.yaml --print_config
 
 Runs are written to runs/NAME/version_N/ (NAME: the config file's stem, or --run_name), with
-the checkpoints in its checkpoints/ folder (see captioner.training_runs). "--ckpt_path last"
+the checkpoints in its checkpoints/ folder (see captioner.training.runs). "--ckpt_path last"
 resumes the newest version of NAME that has a last.ckpt (or, with a run's own config.yaml as
 --config, that run), in the same folder; validate and test need --ckpt_path (best, last or a
 file). Give the --config files first: an option before a config that sets its key is refused.
@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
 
     from captioner.commands.options import close_progress_bars, report_error
     from captioner.model.encoder import EncoderWeightsError
-    from captioner.training_cli import (
+    from captioner.training.cli import (
         Interrupted,
         PeerLost,
         UserError,
@@ -109,8 +109,8 @@ def _with_the_runs_config(argv: list[str]) -> list[str]:
     first config, so that nothing given to the fit is given again (that config.yaml names the
     data, the model and the runs folder, and the CLI takes the checkpoint from its run). The
     runs folder is ``--trainer.logger.init_args.save_dir`` where given, else ``runs``."""
-    from captioner.run_folders import version_folders
-    from captioner.training_cli import config_files, option_values
+    from captioner.training.cli import config_files, option_values
+    from captioner.training.folders import version_folders
 
     names, checkpoints = option_values(argv, "run_name"), option_values(argv, "ckpt_path")
     if (argv[0] == "fit" or config_files(argv) or not names or not checkpoints
@@ -182,7 +182,7 @@ def _from_config_files(message: str, argv: list[str]) -> bool:
     if any(words in message for words in ("does not accept option", "Problems parsing config",
                                           "Unable to load config")):
         return True
-    from captioner.training_cli import option_values
+    from captioner.training.cli import option_values
 
     key = re.search(r'Parser key "([^"]+)"', message)
     if key is None:

@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
                         help="runs folder (default: %(default)s)")
     args = parser.parse_args(argv)
 
-    from captioner.run_folders import (
+    from captioner.training.folders import (
         evaluation_only,
         list_runs,
         run_attention,
@@ -92,7 +92,7 @@ def _where(run: Path, recorded: str | None) -> str:
     """A checkpoint that the run's progress.json records, where it is now (its own
     checkpoints/ folder for a moved or copied run); ``-`` for none, ``(missing)`` after a
     file that is not there."""
-    from captioner.run_folders import recorded_checkpoint
+    from captioner.training.folders import recorded_checkpoint
 
     path = recorded_checkpoint(run / "checkpoints", recorded)
     if path is None:

@@ -43,8 +43,8 @@ from captioner.features.pretraining_settings import (
     PretrainingSettings,
     pretraining_report_path,
 )
-from captioner.lightning_stops import stops_as_keyboard_interrupt
 from captioner.model.encoder import GridEncoder, later_stages
+from captioner.training.stops import stops_as_keyboard_interrupt
 from data_prep.atomic import write_json
 from data_prep.cell_labels import CellLabeller
 from data_prep.images import IMAGENET_MEAN, IMAGENET_STD, load_image

@@ -95,7 +95,7 @@ def _images(args: argparse.Namespace) -> _Selection:
         note = (f"--n {args.n} but IMAGE_OR_DIR holds only {len(given)} images; showing all "
                 f"{len(given)}" if args.n and len(given) < args.n else "")
         return _Selection(paths, [str(p) for p in paths], [], note, {}, {})
-    from captioner.data import reference_strings
+    from captioner.training.datamodule import reference_strings
     from data_prep.karpathy import load_karpathy
     from eval.rating_kit import fewer_than_asked, sample_readable
 

@@ -311,7 +311,7 @@ class CaptionDataModule(L.LightningDataModule):
         image_root: folder the JSON's ``filepath/filename`` are relative to.
         feature_cache: HDF5 file written by ``captioner prepare-features``; when given, batches
             carry cached grid features instead of images (the encoder must be frozen and match
-            the cache's encoder, which :class:`~captioner.lightning_module.CaptioningModule`
+            the cache's encoder, which :class:`~captioner.training.module.CaptioningModule`
             checks).
         min_count: training-token count below which a word maps to ``<unk>``.
         max_caption_length: reference captions are cut to this many tokens for training.

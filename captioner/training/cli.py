@@ -3,16 +3,16 @@
 On top of Lightning's CLI over :class:`CaptioningModule` and :class:`CaptionDataModule`:
 
 * runs are named: the CSV logger writes ``runs/NAME/version_N`` with NAME the first config
-  file's stem or ``--run_name`` (see :mod:`captioner.training_runs`);
+  file's stem or ``--run_name`` (see :mod:`captioner.training.runs`);
 * ``--ckpt_path last`` (fit) resumes the newest version of NAME that has a ``last.ckpt``, in
   the same folder, or the run whose own ``config.yaml`` is the config; ``--ckpt_path best``
   or ``last`` (validate, test) use that version's best or last checkpoint;
 * a checkpoint given to ``--ckpt_path`` is read as untrusted data: tensors only, and its
   hyperparameters are checked as plain data against the model's constructor before they reach
   jsonargparse (which would import any ``class_path`` they named);
-* :class:`captioner.training_runs.LastCheckpoint` (options ``--last.*``) writes ``last.ckpt``
+* :class:`captioner.training.runs.LastCheckpoint` (options ``--last.*``) writes ``last.ckpt``
   every epoch; the best checkpoint on ``val/CIDEr`` is Lightning's ModelCheckpoint
-  (``--checkpoint.*``), as :class:`captioner.training_runs.BestCheckpoint`, which removes a
+  (``--checkpoint.*``), as :class:`captioner.training.runs.BestCheckpoint`, which removes a
   superseded best checkpoint only once ``last.ckpt`` names the new one;
 * ``--trainer.limit_*_batches 1`` is one batch, as Lightning documents, not 1.0 (:class:`Trainer`).
 """
@@ -23,17 +23,14 @@ import logging
 import re
 import sys
 import warnings
-from argparse import ArgumentError
 from collections.abc import Callable
 from pathlib import Path
 from shlex import quote
 from typing import NamedTuple
 
 import torch
-
-# Private, but the one way to parse a config file without applying links (jsonargparse 4.x,
-# as its parse methods' _skip_validation).
-from jsonargparse._link_arguments import skip_apply_links
+import yaml
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.fabric.utilities.seed import seed_everything
 from lightning.pytorch import Trainer as LightningTrainer
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -41,21 +38,16 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from captioner.checkpointing import load_safely, restore_problem
-from captioner.data import CaptionDataModule
-from captioner.lightning_module import (
+from captioner.training.datamodule import CaptionDataModule
+from captioner.training.folders import version_number
+from captioner.training.module import (
     CACHE_SETTINGS,
     LOGGED_METRICS,
     CaptioningModule,
     check_feature_cache,
     stored_vocabulary,
 )
-from captioner.lightning_stops import (
-    KeepStopSignals,
-    lost_processes_told,
-    stops_as_keyboard_interrupt,
-)
-from captioner.run_folders import version_number
-from captioner.training_runs import (
+from captioner.training.runs import (
     LAST_NAME,
     PROGRESS_NAME,
     BestCheckpoint,
@@ -69,14 +61,16 @@ from captioner.training_runs import (
     hold_metrics_for_resume,
     last_checkpoint,
     latest_resumable,
-    new_version,
     read_progress,
     recorded_checkpoint,
+    remove_if_empty,
     remove_interrupted_writes,
 )
+from captioner.training.stops import KeepStopSignals, TellLostProcesses
 from data_prep.features import FeatureCache
 from data_prep.locks import let_go
 from data_prep.paths import check_output_dir
+from data_prep.settings_files import read_settings
 from data_prep.wording import counted, first_names
 
 CHECKPOINT_DEFAULTS = {
@@ -107,7 +101,7 @@ class Trainer(LightningTrainer):
     types the limits ``float | int``; jsonargparse gives a value the first type that holds it,
     so ``--trainer.limit_train_batches 1`` (or ``limit_train_batches: 1`` in a config) became
     1.0, every batch. Its signals are handled by
-    :class:`~captioner.lightning_stops.KeepStopSignals` (SIGTERM stops a run as Ctrl-C does).
+    :class:`~captioner.training.stops.KeepStopSignals` (SIGTERM stops a run as Ctrl-C does).
 
     Args:
         limit_train_batches: training batches per epoch: an int counts batches, a float is a
@@ -129,6 +123,48 @@ class Trainer(LightningTrainer):
         # Added here, not through the callbacks argument, which stays Lightning's own option
         # (--trainer.callbacks) of the parser that reads this signature.
         self.callbacks.append(KeepStopSignals())
+
+    # fit, validate and test as Lightning's, their docstrings saying what --ckpt_path takes
+    # here (the CLI's help for each sub-command is read from them).
+    def fit(self, model, train_dataloaders=None, val_dataloaders=None, datamodule=None,
+            ckpt_path: str | Path | None = None, weights_only: bool | None = None) -> None:
+        """Train the model.
+
+        Args:
+            ckpt_path: resume: 'last' (the newest runs/NAME/version_N with a last.ckpt, or
+                the run whose config.yaml is --config, continued in its folder; without a
+                logger, of ./checkpoints or --checkpoint.dirpath) or a checkpoint file.
+            weights_only: as Lightning's Trainer.fit (captioner reads tensors only).
+        """
+        super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path,
+                    weights_only)
+
+    def validate(self, model=None, dataloaders=None, ckpt_path: str | Path | None = None,
+                 verbose: bool = True, datamodule=None, weights_only: bool | None = None):
+        """Score a checkpoint on the validation split.
+
+        Args:
+            ckpt_path: 'best' or 'last' of the newest runs/NAME/version_N (or of the run
+                whose config.yaml is --config; without a logger, of ./checkpoints or
+                --checkpoint.dirpath), or a checkpoint file.
+            verbose: print the scores.
+            weights_only: as Lightning's Trainer.validate (captioner reads tensors only).
+        """
+        return super().validate(model, dataloaders, ckpt_path, verbose, datamodule,
+                                weights_only)
+
+    def test(self, model=None, dataloaders=None, ckpt_path: str | Path | None = None,
+             verbose: bool = True, datamodule=None, weights_only: bool | None = None):
+        """Score a checkpoint on the test split.
+
+        Args:
+            ckpt_path: 'best' or 'last' of the newest runs/NAME/version_N (or of the run
+                whose config.yaml is --config; without a logger, of ./checkpoints or
+                --checkpoint.dirpath), or a checkpoint file.
+            verbose: print the scores.
+            weights_only: as Lightning's Trainer.test (captioner reads tensors only).
+        """
+        return super().test(model, dataloaders, ckpt_path, verbose, datamodule, weights_only)
 
 
 class _NoAdvertising(logging.Filter):
@@ -162,15 +198,9 @@ for _message in (
 ):
     warnings.filterwarnings("ignore", message=_message)
 
-_NO_LOGGER = "; without a logger, of ./checkpoints or --checkpoint.dirpath"
-CKPT_PATH_HELP = {
-    "fit": "resume: 'last' (the newest runs/NAME/version_N with a last.ckpt, or the run whose "
-           f"config.yaml is --config, continued in its folder{_NO_LOGGER}) or a checkpoint file",
-    "validate": "'best' or 'last' of the newest runs/NAME/version_N (or of the run whose "
-                f"config.yaml is --config{_NO_LOGGER}), or a checkpoint file",
-    "test": "'best' or 'last' of the newest runs/NAME/version_N (or of the run whose "
-            f"config.yaml is --config{_NO_LOGGER}), or a checkpoint file",
-}
+_CSV_LOGGERS = ("lightning.pytorch.loggers.CSVLogger",
+                "lightning.pytorch.loggers.csv_logs.CSVLogger")
+_RUN_LOGGER = "captioner.training.runs.RunLogger"
 _NAMED_CHECKPOINTS = ("last", "best")
 # Model settings linked from the data's (add_arguments_to_parser): no config sets them itself.
 _LINKED_MODEL_KEYS = frozenset({"model.image_size", "model.vocab_size"})
@@ -203,95 +233,116 @@ class CaptionerCLI(LightningCLI):
     def __init__(self, *args, on_lost_process: Callable[[str], None] | None = None,
                  **kwargs) -> None:
         # A DDP process started here that ends with an error, told "another process of this
-        # fit stopped (...); how to resume" (lightning_stops.lost_processes_told).
+        # fit stopped (...); how to resume" (lightning_stops.TellLostProcesses).
         self._on_lost_process = on_lost_process
         # The run name comes from the first --config of the command line, which the parsed
         # config no longer tells apart from the configs it includes.
         given = kwargs.get("args")
         self._args = sys.argv[1:] if given is None else list(given)
+        if kwargs.get("run", True):
+            self._args = self._args[1:]  # the sub-command
         self._first_config = _first_config(self._args)
         self._resume_version: int | str | None = None  # the version --ckpt_path last picks
+        self._ckpt_path: str | None = None  # --ckpt_path, resolved and checked
+        self._given_decoding: dict[str, object] = {}  # model.decoding* given with a checkpoint
         self._checkpoint_step = 0  # global step of the --ckpt_path checkpoint
         self._resumed_run: Path | None = None  # the run folder fit resumes into
         self._new_root: Path | None = None  # the runs folder, when this command makes it
+        self._made_folder: Path | None = None  # the log folder this command made (rank 0)
+        self._version_given = False  # the logger's version is named (a resume, an option)
+        self._logger_class: str | None = None  # the CSVLogger class_path RunLogger replaces
         self._run_lock: RunLock | None = None  # fit's hold on its run folder (before_fit)
         # fit's hold on a checkpoint folder outside its run (--checkpoint.dirpath; before_fit)
         self._checkpoints_lock: RunLock | None = None
         self._made_checkpoint_folder: Path | None = None  # to remove if the fit leaves it empty
         self._evaluated_run: Path | None = None  # the run whose checkpoint validate/test score
         self._evaluation_hold: int | None = None  # their hold on their folder in that run
-        self._config_keys: dict[str | None, list[str]] = {}  # _keys_set_by, per --config
         if "trainer_defaults" in kwargs:
             # The logger's name is the run's (--run_name, else the first config's stem), so
             # that --print_config says where the run goes, not Lightning's "lightning_logs".
             name = (option_values(self._args, "run_name") or [self._default_run_name()])[-1]
             kwargs["trainer_defaults"] = _named_logger(kwargs["trainer_defaults"], name)
-        super().__init__(*args, **kwargs)
-
-    # LightningCLI hook (Lightning 2.6): seeds before the model and the data are built.
-    # Quietly: a setting refused while they are built is then the command's one line, not
-    # Lightning's "Seed set to N" and the refusal; the seed is told once they stand.
-    def _set_seed(self) -> None:
-        seed_log = logging.getLogger(seed_everything.__module__)
-        told, seed_log.disabled = seed_log.disabled, True
+        # Seeded quietly before the model and the data are built: a setting refused while
+        # they are built is then the command's one line, not "Seed set to N" and the refusal;
+        # the seed is told once they stand (after_instantiate_classes).
+        self._seed_log = logging.getLogger(seed_everything.__module__)
+        told, self._seed_log.disabled = self._seed_log.disabled, True
+        ended = False
         try:
-            super()._set_seed()
+            super().__init__(*args, **kwargs)
+            ended = True
+        except KeyboardInterrupt:
+            raise Interrupted(self._after_interrupt()) from None
+        except SystemExit:
+            # Lightning ends a run stopped by Ctrl-C with exit(1), after its graceful shutdown.
+            trainer = getattr(self, "trainer", None)
+            if trainer is None or not trainer.interrupted:
+                raise
+            raise Interrupted(self._after_interrupt()) from None
+        except RuntimeError as exc:
+            told_by = _peer_loss(exc)
+            if told_by is None:
+                raise
+            raise PeerLost(self._lost_process(told_by)) from None
         finally:
-            seed_log.disabled = told
+            self._seed_log.disabled = told
+            if not ended:
+                self._remove_unused_folder()
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Release the command's holds on its folders once it has ended, however: Lightning
+        calls no teardown hook when a fit stops on an exception (Ctrl-C too), and the
+        callbacks' on_exception, which still write into the run, come first."""
+        for lock in (self._run_lock, self._checkpoints_lock):
+            if lock is not None:
+                lock.release()
+        made = self._made_checkpoint_folder
+        if made is not None and made.is_dir() and not any(made.iterdir()):
+            made.rmdir()  # a fit refused, or stopped, before its first checkpoint
+        if self._evaluation_hold is not None:
+            let_go(self._evaluation_hold)
+
+    def _remove_unused_folder(self) -> None:
+        """Remove the log folder this command made when it stopped before writing into it
+        (refused before training), then its run's and the runs folder if it left them empty."""
+        made = self._made_folder
+        if made is None or not made.is_dir() or any(made.iterdir()):
+            return
+        made.rmdir()
+        remove_if_empty(made.parent)
+        if self._new_root is not None:
+            remove_if_empty(self._new_root)
 
     # LightningCLI hook: the model, the data and the trainer stand.
     def after_instantiate_classes(self) -> None:
-        subcommand = self.config.get("subcommand")
-        seed = (self.config[subcommand] if subcommand else self.config).get("seed_everything")
+        config = self._subcommand_config()
+        self._seed_log.disabled = False
+        seed = config.get("seed_everything")
         if seed is not None and seed is not False:
             rank_zero_info(f"Seed set to {seed}")
+        if self.subcommand in ("fit", "validate", "test"):
+            tell = self._on_lost_process
+            self.trainer.callbacks.append(TellLostProcesses(
+                lambda told: tell(self._lost_process(told)) if tell is not None else None))
+        logger = config.trainer.get("logger")
+        if self._logger_class is not None:
+            logger.class_path = self._logger_class  # what the run's config.yaml records
 
-    # LightningCLI hook (Lightning 2.6): the parser of one sub-command.
-    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs):
-        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
-        for action in parser._actions:
-            if action.dest == "ckpt_path" and subcommand in CKPT_PATH_HELP:
-                action.help = CKPT_PATH_HELP[subcommand]
-        return parser
+    def _subcommand_config(self):
+        subcommand = self.config.get("subcommand")
+        return self.config[subcommand] if subcommand else self.config
 
-    # LightningCLI hook (Lightning 2.6): runs the sub-command.
-    def _run_subcommand(self, subcommand: str) -> None:
-        def tell(told: str) -> None:
-            if self._on_lost_process is not None:
-                self._on_lost_process(self._lost_process(subcommand, told))
-
-        try:
-            with stops_as_keyboard_interrupt(self.trainer), lost_processes_told(self.trainer, tell):
-                super()._run_subcommand(subcommand)
-        except KeyboardInterrupt:
-            raise Interrupted(self._after_interrupt(subcommand)) from None
-        except RuntimeError as exc:
-            told = _peer_loss(exc)
-            if told is None:
-                raise
-            raise PeerLost(self._lost_process(subcommand, told)) from None
-        finally:
-            # Here, not at the trainer's teardown: Lightning calls no teardown hook when a fit
-            # stops on an exception (Ctrl-C too), and the callbacks' on_exception, which still
-            # write into the run, come first.
-            for lock in (self._run_lock, self._checkpoints_lock):
-                if lock is not None:
-                    lock.release()
-            made = self._made_checkpoint_folder
-            if made is not None and made.is_dir() and not any(made.iterdir()):
-                made.rmdir()  # a fit refused, or stopped, before its first checkpoint
-            if self._evaluation_hold is not None:
-                let_go(self._evaluation_hold)
-
-    def _lost_process(self, subcommand: str, told: str) -> str:
+    def _lost_process(self, told: str) -> str:
         """What a process of a DDP run says when another went away, ``told`` saying how it
         learnt it, with the command that resumes a fit."""
+        subcommand = getattr(self, "subcommand", None)
         resume = self._resume_advice() if subcommand == "fit" else None
         return (f"another process of this {subcommand} stopped ({told})"
                 + (f"; {resume}" if resume else ""))
 
-    def _after_interrupt(self, subcommand: str) -> str:
-        if subcommand != "fit":
+    def _after_interrupt(self) -> str:
+        if getattr(self, "subcommand", None) != "fit" or getattr(self, "trainer", None) is None:
             return "interrupted"
         resume = self._resume_advice()
         if resume is None:
@@ -328,18 +379,18 @@ class CaptionerCLI(LightningCLI):
         parser.link_arguments("data.image_size", "model.image_size")
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
 
-    # LightningCLI hook (Lightning 2.6): parses the command line into self.config.
+    # LightningCLI hook: parses the command line into self.config.
     def parse_arguments(self, parser, args) -> None:
-        subcommand = next(iter(self._args), None)
-        if subcommand in getattr(self, "_subcommand_parsers", {}):
-            self._refuse_options_a_config_replaces(self._subcommand_parsers[subcommand],
-                                                   self._args[1:])
-        else:  # run=False: no sub-command
-            self._refuse_options_a_config_replaces(parser, self._args)
+        _refuse_options_a_config_replaces(self._args)
         super().parse_arguments(parser, args)
+        self._read_ckpt_path()
 
-    # LightningCLI hook (Lightning 2.6): reads --ckpt_path's hyperparameters into the config.
-    def _parse_ckpt_path(self) -> None:
+    def _read_ckpt_path(self) -> None:
+        """Resolve ``--ckpt_path`` (``last``, ``best``), read the checkpoint as untrusted data
+        and put its hyperparameters, checked as plain data against the model's constructor,
+        into the config. Lightning would read them after this hook and hand them to
+        jsonargparse as they are (which imports any ``class_path`` they name), so the config
+        holds no ckpt_path until the classes are built (before_instantiate_classes)."""
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
@@ -353,7 +404,6 @@ class CaptionerCLI(LightningCLI):
             return
         if ckpt_path in _NAMED_CHECKPOINTS:
             ckpt_path = self._resolve_named(subcommand, config, ckpt_path)
-            config["ckpt_path"] = str(ckpt_path)
         path = Path(ckpt_path)
         if not path.exists():
             raise UserError(f"--ckpt_path {path}: no such checkpoint file")
@@ -368,8 +418,11 @@ class CaptionerCLI(LightningCLI):
         )
         stored_vocabulary(checkpoint, hparams, path)  # as caption reads it
         self._checkpoint_step = int(checkpoint.get("global_step", 0))
-        given = {key: (config[key], source)
-                 for key, source in self._model_keys_given(subcommand).items()}
+        given = {}
+        for key, source in _model_keys_given(self._args).items():
+            while key not in config and "." in key:  # a key inside a dict setting
+                key = key.rsplit(".", 1)[0]
+            given[key] = (config[key], source)
         self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
         config = self.config[subcommand]
         for key, name in _KEPT_DATA_KEYS.items():
@@ -390,63 +443,8 @@ class CaptionerCLI(LightningCLI):
                 )
         # The run's config.yaml names the checkpoint as Lightning names its own (an absolute
         # path): a relative one would lead elsewhere, or nowhere, from another folder.
-        config["ckpt_path"] = str(path.resolve())
-
-    def _model_keys_given(self, subcommand: str) -> dict[str, str | None]:
-        """The ``model.*`` keys (and the data keys a model keeps, ``_KEPT_DATA_KEYS``) that the
-        command line or its config files set, each with the ``--config FILE`` that set it last
-        (None: the command line), in parsing order. The defaults are not among them: those
-        yield to a checkpoint's values."""
-        def kept_by_the_model(key: str) -> bool:
-            return (key.startswith("model.") and key not in _LINKED_MODEL_KEYS
-                    or key in _KEPT_DATA_KEYS)
-
-        given: dict[str, str | None] = {}
-        for option in given_options(self._args):
-            if option.key == "config":
-                keys = self._keys_set_by(self._subcommand_parsers[subcommand], option.value)
-                given.update({key: f"--config {option.value}" for key in keys
-                              if kept_by_the_model(key)})
-            elif kept_by_the_model(option.key):
-                given[option.key] = None
-        return given
-
-    def _refuse_options_a_config_replaces(self, parser, args: list[str]) -> None:
-        """The command line is applied in order: a ``--config`` file that sets a key replaces
-        an option of that key given before it (``--ckpt_path last`` before a run's
-        config.yaml, which holds ``ckpt_path: null``, would train a new run from scratch;
-        ``--trainer.max_epochs 2`` before a paper config, 50 epochs). Refused instead."""
-        seen: list[str] = []
-        for option in given_options(args):
-            if option.key != "config":
-                seen.append(option.key)
-                continue
-            keys = self._keys_set_by(parser, option.value)
-            for earlier in seen:
-                key = next((key for key in keys if earlier == key
-                            or earlier.startswith(f"{key}.") or key.startswith(f"{earlier}.")),
-                           None)
-                if key is not None:
-                    raise UserError(
-                        f"--{earlier} comes before --config {option.value}, which sets {key} "
-                        "and would replace it; give the --config files first, then the "
-                        "options that change them")
-
-    def _keys_set_by(self, parser, config: str | None) -> list[str]:
-        """The dotted keys that ``config`` (a file, with the files it includes, or a YAML
-        string) sets, in its order, read by ``parser`` (the sub-command's); none when it cannot
-        be read (the parse of the whole command line says why)."""
-        if config not in self._config_keys:
-            parse = parser.parse_path if Path(config or "").is_file() else parser.parse_string
-            try:
-                # Neither validated nor linked (data -> model): one config file of a command
-                # line need not hold the required or linked data keys.
-                with skip_apply_links():
-                    keys = list(parse(config, defaults=False, _skip_validation=True).keys())
-            except (ArgumentError, TypeError, ValueError, OSError):
-                keys = []
-            self._config_keys[config] = keys
-        return self._config_keys[config]
+        self._ckpt_path = str(path.resolve())
+        config["ckpt_path"] = None
 
     def _resolve_named(self, subcommand: str, config, which: str) -> Path:
         """``last`` / ``best`` of this config's run (the newest, or the one whose config.yaml
@@ -468,18 +466,19 @@ class CaptionerCLI(LightningCLI):
         """The last.ckpt of the run that ``--ckpt_path last|best`` names (see
         :meth:`_resolve_named`); for fit, the version it resumes into is kept."""
         root, name = self._run_root(config), self._run_folder_name(config)
+        own = self._own_run()
         init_args = getattr(config.trainer.get("logger"), "init_args", None)
-        moved = self._moved_runs_folder(root, name) if init_args is not None else None
-        if moved is not None:  # resume, and log, where the run is now
-            root, init_args["save_dir"] = moved, str(moved)
-        # The version the command line names, or else the one a run's config.yaml names (the
-        # fit's own run saves it), or else the run whose config.yaml it is (the demo's save
-        # none): that run, not the newest of NAME.
-        version = _logger_version(config)
-        if version is not None:
+        if own is not None and init_args is not None:
+            # A run is the folder its config.yaml is in, wherever the runs folder was moved
+            # or copied to, whatever the file records.
+            root, name = own.parent.parent, own.parent.name
+            init_args["save_dir"], init_args["name"] = str(root), name
+            version = version_number(own)
+            found = (own.name if version is None else version), _run_last(own, which)
+        elif (version := _logger_version(config)) is not None:
             found = _version_run(root, name, version, which)
         else:
-            found = self._config_run(root, name, which) or latest_resumable(root, name)
+            found = latest_resumable(root, name)
         if found is None:
             # 'best' is read from the progress.json beside the newest run's last.ckpt.
             what = LAST_NAME if which == "last" else f"best checkpoint (nor a {LAST_NAME})"
@@ -495,37 +494,27 @@ class CaptionerCLI(LightningCLI):
             self._resume_version = version
         return last
 
-    def _moved_runs_folder(self, root: Path, name: str) -> Path | None:
-        """The runs folder that holds the run whose own config.yaml is the first --config,
-        when it is not ``root``, the one that config.yaml names: the runs folder was moved or
-        copied (to or from a GPU machine, say), and the run meant is the one beside the
-        config. None otherwise, and when the command line gives the save_dir itself."""
-        if not self._first_config or any(option.key.startswith("trainer.logger")
-                                          and option.key.endswith("save_dir")
-                                          for option in given_options(self._args)):
+    def _own_run(self) -> Path | None:
+        """The run folder whose own ``config.yaml`` is the first --config (a ``version_N``
+        folder, or one whose checkpoints a fit marked with its progress.json), unless the
+        command line names the run itself (its runs folder, name or version)."""
+        if not self._first_config or Path(self._first_config).name != "config.yaml":
             return None
-        run = Path(self._first_config).resolve().parent
-        if (run.parent.name != name or not (run / "checkpoints").is_dir()
-                or run.parent.parent == root.resolve()):
-            return None
-        return run.parent.parent
-
-    def _config_run(self, root: Path, name: str, which: str) -> tuple[int | str, Path] | None:
-        """``(its version, its last.ckpt)`` when the first config is a run's own
-        ``ROOT/NAME/version_N/config.yaml`` (version N) or ``ROOT/NAME/V/config.yaml`` of a
-        version the fit named (version "V"): that run, not the newest of NAME, is the one
-        meant."""
-        if not self._first_config:
+        if any(option.key == "run_name" or option.key.startswith("trainer.logger")
+               for option in given_options(self._args)):
             return None
         folder = Path(self._first_config).resolve().parent
-        if folder.parent != (root / name).resolve():
-            return None
-        version = version_number(folder)
-        return (folder.name if version is None else version), _run_last(folder, which)
+        checkpoints = folder / "checkpoints"
+        if checkpoints.is_dir() and (version_number(folder) is not None
+                                     or (checkpoints / PROGRESS_NAME).is_file()):
+            return folder
+        return None
 
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
-        config = self.config[subcommand] if subcommand else self.config
+        config = self._subcommand_config()
+        if self._ckpt_path is not None:
+            config["ckpt_path"] = self._ckpt_path  # held back from Lightning (_read_ckpt_path)
         for key in ("optimizer", "lr_scheduler"):
             # Lightning's options, kept so that the runs' config.yaml (which give them null)
             # still parse: given, they replaced the model's Adam and its decay without a word,
@@ -583,6 +572,13 @@ class CaptionerCLI(LightningCLI):
                 f"version_{version}" if isinstance(version, int) else str(version))
             if isinstance(version, int) or Path(ckpt_path).resolve().parent.parent == run.resolve():
                 self._resumed_run = run
+        self._version_given = init_args["version"] is not None
+        if logger.class_path in _CSV_LOGGERS:
+            # Lightning's CSVLogger picks a new version_N racing with other runs of the name.
+            self._logger_class, logger.class_path = logger.class_path, _RUN_LOGGER
+        if (subcommand and self._evaluated_run is not None and rank_zero_only.rank == 0
+                and not config.trainer.get("fast_dev_run")):
+            self._claim_evaluation_folder(init_args)
 
     def before_fit(self) -> None:
         if self.trainer.limit_train_batches == 0:
@@ -603,7 +599,7 @@ class CaptionerCLI(LightningCLI):
                 # Without a logger the run folder is default_root_dir (the working directory).
                 _refuse_replacing(Path(self.trainer.default_root_dir) / "config.yaml")
             named = None
-            folder = self._resumed_run or self._make_new_version()
+            folder = self._resumed_run or self._new_version()
             if folder is None:
                 folder = named = self._named_version()
             if folder is not None:
@@ -640,13 +636,13 @@ class CaptionerCLI(LightningCLI):
 
     def _starts_afresh(self) -> bool:
         """Whether this fit starts from no checkpoint (no --ckpt_path)."""
-        config = self.config[self.subcommand] if self.subcommand else self.config
+        config = self._subcommand_config()
         return not config.get("ckpt_path")
 
     def _resumes_its_folder(self) -> bool:
         """Whether this fit resumes from a checkpoint of the folder it writes its checkpoints
         to (:meth:`_checkpoint_folder`): the run there goes on."""
-        config = self.config[self.subcommand] if self.subcommand else self.config
+        config = self._subcommand_config()
         ckpt_path = config.get("ckpt_path")
         return bool(ckpt_path) and (Path(ckpt_path).resolve().parent
                                     == self._checkpoint_folder().resolve())
@@ -668,9 +664,8 @@ class CaptionerCLI(LightningCLI):
         return root / "checkpoints"
 
     def before_validate(self) -> None:
-        if self.trainer.is_global_zero:
-            self._make_new_version()
-            self._claim_evaluation_folder()
+        if self.trainer.is_global_zero and self._evaluated_run is None:
+            self._new_version()
         # First: SaveConfigOnceRestored writes config.yaml at setup, and the guard must see
         # the logger's new folder still empty to know it is this command's.
         self.trainer.callbacks.insert(0, EvaluationGuard(self._new_root))
@@ -678,44 +673,35 @@ class CaptionerCLI(LightningCLI):
     def before_test(self) -> None:
         self.before_validate()
 
-    def _claim_evaluation_folder(self) -> None:
+    def _claim_evaluation_folder(self, init_args) -> None:
         """Give validate / test of a run's checkpoint the first folder beside the run that no
         earlier or running evaluation holds (:func:`claim_evaluation_folder`), held until the
-        command ends. The other DDP processes keep ``version_N/<subcommand>``: they write
-        nothing."""
-        if self._evaluated_run is None:
-            return
+        command ends; the config.yaml written into it records the folder it is in. The other
+        DDP processes keep ``version_N/<subcommand>``: they write nothing."""
         name, self._evaluation_hold = claim_evaluation_folder(self._evaluated_run,
-                                                              self.subcommand)
-        version = f"{self._evaluated_run.name}/{name}"
-        # The loggers read their private _version on first use (as in _make_new_version); the
-        # config.yaml written into the folder records the folder it is in.
-        self.trainer.logger._version = version
-        self.config[self.subcommand].trainer.logger.init_args["version"] = version
+                                                              self.config.subcommand)
+        init_args["version"] = f"{self._evaluated_run.name}/{name}"
+        self._made_folder = self._evaluated_run / name
+
+    def _new_version(self) -> Path | None:
+        """The folder of the new version the logger picks (and makes: :class:`RunLogger`),
+        now; None when the command names the version (a resume, an option) or has no
+        logger."""
+        folder = None if self._version_given else _logger_folder(self.trainer.logger)
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)  # another logger makes it on first write
+            self._made_folder = folder
+        return folder
 
     def _named_version(self) -> Path | None:
         """The folder of a version the command named (``--trainer.logger.init_args.version``),
         made now, so that a fit holds it as it holds any run (two fits naming one version
         would write into one folder); None without such a logger."""
-        logger = self.trainer.logger
-        folder = _logger_folder(logger)
-        if getattr(logger, "_version", None) is None or folder is None:
+        folder = _logger_folder(self.trainer.logger)
+        if not self._version_given or folder is None:
             return None
         folder.mkdir(parents=True, exist_ok=True)
         return folder
-
-    def _make_new_version(self) -> Path | None:
-        """Give a logger that is to pick a new ``version_N`` the one :func:`new_version` makes
-        (the logger's own pick races with other runs of the name); returns its folder, or None
-        when the version is given (a resume, a test beside its run) or there is no logger."""
-        logger = self.trainer.logger
-        # CSVLogger (the default) and TensorBoardLogger pick their version on first use when
-        # their private _version is None.
-        if getattr(logger, "_version", "given") is not None or not hasattr(logger, "save_dir"):
-            return None
-        root = Path(logger.save_dir)
-        logger._version = new_version(root, logger.name)
-        return root / logger.name / f"version_{logger._version}"
 
     def run_name(self, config) -> str:
         return config.get("run_name") or self._default_run_name()
@@ -907,6 +893,83 @@ def given_options(args: list[str]) -> list[GivenOption]:
         elif arg.startswith("--"):
             found.append(GivenOption(name[2:], value if equals else following))
     return found
+
+
+def config_keys(config: str) -> list[str]:
+    """The dotted keys that a ``--config`` (a file, with the files it includes, or a YAML
+    string) sets, in its order; none when it cannot be read (the parse of the whole command
+    line says why)."""
+    path = Path(config)
+    try:
+        if path.is_file():
+            return _flat_keys(read_settings(path, "config"), "", path.parent)
+        return _flat_keys(yaml.safe_load(config), "", Path.cwd())
+    except (OSError, ValueError, yaml.YAMLError):
+        return []
+
+
+def _flat_keys(document, prefix: str, folder: Path) -> list[str]:
+    """The dotted keys of the settings ``document`` under ``prefix``, with a group given as
+    the name of a file (``data: base/coco_data.yaml``) or by a ``config: FILE`` key read
+    from ``folder``, as jsonargparse includes them."""
+    if isinstance(document, str) and document.endswith((".yaml", ".yml")) and (
+            prefix or document):
+        included = folder / document
+        if included.is_file():
+            return _flat_keys(read_settings(included, "config"), prefix, included.parent)
+    if isinstance(document, dict) and not document:
+        return []
+    if not isinstance(document, dict):
+        return [prefix.rstrip(".")] if prefix else []
+    keys = []
+    for key, value in document.items():
+        if key == "config" and isinstance(value, str):
+            keys += _flat_keys(value, prefix, folder)  # an include, not a key
+        else:
+            keys += _flat_keys(value, f"{prefix}{key}.", folder)
+    return keys
+
+
+def _refuse_options_a_config_replaces(args: list[str]) -> None:
+    """The command line is applied in order: a ``--config`` file that sets a key replaces an
+    option of that key given before it (``--ckpt_path last`` before a run's config.yaml,
+    which holds ``ckpt_path: null``, would train a new run from scratch;
+    ``--trainer.max_epochs 2`` before a paper config, 50 epochs). Refused instead."""
+    seen: list[str] = []
+    for option in given_options(args):
+        if option.key != "config":
+            seen.append(option.key)
+            continue
+        keys = config_keys(option.value or "")
+        for earlier in seen:
+            # The shorter of the two: a key of a dict setting (model.output_attention_kwargs)
+            # is the setting.
+            key = next((min(key, earlier, key=len) for key in keys if earlier == key
+                        or earlier.startswith(f"{key}.") or key.startswith(f"{earlier}.")), None)
+            if key is not None:
+                raise UserError(
+                    f"--{earlier} comes before --config {option.value}, which sets {key} and "
+                    "would replace it; give the --config files first, then the options that "
+                    "change them")
+
+
+def _model_keys_given(args: list[str]) -> dict[str, str | None]:
+    """The ``model.*`` keys (and the data keys a model keeps, ``_KEPT_DATA_KEYS``) that the
+    command line ``args`` or its config files set, each with the ``--config FILE`` that set
+    it last (None: the command line), in parsing order. The defaults are not among them:
+    those yield to a checkpoint's values."""
+    def kept_by_the_model(key: str) -> bool:
+        return (key.startswith("model.") and key not in _LINKED_MODEL_KEYS
+                or key in _KEPT_DATA_KEYS)
+
+    given: dict[str, str | None] = {}
+    for option in given_options(args):
+        if option.key == "config":
+            given.update({key: f"--config {option.value}" for key in config_keys(
+                option.value or "") if kept_by_the_model(key)})
+        elif kept_by_the_model(option.key):
+            given[option.key] = None
+    return given
 
 
 def config_files(args: list[str]) -> list[str]:

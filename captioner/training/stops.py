@@ -1,7 +1,7 @@
 """How a Lightning run stopped by Ctrl-C (or by SIGTERM / SIGHUP, which ``captioner.cli``
 turns into Ctrl-C) ends in captioner's commands: as :class:`KeyboardInterrupt`, which each
 command answers with its one line and status 130; and how a DDP run ends whose process
-started here is lost (:func:`lost_processes_told`). Lightning's own SIGTERM handler is left
+started here is lost (:class:`TellLostProcesses`). Lightning's own SIGTERM handler is left
 out of the runs (:class:`KeepStopSignals`).
 
 Lightning catches the KeyboardInterrupt of a running fit, shuts the run down and then calls
@@ -71,38 +71,36 @@ def stops_as_keyboard_interrupt(trainer: L.Trainer) -> Iterator[None]:
         raise
 
 
-@contextmanager
-def lost_processes_told(trainer: L.Trainer, tell: Callable[[str], None]) -> Iterator[None]:
-    """Inside, a process that Lightning's DDP launcher started here and that ends with an error
-    (killed, out of memory) is told to ``tell``, as "local rank R, pid P, was killed by
-    SIGKILL", once the other started processes are stopped; ``tell`` should end this process.
+class TellLostProcesses(Callback):
+    """Tells ``tell`` of a process that Lightning's DDP launcher started here and that ends
+    with an error (killed, out of memory), as "local rank R, pid P, was killed by SIGKILL",
+    once the other started processes are stopped; ``tell`` should end this process.
 
-    Lightning's observer of those processes polls them every 5 s and, at the first that
-    failed, sends SIGKILL to the others and to this process: status 137 and no line, unless a
-    collective here failed first (it may wait for the lost process instead). Not during a stop
-    of this process (Ctrl-C to the whole group): that ends as a stop.
+    Lightning's own observer of those processes polls them every few seconds and, at the
+    first that failed, sends SIGKILL to the others and to this process: status 137 and no
+    line, unless a collective here failed first (it may wait for the lost process instead).
+    A thread here waits on each process and tells at once. Not during a stop of this process
+    (Ctrl-C to the whole group): that ends as a stop.
     """
-    from lightning.fabric.strategies.launchers import subprocess_script as launcher
 
-    observer = launcher._ChildProcessObserver
+    def __init__(self, tell: Callable[[str], None]) -> None:
+        self.tell = tell
 
-    class TellingObserver(observer):
-        def _terminate_all(self) -> None:
-            if trainer.interrupted:
-                return  # stopping already, with its own line
-            rank, process = next((rank, process) for rank, process
-                                 in enumerate(self._child_processes, 1) if process.returncode)
-            for other in self._child_processes:
-                if other.poll() is None:
-                    other.kill()
-            tell(f"local rank {rank}, pid {process.pid}, {_how_it_ended(process.returncode)}")
-            super()._terminate_all()
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # The launcher has started the other processes by now (this is the first process).
+        processes = list(getattr(getattr(trainer.strategy, "launcher", None), "procs", []))
+        for rank, process in enumerate(processes, 1):
+            threading.Thread(target=self._watch, args=(trainer, rank, process, processes),
+                             daemon=True).start()
 
-    launcher._ChildProcessObserver = TellingObserver
-    try:
-        yield
-    finally:
-        launcher._ChildProcessObserver = observer
+    def _watch(self, trainer: L.Trainer, rank: int, process, processes: list) -> None:
+        returncode = process.wait()
+        if returncode == 0 or trainer.interrupted:
+            return
+        for other in processes:
+            if other.poll() is None:
+                other.kill()
+        self.tell(f"local rank {rank}, pid {process.pid}, {_how_it_ended(returncode)}")
 
 
 def _how_it_ended(returncode: int) -> str:

@@ -36,9 +36,11 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities import rank_zero_only
 
-from captioner.checkpointing import CheckpointError, load_safely
-from captioner.run_folders import (
+from captioner.checkpointing import AtomicCheckpointIO, CheckpointError, load_safely
+from captioner.training.folders import (
     LAST_NAME,
     PROGRESS_NAME,
     read_progress,
@@ -55,15 +57,18 @@ _LOCK_TRIES, _LOCK_WAIT_S = 10, 0.05
 class BestCheckpoint(ModelCheckpoint):
     """Lightning's ModelCheckpoint (``--checkpoint.*``: the best checkpoints), but a checkpoint
     it supersedes is removed only once :class:`LastCheckpoint`, which runs after it, has
-    written ``last.ckpt`` and ``progress.json`` naming the new one: a run killed between the two
-    writes resumes from a ``last.ckpt`` whose best checkpoint still exists, and ``captioner
-    runs`` and ``--ckpt_path best`` name a file that exists.
+    written ``last.ckpt`` and ``progress.json`` naming the new one (the checkpoint plugin,
+    :class:`captioner.checkpointing.AtomicCheckpointIO`, holds the removals Lightning asks for
+    until then): a run killed between the two writes resumes from a ``last.ckpt`` whose best
+    checkpoint still exists, and ``captioner runs`` and ``--ckpt_path best`` name a file that
+    exists.
 
     A resume from this folder's ``last.ckpt`` also removes the best checkpoints of the epochs
     it replays (:meth:`_of_replayed_epochs`). Its state key is ModelCheckpoint's, so that runs
     checkpointed by either resume alike."""
 
-    _superseded: tuple[str, ...] = ()  # removed after the next last.ckpt
+    _restored: tuple[str, ...] = ()  # superseded, as the last.ckpt resumed from says
+    _io: AtomicCheckpointIO | None = None  # the trainer's checkpoint plugin, if it is ours
 
     @property
     def state_key(self) -> str:
@@ -73,16 +78,28 @@ class BestCheckpoint(ModelCheckpoint):
     def state_dict(self) -> dict[str, Any]:
         # last.ckpt records what it supersedes: a run killed after writing it, before the
         # removal, removes them when it resumes (on_train_start).
-        return {**super().state_dict(), "superseded": list(self._superseded)}
+        superseded = self._io.superseded if self._io is not None else []
+        return {**super().state_dict(), "superseded": list(superseded)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         superseded = state_dict.get("superseded") or []
-        self._superseded = tuple(path for path in superseded if isinstance(path, str))
+        self._restored = tuple(path for path in superseded if isinstance(path, str))
+        # A run copied or moved: its best checkpoint is the one of that name in its own folder,
+        # not the file the checkpoint names where it was written.
+        here = Path(self.dirpath or ".") / Path(self.best_model_path or ".").name
+        if self.dirpath and self.best_model_path and here.is_file():
+            self.best_model_path = str(here)
+
+    def setup(self, trainer: L.Trainer, pl_module, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        io = trainer.strategy.checkpoint_io
+        self._io = io if isinstance(io, AtomicCheckpointIO) else None
 
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
-        self._superseded = (*self._superseded, *self._of_replayed_epochs(trainer))
+        if self._io is not None:
+            self._io.superseded += [*self._restored, *self._of_replayed_epochs(trainer)]
         self.remove_superseded(trainer)
 
     def _of_replayed_epochs(self, trainer: L.Trainer) -> list[str]:
@@ -114,21 +131,21 @@ class BestCheckpoint(ModelCheckpoint):
                 replayed.append(str(path))
         return replayed
 
-    def _remove_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
-        self._superseded = (*self._superseded, filepath)
-
     def remove_superseded(self, trainer: L.Trainer) -> None:
-        """Remove the checkpoints superseded since the last call (every process calls it;
-        Lightning's strategy removes on the first), but one written again since and the one
-        the fit resumed from (Lightning's own rule). The paths come from a checkpoint when
-        the fit resumed, so they are untrusted: only a ``.ckpt`` file right in this callback's
-        folder is removed (Lightning's own check lets ``DIR/../../x`` and remote URLs pass)."""
+        """Remove the checkpoints superseded since the last call (on the first process, where
+        Lightning asks for them), but one written again since and the one the fit resumed
+        from (Lightning's own rule). The paths come from a checkpoint when the fit resumed,
+        so they are untrusted: only a ``.ckpt`` file right in this callback's folder is
+        removed (Lightning's own check lets ``DIR/../../x`` and remote URLs pass)."""
+        if self._io is None or not trainer.is_global_zero:
+            return
         kept = {str(path) for path in (self.best_model_path, *self.best_k_models) if path}
-        for filepath in self._superseded:
+        resumed = Path(trainer.ckpt_path).absolute() if trainer.ckpt_path else None
+        for filepath in self._io.superseded:
             if (str(filepath) not in kept and self._in_own_folder(filepath)
-                    and self._should_remove_checkpoint(trainer, filepath, self.best_model_path)):
-                super()._remove_checkpoint(trainer, filepath)
-        self._superseded = ()
+                    and Path(filepath).absolute() != resumed):
+                self._io.remove_now(filepath)
+        self._io.superseded = []
 
     def _in_own_folder(self, filepath: str) -> bool:
         if self.dirpath is None or "://" in str(filepath):
@@ -323,6 +340,26 @@ def new_version(root: Path, name: str) -> int:
             return version
         except FileExistsError:
             version += 1
+
+
+class RunLogger(CSVLogger):
+    """Lightning's CSVLogger (its arguments), but a new version is picked by making its
+    folder (:func:`new_version`), on the first process: Lightning's own pick lists the
+    folders, and two runs of one name started together would both pick ``version_N``."""
+
+    def __init__(self, save_dir: str | Path, name: str | None = "lightning_logs",
+                 version: int | str | None = None, prefix: str = "",
+                 flush_logs_every_n_steps: int = 100) -> None:
+        super().__init__(save_dir, name, version, prefix, flush_logs_every_n_steps)
+        self._picked = version
+
+    @property
+    def version(self) -> int | str:
+        if self._picked is None:
+            if rank_zero_only.rank != 0:  # writes nothing: Lightning's pick, without a folder
+                return super().version
+            self._picked = new_version(Path(self.save_dir), self.name or "")
+        return self._picked
 
 
 class RunInUse(ValueError):
@@ -539,7 +576,7 @@ class FitStartGuard(Callback):
         if folder is not None:
             _remove_unstarted_run(folder)
         if self.new_root is not None:
-            _remove_if_empty(self.new_root)
+            remove_if_empty(self.new_root)
 
 
 class EvaluationGuard(FitStartGuard):
@@ -577,10 +614,10 @@ def _remove_unstarted_run(folder: Path) -> None:
     if not folder.is_dir() or any(folder.rglob("*.ckpt")):
         return
     shutil.rmtree(folder)
-    _remove_if_empty(folder.parent)
+    remove_if_empty(folder.parent)
 
 
-def _remove_if_empty(folder: Path) -> None:
+def remove_if_empty(folder: Path) -> None:
     if folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
 

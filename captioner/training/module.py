@@ -41,7 +41,7 @@ from captioner.losses import check_output_mapping, teacher_forced_loss
 from captioner.model import CaptionModel
 from captioner.model.decoder import AttentionDecoder
 from captioner.model.encoder import build_encoder
-from captioner.optimizer import PAPER_BETAS, PAPER_LR, adam
+from captioner.training.optimizer import PAPER_BETAS, PAPER_LR, adam
 from data_prep.features import FeatureCache
 from data_prep.hashes import file_sha256
 from data_prep.images import MAX_IMAGE_SIZE

@@ -3,7 +3,7 @@
 attention its ``config.yaml`` names and whether a fit trains there now.
 
 Plain files only, no torch or Lightning: listing runs starts at once. What trains in these
-folders is :mod:`captioner.training_runs`.
+folders is :mod:`captioner.training.runs`.
 """
 
 from __future__ import annotations
