@@ -1231,8 +1231,6 @@ def test_a_run_on_a_file_system_that_locks_no_folder_trains_with_a_warning(tmp_p
     import errno
     import fcntl as real_fcntl
 
-    import data_prep.files
-
     import data_prep.locks
     from captioner.training.runs import RunLock
 
