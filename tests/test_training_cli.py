@@ -400,6 +400,29 @@ def test_last_checkpoint_is_written_every_epoch_whatever_the_score(
     assert len(list(checkpoints.glob("best-*.ckpt"))) == 1
 
 
+def test_only_last_holds_the_optimizer_state_and_a_fit_from_a_best_is_one_line(
+    synthetic_data, tiny_cache, tmp_path, capsys
+):
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    checkpoints = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints"
+    last = load_safely(checkpoints / "last.ckpt")
+    (best_path,) = checkpoints.glob("best-*.ckpt")
+    best = load_safely(best_path)
+    assert "optimizer_states" in last and "optimizer_states" not in best
+    for key in ("state_dict", "callbacks", "loops", "global_step", "hyper_parameters"):
+        assert key in best, key  # what test, caption and a resume's bookkeeping read
+    torch.testing.assert_close(best["state_dict"], last["state_dict"])  # epoch 0 is the best
+    # Adam keeps two moments per weight: without them a checkpoint is about a third.
+    assert best_path.stat().st_size < 0.5 * (checkpoints / "last.ckpt").stat().st_size
+    capsys.readouterr()
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "2",
+                           "--ckpt_path", str(best_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "without the optimizer's state" in err, err
+    assert "--ckpt_path last" in err
+
+
 @pytest.mark.parametrize("given", ["command line", "config file"])
 @pytest.mark.parametrize(("limit", "steps"), [("1", 1), ("1.0", 10)])
 def test_an_int_batch_limit_counts_batches_and_a_float_is_a_fraction(
