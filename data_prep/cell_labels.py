@@ -21,8 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import first_names, parse_json, require_file, shown
-from .images import orient, stored_layout
+from data_prep.images import orient, stored_layout
+from data_prep.paths import require_file
+from data_prep.settings_files import parse_json
+from data_prep.wording import first_names, shown
 
 ATTRIBUTE_FIELDS = ("colour", "size")
 NONE = "none"  # class 0 of every attribute: no object covers the cell
