@@ -1,22 +1,35 @@
 """What the commands share: their parser, their report of a user error, the options of the
 commands that caption with a checkpoint (caption, heatmaps, rating-kit, evaluate): decoding,
 batch size, device, progress, and the figure options of those that draw attention (heatmaps,
-gallery, rating-kit)."""
+gallery, rating-kit).
+
+A command is a jsonargparse parser over a library function (:func:`function_parser`): its
+options are the function's parameters, their help the function's docstring, and every command
+takes ``--config FILE`` and ``--print_config`` as ``fit`` does. :func:`parse` reads the command
+line: options spelled with dashes (``--beam-size``) as with underscores, an option given twice
+refused, a usage error one line.
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import math
 import os
 import re
 import sys
+import typing
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 
-from captioner.decoding_options import DecodingOptions
+import docstring_parser
+import jsonargparse
+from jsonargparse import ActionConfigFile, ActionYesNo
+
+from captioner.decoding_options import DecodingOptions, DecodingOverrides
 
 DEVICE_HELP = "torch device: cpu, cuda, cuda:1, ... (default: cuda when available, else cpu)"
 _DECODING_HELP = {
@@ -83,6 +96,119 @@ def command_parser(prog: str, doc: str, *, refuse_repeats: bool = False
         prog=prog, description=plain, formatter_class=argparse.RawDescriptionHelpFormatter,
         refuse_repeats=refuse_repeats,
     )
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, jsonargparse.DefaultHelpFormatter):
+    """jsonargparse's help, with the description's layout (a command's docstring) kept."""
+
+
+def function_parser(prog: str, doc: str, function: Callable, *,
+                    skip: Sequence[str] = ()) -> jsonargparse.ArgumentParser:
+    """The parser of command ``prog``: ``doc`` (its module docstring) as the description,
+    ``--config FILE`` and ``--print_config``, and an option per parameter of ``function``
+    but those in ``skip``, its help from the function's docstring. A bool parameter is a flag,
+    ``--NAME`` / ``--no_NAME``. Positionals are added by the command."""
+    plain = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc).replace("`", "")
+    parser = jsonargparse.ArgumentParser(prog=prog, description=plain, exit_on_error=False,
+                                         formatter_class=_HelpFormatter)
+    parser.add_argument("--config", action=ActionConfigFile,
+                        help="YAML file of options, as --print_config writes it; options "
+                             "after it override its values")
+    flags = _bool_parameters(function, skip)
+    parser.add_function_arguments(function, None, skip={*skip, *flags}, as_group=False)
+    _add_flags(parser, function, flags)
+    return parser
+
+
+def _bool_parameters(target: Callable, skip: Sequence[str] = ()) -> list[str]:
+    """The parameters of function or class ``target`` typed bool (or bool | None)."""
+    types = typing.get_type_hints(target.__init__ if isinstance(target, type) else target)
+    return [name for name, kind in types.items()
+            if name not in skip and kind in (bool, bool | None)]
+
+
+def _add_flags(parser: jsonargparse.ArgumentParser, target: Callable, names: list[str]) -> None:
+    """Each parameter of ``target`` in ``names`` as a flag, ``--NAME`` / ``--no_NAME``
+    (jsonargparse's own bool options take a value: ``--NAME true``), its help from the
+    docstring of ``target``."""
+    described = {param.arg_name: param.description
+                 for param in docstring_parser.parse(target.__doc__ or "").params}
+    defaults = {name: param.default
+                for name, param in inspect.signature(target).parameters.items()}
+    for name in names:
+        parser.add_argument(f"--{name}", action=ActionYesNo, default=defaults[name],
+                            help=described.get(name))
+
+
+def add_decoding_overrides(parser: jsonargparse.ArgumentParser) -> None:
+    """The options of :data:`DecodingOverrides` (``--beam_size``, ...), each defaulting to
+    the checkpoint's own; :func:`decoding_overrides` collects them."""
+    flags = _bool_parameters(DecodingOverrides)
+    parser.add_class_arguments(DecodingOverrides, None, skip=set(flags))
+    _add_flags(parser, DecodingOverrides, flags)
+
+
+def decoding_overrides(args: jsonargparse.Namespace) -> DecodingOverrides:
+    """The :data:`DecodingOverrides` that ``args`` give."""
+    return DecodingOverrides(**{option.name: args.get(option.name)
+                                for option in fields(DecodingOverrides)})
+
+
+def arguments_of(function: Callable, args: jsonargparse.Namespace) -> dict:
+    """The values of ``args`` that are parameters of ``function``, by name."""
+    return {name: args[name] for name in inspect.signature(function).parameters if name in args}
+
+
+def parse(parser: jsonargparse.ArgumentParser, argv: Sequence[str], *,
+          repeatable: Sequence[str] = ("config",)) -> jsonargparse.Namespace:
+    """``argv`` parsed by ``parser``. Long options may be spelled with dashes
+    (``--no-progress``). An option given twice is refused unless in ``repeatable``: the last
+    value would silently hold (``--ckpt A --ckpt B`` meant both, or A). A usage error is one
+    line, ``prog: error: message``, and SystemExit(2): jsonargparse's spans several."""
+    argv = _underscored(argv)
+    try:
+        _refuse_repeats(argv, repeatable)
+        return parser.parse_args(argv)
+    except (argparse.ArgumentError, jsonargparse.ArgumentError) as exc:
+        close_progress_bars()
+        print(f"{parser.prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _underscored(argv: Sequence[str]) -> list[str]:
+    """``argv`` with each long option's name spelled with underscores, as jsonargparse names
+    the parameters (``--beam-size=3`` -> ``--beam_size=3``); values and what follows ``--``
+    are kept as given."""
+    spelled = []
+    for index, token in enumerate(argv):
+        if token == "--":
+            return spelled + list(argv[index:])
+        if token.startswith("--"):
+            name, equals, value = token.partition("=")
+            token = "--" + name[2:].replace("-", "_") + equals + value
+        spelled.append(token)
+    return spelled
+
+
+def _refuse_repeats(argv: list[str], repeatable: Sequence[str]) -> None:
+    """argparse.ArgumentError for a long option given twice with a value each."""
+    given: dict[str, str] = {}
+    for index, token in enumerate(argv):
+        if token == "--":
+            return
+        if not token.startswith("--"):
+            continue
+        name, equals, value = token.partition("=")
+        if not equals:
+            if index + 1 == len(argv) or argv[index + 1].startswith("--"):
+                continue  # a flag
+            value = argv[index + 1]
+        if name[2:] in repeatable:
+            continue
+        if name in given:
+            raise argparse.ArgumentError(None, f"{name} is given twice ({given[name]} and "
+                                               f"{value}); give it once")
+        given[name] = value
 
 
 def report_error(prog: str, exc: BaseException, context: str = "", status: int = 2,
