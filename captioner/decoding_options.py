@@ -88,8 +88,8 @@ def _overrides_class() -> type:
         frozen=True)
     overrides.__module__ = __name__  # where jsonargparse and pickle look it up
     attributes = inspect.cleandoc(DecodingOptions.__doc__ or "").partition("Attributes:")[2]
-    overrides.__doc__ = ("Decoding options, each defaulting to the checkpoint's own (model.decoding "
-                         f"of its config).\n\nAttributes:{attributes}")
+    overrides.__doc__ = ("Decoding options, each defaulting to the checkpoint's own "
+                         f"(model.decoding of its config).\n\nAttributes:{attributes}")
     return overrides
 
 

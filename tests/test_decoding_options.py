@@ -123,11 +123,18 @@ def test_score_and_evaluate_refuse_a_spice_timeout_that_is_not_a_positive_number
         command, value, capsys):
     import importlib
 
-    build_parser = importlib.import_module(f"eval.commands.{command}").build_parser
+    main = importlib.import_module(f"eval.commands.{command}").main
     required = {"score": ["--results", "r.json", "--references", "refs.json"],
                 "evaluate": ["--ckpt", "a.ckpt", "--data", "d.json", "--images", "images"]}
-    with pytest.raises(SystemExit) as exit_info:
-        build_parser().parse_args([*required[command], "--spice-timeout", value])
-    assert exit_info.value.code == 2
-    expected = f"argument --spice-timeout: must be a finite number > 0, got {value}"
-    assert expected in capsys.readouterr().err
+    # Refused before any file is read (none of these exists): nan and inf by the parser,
+    # which reads YAML's numbers (.nan, .inf), the others by the command.
+    try:
+        code = main([*required[command], "--spice-timeout", value])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"captioner {command}: ") and err.count("\n") == 1
+    expected = (f"spice_timeout must be a finite number > 0, got {float(value)}"
+                if value in ("-1", "0") else f"--spice_timeout: invalid value {value}")
+    assert expected in err

@@ -30,23 +30,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jsonargparse
-
 from captioner.captioning import caption_images
 from captioner.commands.options import (
+    FunctionParser,
     add_decoding_overrides,
     arguments_of,
     decoding_overrides,
     function_parser,
-    parse,
 )
 
 HELP = "caption images or folders of images (text, jsonl with per-word attention, COCO results)"
 
 
-def build_parser() -> jsonargparse.ArgumentParser:
+def build_parser() -> FunctionParser:
     parser = function_parser("captioner caption", __doc__, caption_images,
-                             skip=("inputs", "decoding"))
+                             skip=("inputs", "decoding"), once=("ckpt",))
     parser.add_argument("inputs", nargs="+", type=Path, metavar="IMAGE_OR_DIR",
                         help="image files and folders of images")
     add_decoding_overrides(parser)
@@ -54,5 +52,5 @@ def build_parser() -> jsonargparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    args = parse(build_parser(), argv)
+    args = build_parser().parse_args(argv)
     return caption_images(**arguments_of(caption_images, args), decoding=decoding_overrides(args))

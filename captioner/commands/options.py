@@ -5,9 +5,9 @@ gallery, rating-kit).
 
 A command is a jsonargparse parser over a library function (:func:`function_parser`): its
 options are the function's parameters, their help the function's docstring, and every command
-takes ``--config FILE`` and ``--print_config`` as ``fit`` does. :func:`parse` reads the command
-line: options spelled with dashes (``--beam-size``) as with underscores, an option given twice
-refused, a usage error one line.
+takes ``--config FILE`` and ``--print_config`` as ``fit`` does. :class:`FunctionParser` reads
+the command line: options spelled with dashes (``--beam-size``) as with underscores, an option
+given twice refused, a usage error one line.
 """
 
 from __future__ import annotations
@@ -102,15 +102,54 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, jsonargparse.DefaultH
     """jsonargparse's help, with the description's layout (a command's docstring) kept."""
 
 
-def function_parser(prog: str, doc: str, function: Callable, *,
-                    skip: Sequence[str] = ()) -> jsonargparse.ArgumentParser:
+class FunctionParser(jsonargparse.ArgumentParser):
+    """A jsonargparse parser whose :meth:`parse_args` takes long options spelled with dashes
+    (``--no-progress``) as with underscores, as the commands were spelled before they were
+    jsonargparse's; refuses a second value of an option in ``once``, where the last value
+    would silently hold (``--ckpt A --ckpt B`` meant both, or A), while other options keep
+    the last value (an override of a default or of a --config); and reports a usage error in
+    one line, ``prog: error: message``, with SystemExit(2): jsonargparse's spans several,
+    after the whole usage."""
+
+    def __init__(self, *args, once: Sequence[str] = (), **kwargs) -> None:
+        super().__init__(*args, exit_on_error=False, **kwargs)
+        self.once = tuple(once)
+
+    def parse_args(self, args: Sequence[str] | None = None, *pos, **kwargs
+                   ) -> jsonargparse.Namespace:
+        argv = _underscored(sys.argv[1:] if args is None else args)
+        try:
+            _refuse_repeats(argv, self.once)
+            return super().parse_args(argv, *pos, **kwargs)
+        except (argparse.ArgumentError, jsonargparse.ArgumentError) as exc:
+            close_progress_bars()
+            print(f"{self.prog}: error: {_usage_error(str(exc))}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+
+def _usage_error(message: str) -> str:
+    """jsonargparse's message of a value its type refuses, which lists every type of a union
+    tried, on several lines, as one line: ``--NAME: invalid value V (expected T or null)``;
+    any other message folded onto one line."""
+    key = re.match(r'Parser key "([^"]+)":', message)
+    given = re.search(r"(?:Given|Got) value: (.*)$", message, re.MULTILINE)
+    if key is None or given is None:
+        return " ".join(message.split())
+    expected = dict.fromkeys(re.findall(r"Expected a <class '(\w+)'>", message))
+    kinds = " or ".join("null" if kind == "NoneType" else kind for kind in expected)
+    return f"--{key[1]}: invalid value {given[1]}" + (f" (expected {kinds})" if kinds else "")
+
+
+def function_parser(prog: str, doc: str, function: Callable, *, skip: Sequence[str] = (),
+                    once: Sequence[str] = ()) -> FunctionParser:
     """The parser of command ``prog``: ``doc`` (its module docstring) as the description,
     ``--config FILE`` and ``--print_config``, and an option per parameter of ``function``
     but those in ``skip``, its help from the function's docstring. A bool parameter is a flag,
-    ``--NAME`` / ``--no_NAME``. Positionals are added by the command."""
+    ``--NAME`` / ``--no_NAME``. Positionals are added by the command. ``once``: see
+    :class:`FunctionParser`."""
     plain = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc).replace("`", "")
-    parser = jsonargparse.ArgumentParser(prog=prog, description=plain, exit_on_error=False,
-                                         formatter_class=_HelpFormatter)
+    parser = FunctionParser(prog=prog, description=plain, formatter_class=_HelpFormatter,
+                            once=once)
     parser.add_argument("--config", action=ActionConfigFile,
                         help="YAML file of options, as --print_config writes it; options "
                              "after it override its values")
@@ -159,22 +198,6 @@ def arguments_of(function: Callable, args: jsonargparse.Namespace) -> dict:
     return {name: args[name] for name in inspect.signature(function).parameters if name in args}
 
 
-def parse(parser: jsonargparse.ArgumentParser, argv: Sequence[str], *,
-          repeatable: Sequence[str] = ("config",)) -> jsonargparse.Namespace:
-    """``argv`` parsed by ``parser``. Long options may be spelled with dashes
-    (``--no-progress``). An option given twice is refused unless in ``repeatable``: the last
-    value would silently hold (``--ckpt A --ckpt B`` meant both, or A). A usage error is one
-    line, ``prog: error: message``, and SystemExit(2): jsonargparse's spans several."""
-    argv = _underscored(argv)
-    try:
-        _refuse_repeats(argv, repeatable)
-        return parser.parse_args(argv)
-    except (argparse.ArgumentError, jsonargparse.ArgumentError) as exc:
-        close_progress_bars()
-        print(f"{parser.prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
 def _underscored(argv: Sequence[str]) -> list[str]:
     """``argv`` with each long option's name spelled with underscores, as jsonargparse names
     the parameters (``--beam-size=3`` -> ``--beam_size=3``); values and what follows ``--``
@@ -190,8 +213,8 @@ def _underscored(argv: Sequence[str]) -> list[str]:
     return spelled
 
 
-def _refuse_repeats(argv: list[str], repeatable: Sequence[str]) -> None:
-    """argparse.ArgumentError for a long option given twice with a value each."""
+def _refuse_repeats(argv: list[str], once: Sequence[str]) -> None:
+    """argparse.ArgumentError for an option of ``once`` given twice."""
     given: dict[str, str] = {}
     for index, token in enumerate(argv):
         if token == "--":
@@ -203,7 +226,7 @@ def _refuse_repeats(argv: list[str], repeatable: Sequence[str]) -> None:
             if index + 1 == len(argv) or argv[index + 1].startswith("--"):
                 continue  # a flag
             value = argv[index + 1]
-        if name[2:] in repeatable:
+        if name[2:] not in once:
             continue
         if name in given:
             raise argparse.ArgumentError(None, f"{name} is given twice ({given[name]} and "

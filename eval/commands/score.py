@@ -4,18 +4,16 @@ Options may come from a YAML file (--config FILE; --print_config writes one)."""
 
 from __future__ import annotations
 
-import jsonargparse
-
-from captioner.commands.options import arguments_of, function_parser, parse
+from captioner.commands.options import FunctionParser, arguments_of, function_parser
 from eval.scoring import score_results_file
 
 HELP = "score a COCO results file: BLEU, METEOR, ROUGE_L, CIDEr, SPICE and REP"
 
 
-def build_parser() -> jsonargparse.ArgumentParser:
+def build_parser() -> FunctionParser:
     return function_parser("captioner score", __doc__, score_results_file)
 
 
 def main(argv: list[str]) -> int:
-    args = parse(build_parser(), argv)
+    args = build_parser().parse_args(argv)
     return score_results_file(**arguments_of(score_results_file, args))
