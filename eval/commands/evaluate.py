@@ -12,7 +12,7 @@ from captioner.commands.options import (
     decoding_overrides,
     function_parser,
 )
-from eval.evaluation import evaluate_checkpoint
+from eval.checkpoint_evaluation import evaluate_checkpoint
 
 HELP = "caption a Karpathy split with a checkpoint; metrics, attention statistics, objects"
 
