@@ -109,15 +109,18 @@ class FunctionParser(jsonargparse.ArgumentParser):
     would silently hold (``--ckpt A --ckpt B`` meant both, or A), while other options keep
     the last value (an override of a default or of a --config); and reports a usage error in
     one line, ``prog: error: message``, with SystemExit(2): jsonargparse's spans several,
-    after the whole usage."""
+    after the whole usage. An option in ``appended`` (a list) takes one value each time it is
+    given (``--ckpt A --ckpt B``), as jsonargparse's ``--ckpt+ A`` does."""
 
-    def __init__(self, *args, once: Sequence[str] = (), **kwargs) -> None:
+    def __init__(self, *args, once: Sequence[str] = (), appended: Sequence[str] = (),
+                 **kwargs) -> None:
         super().__init__(*args, exit_on_error=False, **kwargs)
         self.once = tuple(once)
+        self.appended = tuple(appended)
 
     def parse_args(self, args: Sequence[str] | None = None, *pos, **kwargs
                    ) -> jsonargparse.Namespace:
-        argv = _underscored(sys.argv[1:] if args is None else args)
+        argv = _appending(_underscored(sys.argv[1:] if args is None else args), self.appended)
         try:
             _refuse_repeats(argv, self.once)
             return super().parse_args(argv, *pos, **kwargs)
@@ -145,11 +148,14 @@ def function_parser(prog: str, doc: str, function: Callable, *, skip: Sequence[s
     """The parser of command ``prog``: ``doc`` (its module docstring) as the description,
     ``--config FILE`` and ``--print_config``, and an option per parameter of ``function``
     but those in ``skip``, its help from the function's docstring. A bool parameter is a flag,
-    ``--NAME`` / ``--no_NAME``. Positionals are added by the command. ``once``: see
-    :class:`FunctionParser`."""
+    ``--NAME`` / ``--no_NAME``; a list parameter is given once per value (``--ckpt A --ckpt
+    B``). Positionals are added by the command. ``once``: see :class:`FunctionParser`."""
     plain = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc).replace("`", "")
+    types = typing.get_type_hints(function)
+    lists = [name for name, kind in types.items()
+             if name not in skip and typing.get_origin(kind) is list]
     parser = FunctionParser(prog=prog, description=plain, formatter_class=_HelpFormatter,
-                            once=once)
+                            once=once, appended=lists)
     parser.add_argument("--config", action=ActionConfigFile,
                         help="YAML file of options, as --print_config writes it; options "
                              "after it override its values")
@@ -210,6 +216,18 @@ def _underscored(argv: Sequence[str]) -> list[str]:
             name, equals, value = token.partition("=")
             token = "--" + name[2:].replace("-", "_") + equals + value
         spelled.append(token)
+    return spelled
+
+
+def _appending(argv: list[str], appended: Sequence[str]) -> list[str]:
+    """``argv`` with each option of ``appended`` spelled as jsonargparse appends a value to a
+    list: ``--ckpt A`` -> ``--ckpt+ A``."""
+    spelled = []
+    for index, token in enumerate(argv):
+        if token == "--":
+            return spelled + argv[index:]
+        name, equals, value = token.partition("=")
+        spelled.append(f"{name}+{equals}{value}" if name[2:] in appended else token)
     return spelled
 
 
