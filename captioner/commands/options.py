@@ -125,9 +125,21 @@ class FunctionParser(jsonargparse.ArgumentParser):
             _refuse_repeats(argv, self.once)
             return super().parse_args(argv, *pos, **kwargs)
         except (argparse.ArgumentError, jsonargparse.ArgumentError) as exc:
-            close_progress_bars()
-            print(f"{self.prog}: error: {_usage_error(str(exc))}", file=sys.stderr)
-            raise SystemExit(2) from None
+            self.usage_error(_usage_error(str(exc)))
+
+    def check(self, check: Callable[..., None], *args) -> None:
+        """``check(*args)``, whose ValueError is a usage error: options that are each valid
+        but do not go together."""
+        try:
+            check(*args)
+        except ValueError as exc:
+            self.usage_error(str(exc))
+
+    def usage_error(self, message: str) -> typing.NoReturn:
+        """``prog: error: message`` on stderr, and SystemExit(2)."""
+        close_progress_bars()
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def _usage_error(message: str) -> str:
