@@ -1,13 +1,13 @@
-"""What the commands share: their parser, their report of a user error, the options of the
-commands that caption with a checkpoint (caption, heatmaps, rating-kit, evaluate): decoding,
-batch size, device, progress, and the figure options of those that draw attention (heatmaps,
-gallery, rating-kit).
+"""What the commands share: their parser, their report of a user error, and the decoding
+options of the commands that caption with a checkpoint (caption, heatmaps, gallery,
+rating-kit, evaluate).
 
 A command is a jsonargparse parser over a library function (:func:`function_parser`): its
 options are the function's parameters, their help the function's docstring, and every command
 takes ``--config FILE`` and ``--print_config`` as ``fit`` does. :class:`FunctionParser` reads
 the command line: options spelled with dashes (``--beam-size``) as with underscores, an option
-given twice refused, a usage error one line.
+given twice refused, a usage error one line. The commands not yet moved to it use
+:class:`CommandParser`, argparse's.
 """
 
 from __future__ import annotations
@@ -22,23 +22,15 @@ import sys
 import typing
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import fields, replace
-from pathlib import Path
+from dataclasses import fields
 
 import docstring_parser
 import jsonargparse
 from jsonargparse import ActionConfigFile, ActionYesNo
 
-from captioner.decoding_options import DecodingOptions, DecodingOverrides
+from captioner.decoding_options import DecodingOverrides
 
 DEVICE_HELP = "torch device: cpu, cuda, cuda:1, ... (default: cuda when available, else cpu)"
-_DECODING_HELP = {
-    "beam_size": "beams per image (1: greedy search)",
-    "max_length": "most words per caption",
-    "length_normalization": "beam ranking score log_prob / n ** A",
-    "block_trigrams": "never repeat a trigram within a caption",
-    "allow_unk": "let <unk> be generated",
-}
 
 
 class _GivenOnce(argparse.Action):
@@ -329,82 +321,6 @@ def warnings_as_lines() -> Iterator[None]:
         print(f"warning: {warning.message}", file=sys.stderr)
 
 
-def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--beam-size``, ``--max-length``, ``--length-normalization``, ``--block-trigrams``,
-    ``--allow-unk`` (each defaulting to the checkpoint's own decoding options, see
-    :class:`captioner.decoding.DecodingOptions`), ``--batch-size``, ``--device`` and
-    ``--no-progress``."""
-    group = parser.add_argument_group(
-        "decoding (defaults: the checkpoint's own options, model.decoding of its config)"
-    )
-    for field in fields(DecodingOptions):
-        flag = "--" + field.name.replace("_", "-")
-        if field.type in (bool, "bool"):
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
-                               help=_DECODING_HELP.get(field.name))
-        else:
-            kind = int if field.type in (int, "int") else float
-            group.add_argument(flag, type=kind, default=None, metavar="N" if kind is int else "A",
-                               help=_DECODING_HELP.get(field.name))
-    parser.add_argument("--batch-size", type=at_least(1, int), default=16,
-                        help="images per batch (default: %(default)s)")
-    parser.add_argument("--device", help=DEVICE_HELP)
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-
-def add_figure_arguments(parser: argparse.ArgumentParser, *,
-                         vmax_default: str | None = None) -> None:
-    """``--upsample`` and ``--size`` of the attention figures (see :mod:`captioner.heatmaps`);
-    with ``vmax_default``, what the colour scale's maximum is without ``--vmax`` (e.g. "run
-    maximum"), also ``--zero-style`` and ``--vmax`` (a float, None when not given)."""
-    from captioner.heatmaps import (
-        DEFAULT_MAX_SIDE,
-        MAX_MAX_SIDE,
-        MIN_MAX_SIDE,
-        UPSAMPLE_MODES,
-        ZERO_STYLES,
-    )
-
-    parser.add_argument("--upsample", choices=UPSAMPLE_MODES, default="nearest",
-                        help="attention cells drawn as blocks or smoothed (default: %(default)s)")
-    parser.add_argument("--size", type=at_least(MIN_MAX_SIDE, int, at_most=MAX_MAX_SIDE),
-                        default=DEFAULT_MAX_SIDE,
-                        help=f"longer image side in pixels, {MIN_MAX_SIDE} to {MAX_MAX_SIDE} "
-                             "(default: %(default)s)")
-    if vmax_default is not None:
-        parser.add_argument("--zero-style", choices=ZERO_STYLES, default="transparent",
-                            help="zero attention fully transparent or a white mask "
-                                 "(default: %(default)s)")
-        parser.add_argument("--vmax", type=at_least(0, float, strictly=True),
-                            help=f"colour-scale maximum (default: {vmax_default})")
-
-
-def add_sample_arguments(
-    parser: argparse.ArgumentParser, *, n_default: int | None, n_help: str, seed_help: str
-) -> None:
-    """``--data``, ``--images``, ``--split``, ``--n`` and ``--seed``: the images of a command
-    that samples from a Karpathy split instead of image files (gallery, rating-kit); see
-    :func:`check_sample_arguments`."""
-    parser.add_argument("--data", type=Path, help="Karpathy split JSON (dataset_coco.json)")
-    parser.add_argument("--images", type=Path, help="image root of the Karpathy JSON")
-    parser.add_argument("--split", default="test", choices=("train", "val", "test"),
-                        help="split of --data to sample from (default: %(default)s)")
-    parser.add_argument("--n", type=at_least(1, int), default=n_default, help=n_help)
-    # numpy's generators take no negative seed: refused here, not once the images are captioned.
-    parser.add_argument("--seed", type=at_least(0, int), default=0, help=seed_help)
-
-
-def check_sample_arguments(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, files: str, files_given: bool
-) -> None:
-    """Exactly one source of images: the files (``files``, the positional's name) or
-    ``--data`` with ``--images``; a usage error otherwise."""
-    if files_given == (args.data is not None):
-        parser.error(f"give either {files} or --data (with --images), not both or neither")
-    if args.data is not None and args.images is None:
-        parser.error("--data needs --images (the image root)")
-
-
 def at_least(low: float, kind: type, *, strictly: bool = False, at_most: float = math.inf):
     """An argparse ``type``: finite ``kind`` values >= ``low`` (> with ``strictly``) and <=
     ``at_most``; anything else (nan and inf too) is a usage error naming the value."""
@@ -467,17 +383,6 @@ def names(what: str, check: Callable[[str], None] | None = None
     return parse
 
 
-def decoding_options(args: argparse.Namespace, model_options: DecodingOptions) -> DecodingOptions:
-    """``model_options`` with the decoding options given on the command line.
-
-    Raises:
-        ValueError: an option out of range (named).
-    """
-    given = {f.name: getattr(args, f.name) for f in fields(DecodingOptions)
-             if getattr(args, f.name, None) is not None}
-    return replace(model_options, **given)
-
-
 def add_overwrite_argument(parser: argparse.ArgumentParser, what: str | None = None) -> None:
     """``--overwrite``: replace the ``what`` of an earlier run in the folder --out (see
     :func:`check_output_folder`), or, without ``what``, the existing file --out (see
@@ -486,20 +391,3 @@ def add_overwrite_argument(parser: argparse.ArgumentParser, what: str | None = N
         "replace an existing --out file (default: refuse it)" if what is None else
         f"replace the {what} of an earlier run in --out, wholly (default: --out must be new "
         "or empty)"))
-
-
-class GivenOnce(argparse.Action):
-    """An option that may be given once: argparse would keep the last of several, so that
-    ``--ckpt A --ckpt B`` quietly used B while the user meant A, or both."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        before = getattr(namespace, self.dest, None)
-        if before is not None and before != self.default:
-            parser.error(f"{option_string} is given twice ({before} and {values}); give it once")
-        setattr(namespace, self.dest, values)
-
-
-def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
-    """``--ckpt``: the one trained checkpoint a command captions with."""
-    parser.add_argument("--ckpt", required=True, type=Path, action=GivenOnce,
-                        help="trained checkpoint (.ckpt), as 'captioner fit' writes it")
