@@ -30,8 +30,6 @@ from jsonargparse import ActionConfigFile, ActionYesNo
 
 from captioner.decoding_options import DecodingOverrides
 
-DEVICE_HELP = "torch device: cpu, cuda, cuda:1, ... (default: cuda when available, else cpu)"
-
 
 class _GivenOnce(argparse.Action):
     """argparse's ``store``, refusing an option given a second time: argparse keeps the last
@@ -126,6 +124,14 @@ class FunctionParser(jsonargparse.ArgumentParser):
             check(*args)
         except ValueError as exc:
             self.usage_error(str(exc))
+
+    def check_option(self, name: str, check: Callable[[object], object], value: object) -> None:
+        """``check(value)`` for option ``--name``, an argparse ``type`` (:func:`names`,
+        :func:`at_least`) whose error is a usage error, worded as argparse words it."""
+        try:
+            check(value)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            self.usage_error(f"argument --{name}: {exc}")
 
     def usage_error(self, message: str) -> typing.NoReturn:
         """``prog: error: message`` on stderr, and SystemExit(2)."""
