@@ -52,7 +52,7 @@ def caption_images(
     with contextlib.ExitStack() as claim:  # the --out file, held until the work ends
         try:
             if batch_size < 1:
-                raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+                raise ValueError(f"--batch_size must be >= 1, got {batch_size}")
             job = _CaptionJob.open(inputs, ckpt, format, out, overwrite, decoding, device, claim)
         except (OSError, ValueError) as exc:
             return report_error(PROG, exc)

@@ -37,9 +37,9 @@ def check_figure_options(size: int, vmax: float | None = None) -> None:
     cells a word attends to; past 4096 px its pixels no longer fit in memory."""
     low, high = SIZE_RANGE
     if not low <= size <= high:
-        raise ValueError(f"size must be between {low} and {high} pixels, got {size}")
+        raise ValueError(f"--size must be between {low} and {high} pixels, got {size}")
     if vmax is not None and not 0 < vmax < math.inf:
-        raise ValueError(f"vmax must be a finite number > 0, got {vmax}")
+        raise ValueError(f"--vmax must be a finite number > 0, got {vmax}")
 
 
 class _Model(NamedTuple):
@@ -98,7 +98,7 @@ def draw_heatmaps(
         try:
             check_figure_options(size, vmax)
             if batch_size < 1:
-                raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+                raise ValueError(f"--batch_size must be >= 1, got {batch_size}")
             earlier, paths, models = _open(inputs, ckpt, Path(out), overwrite, decoding,
                                            device, claim)
         except (OSError, ValueError) as exc:

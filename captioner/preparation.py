@@ -1,6 +1,6 @@
-"""The data preparations of the commands: the synthetic dataset rendered into a folder, and
-the frozen encoder's feature cache of a dataset. torch is imported when the work starts, so
-that the commands' options are read at once."""
+"""The data preparations of the commands: a Karpathy JSON from photos and captions files, the
+synthetic dataset rendered into a folder, and the frozen encoder's feature cache of a dataset.
+torch is imported when the work starts, so that the commands' options are read at once."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Literal
 
 from captioner.commands.options import names, report_error
+from data_prep.dataset_import import DEFAULT_SPLIT, FORMATS
+from data_prep.dataset_import import ON_ERROR as IMPORT_ON_ERROR
 
 
 def render_synthetic(
@@ -125,3 +127,115 @@ def prepare_feature_cache(
     print("next:")
     print(f"  {fit_command(machine_setup().config, data, images, out, config)}")
     return 0
+
+
+def check_sources(captions: list[Path], images: list[Path]) -> None:
+    """ValueError unless every captions file has its image folder."""
+    from data_prep.files import counted
+
+    if len(captions) != len(images):
+        raise ValueError(f"{counted(len(captions), '--captions file')} but "
+                         f"{counted(len(images), '--images folder')}: give each captions file "
+                         "its image folder (--captions A --images DIR_A --captions B --images "
+                         "DIR_B)")
+
+
+def prepare_dataset(
+    captions: list[Path],
+    images: list[Path],
+    out: Path,
+    overwrite: bool = False,
+    format: Literal[FORMATS] = "auto",
+    split: str = DEFAULT_SPLIT,
+    seed: int = 0,
+    on_error: Literal[IMPORT_ON_ERROR] = "skip",
+    name: str | None = None,
+    progress: bool = True,
+) -> int:
+    """Make a Karpathy-split JSON file from image folders and their captions files, say what
+    was skipped, and print the commands that go on from it; the exit status: 0, or 2 for a user
+    error (one line).
+
+    Args:
+        captions: captions file; repeated, one per image folder.
+        images: image folder of the --captions before it; the captions' image paths are
+            relative to it.
+        out: Karpathy JSON file to write.
+        overwrite: replace an existing --out file (default: refuse it).
+        format: captions file format (auto: from the extension and content).
+        split: train,val,test fractions or counts, or a JSON split file.
+        seed: seed of random splits.
+        on_error: skip bad items and list them, or stop at the first in file order (exit 2).
+        name: 'dataset' field (default: the output file name without 'dataset_' and '.json').
+        progress: show the progress bar.
+    """
+    from data_prep.dataset_import import (
+        DatasetImportError,
+        ImportOptions,
+        Source,
+        import_dataset,
+    )
+
+    prog = "captioner prepare-dataset"
+    images = [Path(folder) for folder in images]
+    try:
+        check_sources(captions, images)
+        options = ImportOptions(
+            sources=tuple(Source(Path(file), folder)
+                          for file, folder in zip(captions, images, strict=True)),
+            out=Path(out), fmt=format, split=split, seed=seed, on_error=on_error, name=name,
+            overwrite=overwrite)
+        report = import_dataset(options, progress=progress)
+    except (DatasetImportError, OSError, ValueError) as exc:
+        return report_error(prog, exc)
+    _tell_import(report, len(options.sources), images)
+    _print_next_steps(Path(out), report.image_root)
+    return 0
+
+
+def _tell_import(report, sources: int, images: list[Path]) -> None:
+    """What an import wrote (stdout) and skipped, left out or did not use (stderr)."""
+    from data_prep.dataset_import import REASONS
+    from data_prep.files import agreeing, counted, first_names
+
+    prog = "captioner prepare-dataset"
+    print(f"wrote {report.out} (dataset {report.name!r}, captions read as {report.fmt})")
+    if sources > 1:
+        print(f"  image root: {report.image_root} (the images' paths are relative to it)")
+    for split, count in report.images.items():
+        print(f"  {split + ':':<6} {counted(count, 'image')}, "
+              f"{counted(report.captions[split], 'caption')}")
+    for reason, problems in report.problems.items():
+        listed = first_names([problem.item for problem in problems])
+        print(f"{prog}: skipped {len(problems)} ({REASONS[reason]}): {listed}\n"
+              f"  e.g. {problems[0].skipped}", file=sys.stderr)
+    if report.left_out:
+        print(f"{prog}: left out {counted(len(report.left_out), 'usable image')} beyond the "
+              f"--split counts: {first_names(report.left_out)}", file=sys.stderr)
+    if report.uncaptioned:
+        count = len(report.uncaptioned)
+        folders = ", ".join(map(str, images))
+        print(f"{prog}: note: {counted(count, 'image')} in {folders} "
+              f"{agreeing(count, 'has', 'have')} no captions and "
+              f"{agreeing(count, 'was', 'were')} not used: {first_names(report.uncaptioned)}",
+              file=sys.stderr)
+
+
+def _print_next_steps(out: Path, images: Path) -> None:
+    from captioner.commands.next_steps import (
+        CPU_SETUP,
+        cache_path,
+        fit_command,
+        machine_setup,
+        prepare_features_command,
+        setup_encoder,
+    )
+
+    setup = machine_setup()
+    cache = cache_path(out, setup.arch, setup.layer)
+    print("next" + (" (no GPU here: the small CPU config)" if setup is CPU_SETUP else "") + ":")
+    print(f"  {prepare_features_command(out, images, setup)}")
+    print(f"  {fit_command(setup.config, out, images, cache, setup_encoder(setup))}")
+    print(f"(where {setup.weights} cannot be downloaded: prepare-features --weights none, a "
+          "random encoder whose captions barely depend on the image; it prints the fit command "
+          "for its cache)")

@@ -96,9 +96,9 @@ class _Evaluation:
         from eval.scoring import parse_metrics
 
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise ValueError(f"--batch_size must be >= 1, got {batch_size}")
         if self.spice_timeout is not None and not 0 < self.spice_timeout < math.inf:
-            raise ValueError(f"spice_timeout must be a finite number > 0, got "
+            raise ValueError(f"--spice_timeout must be a finite number > 0, got "
                              f"{self.spice_timeout}")
         check_output_dir(self.results.parent)
         reads = [("checkpoint", self.ckpt), ("dataset file", self.data),

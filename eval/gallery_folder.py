@@ -114,9 +114,9 @@ def _check_numbers(size: int, vmax: float | None, n: int | None, seed: int,
     check_figure_options(size, vmax)
     for name, value in (("n", n), ("batch_size", batch_size)):
         if value is not None and value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+            raise ValueError(f"--{name} must be >= 1, got {value}")
     if seed < 0:  # numpy's generators take no negative seed
-        raise ValueError(f"seed must be >= 0, got {seed}")
+        raise ValueError(f"--seed must be >= 0, got {seed}")
 
 
 def _open(ckpt, out, overwrite, source: _Source, device, claim):

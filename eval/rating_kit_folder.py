@@ -92,9 +92,9 @@ def make_rating_kit(
             check_figure_options(size)
             for name, value in (("n", n), ("batch_size", batch_size)):
                 if value < 1:
-                    raise ValueError(f"{name} must be >= 1, got {value}")
+                    raise ValueError(f"--{name} must be >= 1, got {value}")
             if seed < 0:  # numpy's generators take no negative seed
-                raise ValueError(f"seed must be >= 0, got {seed}")
+                raise ValueError(f"--seed must be >= 0, got {seed}")
             check_image_source("IMAGE_DIR", image_dir is not None, data, images)
             key_path = key_path_of(out, key)
             source = _Source(image_dir, data, images, split)

@@ -173,7 +173,7 @@ def _scoring_inputs(results: Path, references: Path, split: str | None, metrics:
                           overwrite=overwrite)
     names = parse_metrics(metrics)
     if spice_timeout is not None and not 0 < spice_timeout < math.inf:
-        raise ValueError(f"spice_timeout must be a finite number > 0, got {spice_timeout}")
+        raise ValueError(f"--spice_timeout must be a finite number > 0, got {spice_timeout}")
     loaded = load_results(str(results))
     reference_file = load_references(str(references), split)
     unchecked = check_result_names(results, loaded.file_names, references,

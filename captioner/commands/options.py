@@ -92,6 +92,25 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, jsonargparse.DefaultH
     """jsonargparse's help, with the description's layout (a command's docstring) kept."""
 
 
+def _yaml_or_text(load: Callable[[str], object]) -> Callable[[str], object]:
+    """jsonargparse's YAML loader ``load`` of a command-line value, taking a value that is not
+    UTF-8 (a file name of other bytes, which reaches Python as surrogate escapes, as ls shows
+    it) as the text it is: YAML reads UTF-8 only, and the name would be refused."""
+
+    def load_value(value: str) -> object:
+        try:
+            return load(value)
+        except UnicodeEncodeError:
+            return value
+
+    load_value.reads_any_text = True
+    return load_value
+
+
+if not getattr(jsonargparse.get_loader("yaml"), "reads_any_text", False):
+    jsonargparse.set_loader("yaml", _yaml_or_text(jsonargparse.get_loader("yaml")))
+
+
 class FunctionParser(jsonargparse.ArgumentParser):
     """A jsonargparse parser whose :meth:`parse_args` takes long options spelled with dashes
     (``--no-progress``) as with underscores, as the commands were spelled before they were
