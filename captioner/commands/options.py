@@ -368,6 +368,16 @@ def at_least(low: float, kind: type, *, strictly: bool = False, at_most: float =
     return parse
 
 
+def any_float(text: str) -> float:
+    """An argparse ``type``: ``float(text)``, nan and inf included (jsonargparse's float type,
+    which reads YAML, takes neither), for a command that checks the values itself and names
+    them."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
 # The largest seed torch.Generator.manual_seed takes (a C long long).
 TORCH_MAX_SEED = 2**63 - 1
 
