@@ -26,6 +26,7 @@ from dataclasses import fields
 
 import docstring_parser
 import jsonargparse
+import yaml
 from jsonargparse import ActionConfigFile, ActionYesNo
 
 from captioner.decoding_options import DecodingOverrides
@@ -135,6 +136,11 @@ class FunctionParser(jsonargparse.ArgumentParser):
             return super().parse_args(argv, *pos, **kwargs)
         except (argparse.ArgumentError, jsonargparse.ArgumentError) as exc:
             self.usage_error(_usage_error(str(exc)))
+        except yaml.YAMLError as exc:  # a --config file's, raised by jsonargparse as it is
+            files = [argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--config"]
+            files += [word.partition("=")[2] for word in argv if word.startswith("--config=")]
+            self.usage_error(f"--config {' '.join(files)}: not valid YAML: "
+                             f"{' '.join(str(exc).split())}")
 
     def check(self, check: Callable[..., None], *args) -> None:
         """``check(*args)``, whose ValueError is a usage error: options that are each valid
