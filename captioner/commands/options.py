@@ -6,7 +6,7 @@ A command is a jsonargparse parser over a library function (:func:`function_pars
 options are the function's parameters, their help the function's docstring, and every command
 takes ``--config FILE`` and ``--print_config`` as ``fit`` does. :class:`FunctionParser` reads
 the command line: options spelled with dashes (``--beam-size``) as with underscores, an option
-given twice refused, a usage error one line. The commands not yet moved to it use
+given twice refused, a usage error one line. ``runs`` and the benchmarks read theirs with
 :class:`CommandParser`, argparse's.
 """
 
@@ -32,61 +32,27 @@ from jsonargparse import ActionConfigFile, ActionYesNo
 from captioner.decoding_options import DecodingOverrides
 
 
-class _GivenOnce(argparse.Action):
-    """argparse's ``store``, refusing an option given a second time: argparse keeps the last
-    value, so that ``--out a --out b`` would silently drop ``a``. Options meant to be repeated
-    say so with ``action="append"``."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        if option_string is not None:
-            given = parser.given_options
-            if self.dest in given:
-                parser.error(f"{option_string} is given twice ({_shown(given[self.dest])} and "
-                             f"{_shown(values)}); give it once")
-            given[self.dest] = values
-        setattr(namespace, self.dest, values)
-
-
-def _shown(value: object) -> str:
-    """An option's value as the command line gave it: ``a.json``, ``1 2`` for several."""
-    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
-
-
 class CommandParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are one line, ``prog: error: message``, and status 2:
     argparse prints the whole usage first, which for a command of twenty options buries the
-    line that says what is wrong (``--help`` shows the usage). With ``refuse_repeats``, an
-    option that takes a value is refused when given twice (:class:`_GivenOnce`), where a
-    second value more likely means a second input than a correction of the first; otherwise
-    the last value holds, as in argparse (an alias's default overridden on the command line).
-    """
-
-    def __init__(self, *args, refuse_repeats: bool = False, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        if refuse_repeats:
-            self.register("action", None, _GivenOnce)
-            self.register("action", "store", _GivenOnce)
-        self.given_options: dict[str, object] = {}
-
-    def parse_known_args(self, args=None, namespace=None):
-        self.given_options = {}
-        return super().parse_known_args(args, namespace)
+    line that says what is wrong (``--help`` shows the usage). For ``runs`` and the
+    benchmarks, whose options are not a library function's."""
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def command_parser(prog: str, doc: str, *, refuse_repeats: bool = False
-                   ) -> argparse.ArgumentParser:
-    """The parser of command ``prog`` with its module docstring ``doc`` as the description,
-    as plain text: the docstring's layout is kept, its reStructuredText markup (``code``,
-    :role:`target`) is not shown in the terminal. ``refuse_repeats``: see
-    :class:`CommandParser`."""
-    plain = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc).replace("`", "")
-    return CommandParser(
-        prog=prog, description=plain, formatter_class=argparse.RawDescriptionHelpFormatter,
-        refuse_repeats=refuse_repeats,
-    )
+def command_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """The argparse parser of command ``prog`` with its module docstring ``doc`` as the
+    description, as plain text: the docstring's layout is kept, its reStructuredText markup
+    (``code``, :role:`target`) is not shown in the terminal."""
+    return CommandParser(prog=prog, description=_plain(doc),
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def _plain(doc: str) -> str:
+    """``doc`` without its reStructuredText markup."""
+    return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc).replace("`", "")
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, jsonargparse.DefaultHelpFormatter):
@@ -185,11 +151,10 @@ def function_parser(prog: str, doc: str, function: Callable, *, skip: Sequence[s
     but those in ``skip``, its help from the function's docstring. A bool parameter is a flag,
     ``--NAME`` / ``--no_NAME``; a list parameter is given once per value (``--ckpt A --ckpt
     B``). Positionals are added by the command. ``once``: see :class:`FunctionParser`."""
-    plain = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc).replace("`", "")
     types = typing.get_type_hints(function)
     lists = [name for name, kind in types.items()
              if name not in skip and typing.get_origin(kind) is list]
-    parser = FunctionParser(prog=prog, description=plain, formatter_class=_HelpFormatter,
+    parser = FunctionParser(prog=prog, description=_plain(doc), formatter_class=_HelpFormatter,
                             once=once, appended=lists)
     parser.add_argument("--config", action=ActionConfigFile,
                         help="YAML file of options, as --print_config writes it; options "
@@ -422,13 +387,3 @@ def names(what: str, check: Callable[[str], None] | None = None
         return listed
 
     return parse
-
-
-def add_overwrite_argument(parser: argparse.ArgumentParser, what: str | None = None) -> None:
-    """``--overwrite``: replace the ``what`` of an earlier run in the folder --out (see
-    :func:`check_output_folder`), or, without ``what``, the existing file --out (see
-    :func:`data_prep.files.check_output_file`)."""
-    parser.add_argument("--overwrite", action="store_true", help=(
-        "replace an existing --out file (default: refuse it)" if what is None else
-        f"replace the {what} of an earlier run in --out, wholly (default: --out must be new "
-        "or empty)"))
