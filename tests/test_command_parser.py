@@ -77,7 +77,8 @@ def test_usage_errors_are_one_line(tmp_path, capsys):
         ["--inputs", "i", "--out", "o", "--no-such"], capsys)
     broken = tmp_path / "broken.yaml"
     broken.write_text("count: [1\n")
-    assert f"--config {broken}: not valid YAML: " in _refused(["--config", str(broken)], capsys)
+    assert f"--config {broken}: Problems parsing config: " in _refused(["--config", str(broken)],
+                                                                     capsys)
 
 
 def test_a_file_name_that_is_not_utf8_is_read_as_it_is():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import inspect
 import math
 import os
@@ -59,14 +60,15 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, jsonargparse.DefaultH
     """jsonargparse's help, with the description's layout (a command's docstring) kept."""
 
 
-def _yaml_or_text(load: Callable[[str], object]) -> Callable[[str], object]:
+def _yaml_or_text(load: Callable[..., object]) -> Callable[..., object]:
     """jsonargparse's YAML loader ``load`` of a command-line value, taking a value that is not
     UTF-8 (a file name of other bytes, which reaches Python as surrogate escapes, as ls shows
     it) as the text it is: YAML reads UTF-8 only, and the name would be refused."""
 
-    def load_value(value: str) -> object:
+    @functools.wraps(load)  # its parameters, which jsonargparse reads
+    def load_value(value: str, *args, **kwargs) -> object:
         try:
-            return load(value)
+            return load(value, *args, **kwargs)
         except UnicodeEncodeError:
             return value
 
@@ -75,7 +77,9 @@ def _yaml_or_text(load: Callable[[str], object]) -> Callable[[str], object]:
 
 
 if not getattr(jsonargparse.get_loader("yaml"), "reads_any_text", False):
-    jsonargparse.set_loader("yaml", _yaml_or_text(jsonargparse.get_loader("yaml")))
+    # The same loader, and the same errors of a config file that is not YAML.
+    jsonargparse.set_loader("yaml", _yaml_or_text(jsonargparse.get_loader("yaml")),
+                            exceptions=(yaml.YAMLError,))
 
 
 class FunctionParser(jsonargparse.ArgumentParser):
@@ -101,12 +105,13 @@ class FunctionParser(jsonargparse.ArgumentParser):
             _refuse_repeats(argv, self.once)
             return super().parse_args(argv, *pos, **kwargs)
         except (argparse.ArgumentError, jsonargparse.ArgumentError) as exc:
-            self.usage_error(_usage_error(str(exc)))
-        except yaml.YAMLError as exc:  # a --config file's, raised by jsonargparse as it is
-            files = [argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--config"]
-            files += [word.partition("=")[2] for word in argv if word.startswith("--config=")]
-            self.usage_error(f"--config {' '.join(files)}: not valid YAML: "
-                             f"{' '.join(str(exc).split())}")
+            message = _usage_error(str(exc))
+            if message.startswith("Problems parsing config"):  # a --config file's, unnamed
+                files = [argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--config"]
+                files += [word.partition("=")[2] for word in argv
+                          if word.startswith("--config=")]
+                message = f"--config {' '.join(files)}: {message}"
+            self.usage_error(message)
 
     def check(self, check: Callable[..., None], *args) -> None:
         """``check(*args)``, whose ValueError is a usage error: options that are each valid
