@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import inspect
 import math
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, make_dataclass, replace
 
 from data_prep.settings_files import check_integers
 
@@ -25,13 +27,16 @@ def check_length_normalization(value: object, name: str = "length_normalization"
 class DecodingOptions:
     """How captions are decoded, in validation, test and every captioning command: the one
     place of these defaults (a model's own options are ``model.decoding`` of its config and
-    are stored in its checkpoints; the commands' options override them).
+    are stored in its checkpoints; the commands' options override them, see
+    :data:`DecodingOverrides`).
 
-    beam_size: beams per image (1 = greedy search). max_length: most words per caption (end
-    token excluded). length_normalization: exponent a of the ranking score log_prob / n ** a.
-    block_trigrams: never repeat a trigram within a caption. allow_unk: let ``<unk>`` be
-    generated (by default it never is: a caption with ``<unk>`` would reach the metrics and
-    the raters).
+    Attributes:
+        beam_size: beams per image (1: greedy search).
+        max_length: most words per caption (end token excluded).
+        length_normalization: exponent a of the beam ranking score log_prob / n ** a.
+        block_trigrams: never repeat a trigram within a caption.
+        allow_unk: let <unk> be generated (by default it never is: a caption with <unk>
+            would reach the metrics and the raters).
     """
 
     beam_size: int = 3
@@ -68,3 +73,35 @@ class DecodingOptions:
                 f"known: {', '.join(sorted(known))}"
             )
         return cls(**value)
+
+
+def _overrides_class() -> type:
+    """A frozen dataclass with each field of :class:`DecodingOptions`, optional and None by
+    default: the options a command line or config gives, each of which, when given, replaces
+    that of the model (see :func:`apply_overrides`). Derived from the fields, so that a new
+    decoding option reaches every command."""
+    types = typing.get_type_hints(DecodingOptions)
+    overrides = make_dataclass(
+        "DecodingOverrides",
+        [(option.name, types[option.name] | None, field(default=None))
+         for option in fields(DecodingOptions)],
+        frozen=True)
+    overrides.__module__ = __name__  # where jsonargparse and pickle look it up
+    attributes = inspect.cleandoc(DecodingOptions.__doc__ or "").partition("Attributes:")[2]
+    overrides.__doc__ = ("Decoding options, each defaulting to the checkpoint's own "
+                         f"(model.decoding of its config).\n\nAttributes:{attributes}")
+    return overrides
+
+
+DecodingOverrides = _overrides_class()
+
+
+def apply_overrides(options: DecodingOptions, overrides: object | None) -> DecodingOptions:
+    """``options`` with each option that ``overrides`` (a :data:`DecodingOverrides`) gives.
+
+    Raises:
+        ValueError: an option out of range (named).
+    """
+    given = {option.name: getattr(overrides, option.name) for option in fields(DecodingOptions)
+             if getattr(overrides, option.name, None) is not None}
+    return replace(options, **given)

@@ -183,3 +183,4 @@ def run_features(captioner: Captioner,
 def _statistic(value: float) -> str:
     """A statistic for the summary: four decimals, or n/a where it is undefined (NaN)."""
     return "n/a" if math.isnan(value) else f"{value:.4f}"
+

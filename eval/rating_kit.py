@@ -264,3 +264,14 @@ def is_key_file(path: Path) -> bool:
     except (OSError, ValueError):  # ValueError: not JSON, not text
         return False
     return isinstance(data, dict) and data.get("format") == KEY_FORMAT
+
+
+def check_image_source(files: str, files_given: bool, data: Path | None,
+                       images: Path | None) -> None:
+    """ValueError unless the images come from exactly one source: the files (``files``, the
+    command's positional, given or not) or a Karpathy split file ``data`` with its image root
+    ``images``."""
+    if files_given == (data is not None):
+        raise ValueError(f"give either {files} or --data (with --images), not both or neither")
+    if data is not None and images is None:
+        raise ValueError("--data needs --images (the image root)")

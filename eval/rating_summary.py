@@ -377,3 +377,46 @@ def _problem(entry: dict) -> str:
     if "count" in entry:
         words += f": rated {entry['count']} times"
     return words
+
+
+def summarize_rating_files(
+    ratings: Sequence[Path],
+    key: Path,
+    out: Path | None = None,
+    overwrite: bool = False,
+) -> int:
+    """Unblind the ratings exported by a rating kit with its key and print, per model, mean
+    caption score and mean attention relevance (paper Table 2); the exit status: 0, or 2 for a
+    user error (one line).
+
+    Args:
+        ratings: ratings files exported from the kit page, one per rater.
+        key: the kit's key file.
+        out: write the full summary as JSON here.
+        overwrite: replace an existing --out file (default: refuse it).
+    """
+    from captioner.commands.options import report_error
+    from data_prep.atomic import write_json
+    from data_prep.paths import check_output_file, refuse_repeated, require_file
+
+    prog = "captioner rating-summary"
+    ratings, key = [Path(path) for path in ratings], Path(key)
+    try:
+        if out is not None:
+            check_output_file(out, [("key file", key),
+                                    *(("ratings file", path) for path in ratings)],
+                              overwrite=overwrite)
+        for path in (*ratings, key):
+            require_file(path, "ratings file" if path != key else "key file")
+        refuse_repeated(ratings, "ratings file")  # its ratings would count as duplicates
+        summary = summarize(ratings, key)
+    except (RatingsError, OSError, ValueError) as exc:
+        return report_error(prog, exc)
+    print(format_table(summary, out))
+    if out is not None:
+        try:
+            write_json(out, summary)
+        except OSError as exc:
+            return report_error(prog, exc, f"cannot write {out}")
+        print(f"summary written to {out}")
+    return 0

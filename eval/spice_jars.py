@@ -340,3 +340,43 @@ def fetch_spice(
             target.unlink(missing_ok=True)
             raise SpiceJarsError(f"verification failed for {artifact.coordinates}: {problem}")
     return locate_spice(install.root)
+
+
+def install_spice(
+    cache_dir: Path | None = None,
+    maven_repo: Path | None = None,
+    mvn: bool = True,
+    quiet: bool = False,
+) -> int:
+    """Download and verify the jars SPICE needs (:func:`fetch_spice`), saying where they went;
+    the exit status: 0, 2 when ``cache_dir`` cannot be written, 1 when a jar could not be had.
+
+    Args:
+        cache_dir: where to install (default: $CAPTIONER_SPICE_DIR or
+            ~/.cache/captioner/spice).
+        maven_repo: local Maven repository to take jars from first (default:
+            ~/.m2/repository).
+        mvn: run 'mvn dependency:get' for a missing jar (--no_mvn: download missing jars
+            over HTTPS instead).
+        quiet: no progress bars or log lines.
+    """
+    from captioner.commands.options import report_error
+    from data_prep.paths import check_output_dir
+
+    prog = "captioner fetch-spice"
+    try:
+        check_output_dir(spice_cache_dir(cache_dir))
+    except ValueError as exc:
+        return report_error(prog, exc)
+    try:
+        install = fetch_spice(
+            cache_dir,
+            maven_repo=Path(maven_repo or default_maven_repo()).expanduser(),
+            use_mvn=mvn,
+            progress=not quiet,
+            log=(lambda _: None) if quiet else print,
+        )
+    except (SpiceJarsError, OSError) as exc:
+        return report_error(prog, exc, status=1)
+    print(f"SPICE is ready in {install.root}")
+    return 0

@@ -212,3 +212,35 @@ def test_ctrl_c_keeps_the_captions_done_or_else_the_earlier_out_file(
         assert err == (f"captioner caption: interrupted before any image was captioned; {out} "
                        "was not written\n")
         assert out.exists() == earlier and (not earlier or out.read_text() == whole)
+
+
+def test_print_config_writes_a_config_that_captions_alike(tiny_checkpoint, photo_dir, tmp_path,
+                                                          capsys):
+    """`caption --print_config > c.yaml && caption --config c.yaml IMAGE`, as fit's configs."""
+    from captioner.cli import main as captioner
+
+    with pytest.raises(SystemExit) as printed:
+        captioner(["caption", "--print_config"])  # no option needed to write a config
+    assert printed.value.code == 0
+    assert "ckpt: null\n" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as printed:
+        captioner(["caption", "--ckpt", str(tiny_checkpoint), *FAST, "--print_config"])
+    assert printed.value.code == 0
+    config = tmp_path / "c.yaml"
+    config.write_text(capsys.readouterr().out)
+    assert "beam_size: 1\n" in config.read_text() and "progress: false\n" in config.read_text()
+    image = str(photo_dir / "101.png")
+    assert captioner(["caption", "--config", str(config), image]) == 0
+    from_config = capsys.readouterr().out
+    assert captioner(["caption", image, "--ckpt", str(tiny_checkpoint), *FAST]) == 0
+    assert capsys.readouterr().out == from_config != ""
+    # An option after the config overrides it; an unknown key in it is refused in one line.
+    assert captioner(["caption", "--config", str(config), "--format", "jsonl", image]) == 0
+    assert json.loads(capsys.readouterr().out)["caption"] == from_config.split("\t")[1].strip()
+    config.write_text(config.read_text() + "beam_width: 3\n")
+    with pytest.raises(SystemExit) as refused:
+        captioner(["caption", "--config", str(config), image])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("captioner caption: error: ") and err.count("\n") == 1
+    assert "beam_width" in err

@@ -254,8 +254,8 @@ def test_prepare_synthetic_help_says_every_default(capsys):
         prepare_synthetic.main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     for option, default in (("--train TRAIN", 2000), ("--val VAL", 250), ("--test TEST", 250),
-                            ("--seed SEED", 0), ("--image-size IMAGE_SIZE", 256)):
-        assert re.search(rf"{option} [^-]*\(default {default}\)", text), option
+                            ("--seed SEED", 0), ("--image_size IMAGE_SIZE", 256)):
+        assert re.search(rf"{option} [^-]*default: {default}\)", text), option
 
 
 def test_from_dir_names_missing_file(tmp_path):

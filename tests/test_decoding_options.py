@@ -3,14 +3,12 @@ the commands; <pad>, <start> and (unless allowed) <unk> are never generated."""
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 import torch
 from test_decoding import constant_decoder, random_batch, repeated_trigrams
 
-from captioner.commands.options import add_decoding_arguments, decoding_options
-from captioner.decoding_options import DecodingOptions
+from captioner.commands.options import decoding_overrides
+from captioner.decoding_options import DecodingOptions, apply_overrides
 from captioner.inference import Captioner
 from data_prep.vocab import Vocabulary
 
@@ -68,18 +66,19 @@ def test_bad_options_are_refused_by_name(value, message):
 def test_command_line_overrides_the_checkpoints_own_options(tiny_checkpoint):
     captioner = Captioner.load(tiny_checkpoint)
     assert captioner.decoding == DecodingOptions(beam_size=2, max_length=12)  # from training
-    parser = argparse.ArgumentParser()
-    add_decoding_arguments(parser)
-    options = decoding_options(parser.parse_args([]), captioner.decoding)
+    from captioner.commands.caption import build_parser
+
+    parser = build_parser()
+    given = ["image.png", "--ckpt", str(tiny_checkpoint)]
+    options = apply_overrides(captioner.decoding, decoding_overrides(parser.parse_args(given)))
     assert options == captioner.decoding
-    options = decoding_options(
-        parser.parse_args(["--beam-size", "4", "--block-trigrams", "--allow-unk"]),
-        captioner.decoding,
-    )
+    options = apply_overrides(captioner.decoding, decoding_overrides(
+        parser.parse_args([*given, "--beam-size", "4", "--block-trigrams", "--allow-unk"])))
     assert options == DecodingOptions(beam_size=4, max_length=12, block_trigrams=True,
                                       allow_unk=True)
     with pytest.raises(ValueError, match="beam_size"):
-        decoding_options(parser.parse_args(["--beam-size", "0"]), captioner.decoding)
+        apply_overrides(captioner.decoding,
+                        decoding_overrides(parser.parse_args([*given, "--beam-size", "0"])))
 
 
 def test_validation_and_test_decode_with_the_models_options(tiny_checkpoint):
@@ -96,25 +95,28 @@ def test_validation_and_test_decode_with_the_models_options(tiny_checkpoint):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--size", "3"], "argument --size: must be >= 32, got 3"),
+        (["--size", "3"], "size must be between 32 and 4096 pixels, got 3"),
         # 100,000 px drew figures of 30 GB each, until the kernel's OOM killer ended it.
-        (["--size", "100000"], "argument --size: must be at most 4096, got 100000"),
-        (["--vmax", "0"], "argument --vmax: must be a finite number > 0, got 0"),
-        (["--vmax", "x"], "argument --vmax: not a number: 'x'"),
-        (["--vmax", "nan"], "argument --vmax: must be a finite number > 0, got nan"),
-        (["--vmax", "inf"], "argument --vmax: must be a finite number > 0, got inf"),
-        (["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
+        (["--size", "100000"], "size must be between 32 and 4096 pixels, got 100000"),
+        (["--vmax", "0"], "vmax must be a finite number > 0, got 0.0"),
+        (["--vmax", "x"], "--vmax: invalid value x"),
+        (["--vmax", "nan"], "--vmax: invalid value nan"),
+        (["--vmax", "inf"], "--vmax: invalid value inf"),
+        (["--batch-size", "0"], "batch_size must be >= 1, got 0"),
     ],
 )
-def test_figure_and_batch_options_are_checked_when_parsed(argv, message, capsys):
-    from captioner.commands.options import add_figure_arguments
+def test_figure_and_batch_options_are_checked_before_any_work(argv, message, capsys):
+    """Refused in one line with status 2 before any file is read (none of these exists): by
+    the parser (not a number; YAML spells nan and inf .nan and .inf) or by the command."""
+    from captioner.commands.heatmaps import main
 
-    parser = argparse.ArgumentParser(prog="captioner heatmaps")
-    add_figure_arguments(parser, vmax_default="run maximum")
-    add_decoding_arguments(parser)
-    with pytest.raises(SystemExit) as exit_info:
-        parser.parse_args(argv)
-    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    try:
+        code = main(["image.png", "--ckpt", "a.ckpt", "--out", "out", *argv])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("captioner heatmaps: ") and err.count("\n") == 1 and message in err
 
 
 @pytest.mark.parametrize("value", ["-1", "0", "nan", "inf"])
@@ -123,11 +125,18 @@ def test_score_and_evaluate_refuse_a_spice_timeout_that_is_not_a_positive_number
         command, value, capsys):
     import importlib
 
-    build_parser = importlib.import_module(f"eval.commands.{command}").build_parser
+    main = importlib.import_module(f"eval.commands.{command}").main
     required = {"score": ["--results", "r.json", "--references", "refs.json"],
                 "evaluate": ["--ckpt", "a.ckpt", "--data", "d.json", "--images", "images"]}
-    with pytest.raises(SystemExit) as exit_info:
-        build_parser().parse_args([*required[command], "--spice-timeout", value])
-    assert exit_info.value.code == 2
-    expected = f"argument --spice-timeout: must be a finite number > 0, got {value}"
-    assert expected in capsys.readouterr().err
+    # Refused before any file is read (none of these exists): nan and inf by the parser,
+    # which reads YAML's numbers (.nan, .inf), the others by the command.
+    try:
+        code = main([*required[command], "--spice-timeout", value])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"captioner {command}: ") and err.count("\n") == 1
+    expected = (f"spice_timeout must be a finite number > 0, got {float(value)}"
+                if value in ("-1", "0") else f"--spice_timeout: invalid value {value}")
+    assert expected in err

@@ -219,7 +219,7 @@ def test_overwrite_never_deletes_a_file_left_inside_the_demos_folders(note, tmp_
 def test_a_run_stopped_after_its_results_json_goes_on(tmp_path, capsys, monkeypatch):
     """results.json comes before SPICE, the figures and the gallery: a run stopped there was
     refused as finished, and --overwrite trained every captioner again."""
-    from eval.commands import demo as command
+    from eval import demo_folder as command
 
     out = tmp_path / "demo"
     out.mkdir()
@@ -449,7 +449,7 @@ def test_quick_demo_over_seeds_with_lambda_chosen_on_validation(tmp_path, capsys
 
 def test_a_run_given_overwrite_and_stopped_says_to_go_on_without_it(tmp_path):
     # "the same command goes on from there": with --overwrite, the same command started over.
-    from eval.commands.demo import _interrupted
+    from eval.demo_folder import _interrupted
 
     (tmp_path / "trainings.json").write_text(json.dumps({"trainings": [
         {"config": "x", "encoder_sha256": "a", "checkpoint": "c.ckpt", "val_CIDEr": 0.5}]}))

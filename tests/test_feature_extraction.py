@@ -521,12 +521,12 @@ def test_help_shows_every_default_and_no_markup(capsys):
     assert "``" not in text and ":func:" not in text
     text = text[text.index("\noptions:"):]
     for option, default in [("--arch", "resnet101"), ("--layer", "layer4"),
-                            ("--weights", "IMAGENET1K_V2"), ("--image-size", "256"),
-                            ("--splits", "train,val,test"), ("--batch-size", "32"),
-                            ("--num-workers", "2"), ("--seed", "0"), ("--on-error", "fail")]:
-        block = text[text.index(f"  {option}"):].split("\n  --", 1)[0]
+                            ("--weights", "IMAGENET1K_V2"), ("--image_size", "256"),
+                            ("--splits", "train,val,test"), ("--batch_size", "32"),
+                            ("--num_workers", "2"), ("--seed", "0"), ("--on_error", "fail")]:
+        block = " ".join(text[text.index(f"  {option}"):].split("\n  --", 1)[0].split())
         assert f"default: {default})" in block, (option, block)
-    assert "--no-progress" in text
+    assert "--no_progress" in text
 
 
 @pytest.mark.parametrize(("cpus", "workers"), [({0}, 1), ({0, 1}, 2), (set(range(16)), 2)])
@@ -536,7 +536,8 @@ def test_default_workers_fit_the_usable_cpus(cpus, workers, monkeypatch):
     from captioner.commands import prepare_features
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cpus)
-    args = prepare_features._parser().parse_args(["--data", "d", "--images", "i", "--out", "o"])
+    args = prepare_features.build_parser().parse_args(
+        ["--data", "d", "--images", "i", "--out", "o"])
     assert args.num_workers == workers
 
 
@@ -551,3 +552,14 @@ def test_a_wrong_image_root_is_named_as_such(tmp_path, capsys):
     assert f"--images {wrong}: none of the 6 images of {data} can be used (the first, " in line
     assert line.endswith("is --images the folder that the split file's paths are relative to?")
     assert "--on-error skip" not in line and not out.exists()
+
+
+def test_the_commands_error_policies_are_the_extractions():
+    """prepare-features offers the --on_error choices that extract_features takes."""
+    import typing
+
+    from captioner.features.settings import ON_ERROR
+    from captioner.preparation import prepare_feature_cache
+
+    kind = typing.get_type_hints(prepare_feature_cache)["on_error"]
+    assert typing.get_args(kind) == ON_ERROR

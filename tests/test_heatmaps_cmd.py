@@ -129,6 +129,7 @@ def test_write_figures_draws_each_image_into_its_given_folder_for_every_model(tm
 
     import torch
 
+    from captioner import heatmap_folder
     from captioner.inference import Caption
 
     paths = [tmp_path / "a.png", tmp_path / "b.png"]
@@ -136,16 +137,16 @@ def test_write_figures_draws_each_image_into_its_given_folder_for_every_model(tm
         Image.new("RGB", (24, 16), (40 * shade, 90, 30)).save(path)
     attention = torch.zeros(2, 2, 2)
     attention[0, 0, 0], attention[1, 1, 1] = 1.0, 0.5
-    models = [command._Model(name, Path(f"{name}.ckpt"),
-                             SimpleNamespace(output_attention_name=mapping), None)
+    models = [heatmap_folder._Model(name, Path(f"{name}.ckpt"),
+                                    SimpleNamespace(output_attention_name=mapping), None)
               for name, mapping in (("soft", "softmax"), ("tv", "tvmax"))]
     captions = {(model.name, path): Caption(f"a {model.name}", ["a", model.name], attention,
                                             attention, 0.0, str(path))
                 for model in models for path in paths}
     args = argparse.Namespace(out=tmp_path / "out", vmax=None, zero_style="white",
                               upsample="nearest", size=48)
-    index = command._write_figures(args.out, args, models, captions, [(paths[1], "second")],
-                                   1.0, False)
+    index = heatmap_folder._write_figures(args.out, args, models, captions,
+                                          [(paths[1], "second")], 1.0, False)
 
     assert {key: index[key] for key in ("vmax", "vmax_rule", "zero_style", "upsample")} == {
         "vmax": 1.0, "vmax_rule": "maximum weight of the run", "zero_style": "white",
@@ -250,3 +251,24 @@ def test_a_failure_while_drawing_empties_the_folder_for_a_rerun(tiny_checkpoint,
     assert out.is_dir() and not any(out.iterdir())
     monkeypatch.undo()
     assert command.main(args) == 0
+
+
+def test_the_figure_options_are_those_the_drawing_takes():
+    """The command's choices and limits, spelled where its options are read without numpy and
+    PIL, are those of captioner.heatmaps."""
+    import typing
+
+    import pytest
+
+    from captioner import heatmap_folder, heatmaps
+
+    assert typing.get_args(heatmap_folder.Upsample) == heatmaps.UPSAMPLE_MODES
+    assert typing.get_args(heatmap_folder.ZeroStyle) == heatmaps.ZERO_STYLES
+    assert heatmap_folder.DEFAULT_SIZE == heatmaps.DEFAULT_MAX_SIDE
+    assert heatmap_folder.SIZE_RANGE == (heatmaps.MIN_MAX_SIDE, heatmaps.MAX_MAX_SIDE)
+    for size, vmax, message in [(31, None, "size must be between 32 and 4096 pixels, got 31"),
+                                (4097, None, "got 4097"), (32, 0.0, "vmax must be a finite"),
+                                (32, float("nan"), "got nan")]:
+        with pytest.raises(ValueError, match=message):
+            heatmap_folder.check_figure_options(size, vmax)
+    heatmap_folder.check_figure_options(4096, 0.5)

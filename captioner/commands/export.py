@@ -6,36 +6,26 @@ loads only where that file is. The copy written to OUT holds the encoder's tenso
 loads anywhere; everything else (weights, optimizer state, vocabulary) is as in CKPT.
 
     captioner export runs/coco_tvmax/version_0/checkpoints/last.ckpt --out coco_tvmax.ckpt
+
+Options may come from a YAML file (--config FILE; --print_config writes one).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from captioner.commands.options import add_overwrite_argument, command_parser, report_error
+from captioner.commands.options import FunctionParser, arguments_of, function_parser
+from captioner.sharing import export_checkpoint
 
 HELP = "a self-contained copy of a checkpoint (its frozen encoder inside), for sharing"
-PROG = "captioner export"
+
+
+def build_parser() -> FunctionParser:
+    parser = function_parser("captioner export", __doc__, export_checkpoint, skip=("ckpt",))
+    parser.add_argument("ckpt", type=Path, metavar="CKPT", help="checkpoint to export")
+    return parser
 
 
 def main(argv: list[str]) -> int:
-    parser = command_parser(PROG, __doc__)
-    parser.add_argument("ckpt", type=Path, metavar="CKPT", help="checkpoint to export")
-    parser.add_argument("--out", type=Path, required=True,
-                        help="the self-contained checkpoint to write")
-    add_overwrite_argument(parser)
-    args = parser.parse_args(argv)
-
-    from captioner.checkpointing import CheckpointError
-    from captioner.frozen_encoder import export_self_contained
-    from captioner.model.encoder import EncoderWeightsError
-    from data_prep.paths import check_output_file
-
-    try:
-        check_output_file(args.out, [("CKPT", args.ckpt)], overwrite=args.overwrite)
-        completed = export_self_contained(args.ckpt, args.out)
-    except (CheckpointError, EncoderWeightsError, OSError, ValueError) as exc:
-        return report_error(PROG, exc)
-    told = "with its frozen encoder put in" if completed else "(it held its encoder already)"
-    print(f"wrote {args.out} {told}")
-    return 0
+    args = build_parser().parse_args(argv)
+    return export_checkpoint(**arguments_of(export_checkpoint, args))

@@ -1,88 +1,260 @@
-"""What the commands share: their parser, their report of a user error, the options of the
-commands that caption with a checkpoint (caption, heatmaps, rating-kit, evaluate): decoding,
-batch size, device, progress, and the figure options of those that draw attention (heatmaps,
-gallery, rating-kit)."""
+"""What the commands share: their parser, their report of a user error, and the decoding
+options of the commands that caption with a checkpoint (caption, heatmaps, gallery,
+rating-kit, evaluate).
+
+A command is a jsonargparse parser over a library function (:func:`function_parser`): its
+options are the function's parameters, their help the function's docstring, and every command
+takes ``--config FILE`` and ``--print_config`` as ``fit`` does. :class:`FunctionParser` reads
+the command line: options spelled with dashes (``--beam-size``) as with underscores, an option
+given twice refused, a usage error one line. ``runs`` and the benchmarks read theirs with
+:class:`CommandParser`, argparse's.
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import inspect
 import math
 import os
 import re
 import sys
+import typing
 import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import fields, replace
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import fields
 
-from captioner.decoding_options import DecodingOptions
+import docstring_parser
+import jsonargparse
+import yaml
+from jsonargparse import ActionConfigFile, ActionYesNo
 
-DEVICE_HELP = "torch device: cpu, cuda, cuda:1, ... (default: cuda when available, else cpu)"
-_DECODING_HELP = {
-    "beam_size": "beams per image (1: greedy search)",
-    "max_length": "most words per caption",
-    "length_normalization": "beam ranking score log_prob / n ** A",
-    "block_trigrams": "never repeat a trigram within a caption",
-    "allow_unk": "let <unk> be generated",
-}
-
-
-class _GivenOnce(argparse.Action):
-    """argparse's ``store``, refusing an option given a second time: argparse keeps the last
-    value, so that ``--out a --out b`` would silently drop ``a``. Options meant to be repeated
-    say so with ``action="append"``."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        if option_string is not None:
-            given = parser.given_options
-            if self.dest in given:
-                parser.error(f"{option_string} is given twice ({_shown(given[self.dest])} and "
-                             f"{_shown(values)}); give it once")
-            given[self.dest] = values
-        setattr(namespace, self.dest, values)
-
-
-def _shown(value: object) -> str:
-    """An option's value as the command line gave it: ``a.json``, ``1 2`` for several."""
-    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+from captioner.decoding_options import DecodingOverrides
 
 
 class CommandParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are one line, ``prog: error: message``, and status 2:
     argparse prints the whole usage first, which for a command of twenty options buries the
-    line that says what is wrong (``--help`` shows the usage). With ``refuse_repeats``, an
-    option that takes a value is refused when given twice (:class:`_GivenOnce`), where a
-    second value more likely means a second input than a correction of the first; otherwise
-    the last value holds, as in argparse (an alias's default overridden on the command line).
-    """
-
-    def __init__(self, *args, refuse_repeats: bool = False, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        if refuse_repeats:
-            self.register("action", None, _GivenOnce)
-            self.register("action", "store", _GivenOnce)
-        self.given_options: dict[str, object] = {}
-
-    def parse_known_args(self, args=None, namespace=None):
-        self.given_options = {}
-        return super().parse_known_args(args, namespace)
+    line that says what is wrong (``--help`` shows the usage). For ``runs`` and the
+    benchmarks, whose options are not a library function's."""
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def command_parser(prog: str, doc: str, *, refuse_repeats: bool = False
-                   ) -> argparse.ArgumentParser:
-    """The parser of command ``prog`` with its module docstring ``doc`` as the description,
-    as plain text: the docstring's layout is kept, its reStructuredText markup (``code``,
-    :role:`target`) is not shown in the terminal. ``refuse_repeats``: see
-    :class:`CommandParser`."""
-    plain = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc).replace("`", "")
-    return CommandParser(
-        prog=prog, description=plain, formatter_class=argparse.RawDescriptionHelpFormatter,
-        refuse_repeats=refuse_repeats,
-    )
+def command_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """The argparse parser of command ``prog`` with its module docstring ``doc`` as the
+    description, as plain text: the docstring's layout is kept, its reStructuredText markup
+    (``code``, :role:`target`) is not shown in the terminal."""
+    return CommandParser(prog=prog, description=_plain(doc),
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def _plain(doc: str) -> str:
+    """``doc`` without its reStructuredText markup."""
+    return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc).replace("`", "")
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, jsonargparse.DefaultHelpFormatter):
+    """jsonargparse's help, with the description's layout (a command's docstring) kept."""
+
+
+def _yaml_or_text(load: Callable[..., object]) -> Callable[..., object]:
+    """jsonargparse's YAML loader ``load`` of a command-line value, taking a value that is not
+    UTF-8 (a file name of other bytes, which reaches Python as surrogate escapes, as ls shows
+    it) as the text it is: YAML reads UTF-8 only, and the name would be refused."""
+
+    @functools.wraps(load)  # its parameters, which jsonargparse reads
+    def load_value(value: str, *args, **kwargs) -> object:
+        try:
+            return load(value, *args, **kwargs)
+        except UnicodeEncodeError:
+            return value
+
+    load_value.reads_any_text = True
+    return load_value
+
+
+if not getattr(jsonargparse.get_loader("yaml"), "reads_any_text", False):
+    # The same loader, and the same errors of a config file that is not YAML.
+    jsonargparse.set_loader("yaml", _yaml_or_text(jsonargparse.get_loader("yaml")),
+                            exceptions=(yaml.YAMLError,))
+
+
+class FunctionParser(jsonargparse.ArgumentParser):
+    """A jsonargparse parser whose :meth:`parse_args` takes long options spelled with dashes
+    (``--no-progress``) as with underscores, as the commands were spelled before they were
+    jsonargparse's; refuses a second value of an option in ``once``, where the last value
+    would silently hold (``--ckpt A --ckpt B`` meant both, or A), while other options keep
+    the last value (an override of a default or of a --config); and reports a usage error in
+    one line, ``prog: error: message``, with SystemExit(2): jsonargparse's spans several,
+    after the whole usage. An option in ``appended`` (a list) takes one value each time it is
+    given (``--ckpt A --ckpt B``), as jsonargparse's ``--ckpt+ A`` does."""
+
+    def __init__(self, *args, once: Sequence[str] = (), appended: Sequence[str] = (),
+                 **kwargs) -> None:
+        super().__init__(*args, exit_on_error=False, **kwargs)
+        self.once = tuple(once)
+        self.appended = tuple(appended)
+
+    def parse_args(self, args: Sequence[str] | None = None, *pos, **kwargs
+                   ) -> jsonargparse.Namespace:
+        argv = _appending(_underscored(sys.argv[1:] if args is None else args), self.appended)
+        try:
+            _refuse_repeats(argv, self.once)
+            return super().parse_args(argv, *pos, **kwargs)
+        except (argparse.ArgumentError, jsonargparse.ArgumentError) as exc:
+            message = _usage_error(str(exc))
+            if message.startswith("Problems parsing config"):  # a --config file's, unnamed
+                files = [argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--config"]
+                files += [word.partition("=")[2] for word in argv
+                          if word.startswith("--config=")]
+                message = f"--config {' '.join(files)}: {message}"
+            self.usage_error(message)
+
+    def check(self, check: Callable[..., None], *args) -> None:
+        """``check(*args)``, whose ValueError is a usage error: options that are each valid
+        but do not go together."""
+        try:
+            check(*args)
+        except ValueError as exc:
+            self.usage_error(str(exc))
+
+    def check_option(self, name: str, check: Callable[[object], object], value: object) -> None:
+        """``check(value)`` for option ``--name``, an argparse ``type`` (:func:`names`,
+        :func:`at_least`) whose error is a usage error, worded as argparse words it."""
+        try:
+            check(value)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            self.usage_error(f"argument --{name}: {exc}")
+
+    def usage_error(self, message: str) -> typing.NoReturn:
+        """``prog: error: message`` on stderr, and SystemExit(2)."""
+        close_progress_bars()
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _usage_error(message: str) -> str:
+    """jsonargparse's message of a value its type refuses, which lists every type of a union
+    tried, on several lines, as one line: ``--NAME: invalid value V (expected T or null)``;
+    any other message folded onto one line."""
+    key = re.match(r'Parser key "([^"]+)":', message)
+    given = re.search(r"(?:Given|Got) value: (.*)$", message, re.MULTILINE)
+    if key is None or given is None:
+        return " ".join(message.split())
+    expected = dict.fromkeys(re.findall(r"Expected a <class '(\w+)'>", message))
+    kinds = " or ".join("null" if kind == "NoneType" else kind for kind in expected)
+    return f"--{key[1]}: invalid value {given[1]}" + (f" (expected {kinds})" if kinds else "")
+
+
+def function_parser(prog: str, doc: str, function: Callable, *, skip: Sequence[str] = (),
+                    once: Sequence[str] = ()) -> FunctionParser:
+    """The parser of command ``prog``: ``doc`` (its module docstring) as the description,
+    ``--config FILE`` and ``--print_config``, and an option per parameter of ``function``
+    but those in ``skip``, its help from the function's docstring. A bool parameter is a flag,
+    ``--NAME`` / ``--no_NAME``; a list parameter is given once per value (``--ckpt A --ckpt
+    B``). Positionals are added by the command. ``once``: see :class:`FunctionParser`."""
+    types = typing.get_type_hints(function)
+    lists = [name for name, kind in types.items()
+             if name not in skip and typing.get_origin(kind) is list]
+    parser = FunctionParser(prog=prog, description=_plain(doc), formatter_class=_HelpFormatter,
+                            once=once, appended=lists)
+    parser.add_argument("--config", action=ActionConfigFile,
+                        help="YAML file of options, as --print_config writes it; options "
+                             "after it override its values")
+    flags = _bool_parameters(function, skip)
+    parser.add_function_arguments(function, None, skip={*skip, *flags}, as_group=False)
+    _add_flags(parser, function, flags)
+    return parser
+
+
+def _bool_parameters(target: Callable, skip: Sequence[str] = ()) -> list[str]:
+    """The parameters of function or class ``target`` typed bool (or bool | None)."""
+    types = typing.get_type_hints(target.__init__ if isinstance(target, type) else target)
+    return [name for name, kind in types.items()
+            if name not in skip and kind in (bool, bool | None)]
+
+
+def _add_flags(parser: jsonargparse.ArgumentParser, target: Callable, names: list[str]) -> None:
+    """Each parameter of ``target`` in ``names`` as a flag, ``--NAME`` / ``--no_NAME``
+    (jsonargparse's own bool options take a value: ``--NAME true``), its help from the
+    docstring of ``target``."""
+    described = {param.arg_name: param.description
+                 for param in docstring_parser.parse(target.__doc__ or "").params}
+    defaults = {name: param.default
+                for name, param in inspect.signature(target).parameters.items()}
+    for name in names:
+        parser.add_argument(f"--{name}", action=ActionYesNo, default=defaults[name],
+                            help=described.get(name))
+
+
+def add_decoding_overrides(parser: jsonargparse.ArgumentParser) -> None:
+    """The options of :data:`DecodingOverrides` (``--beam_size``, ...), each defaulting to
+    the checkpoint's own; :func:`decoding_overrides` collects them."""
+    flags = _bool_parameters(DecodingOverrides)
+    parser.add_class_arguments(DecodingOverrides, None, skip=set(flags))
+    _add_flags(parser, DecodingOverrides, flags)
+
+
+def decoding_overrides(args: jsonargparse.Namespace) -> DecodingOverrides:
+    """The :data:`DecodingOverrides` that ``args`` give."""
+    return DecodingOverrides(**{option.name: args.get(option.name)
+                                for option in fields(DecodingOverrides)})
+
+
+def arguments_of(function: Callable, args: jsonargparse.Namespace) -> dict:
+    """The values of ``args`` that are parameters of ``function``, by name."""
+    return {name: args[name] for name in inspect.signature(function).parameters if name in args}
+
+
+def _underscored(argv: Sequence[str]) -> list[str]:
+    """``argv`` with each long option's name spelled with underscores, as jsonargparse names
+    the parameters (``--beam-size=3`` -> ``--beam_size=3``); values and what follows ``--``
+    are kept as given."""
+    spelled = []
+    for index, token in enumerate(argv):
+        if token == "--":
+            return spelled + list(argv[index:])
+        if token.startswith("--"):
+            name, equals, value = token.partition("=")
+            token = "--" + name[2:].replace("-", "_") + equals + value
+        spelled.append(token)
+    return spelled
+
+
+def _appending(argv: list[str], appended: Sequence[str]) -> list[str]:
+    """``argv`` with each option of ``appended`` spelled as jsonargparse appends a value to a
+    list: ``--ckpt A`` -> ``--ckpt+ A``."""
+    spelled = []
+    for index, token in enumerate(argv):
+        if token == "--":
+            return spelled + argv[index:]
+        name, equals, value = token.partition("=")
+        spelled.append(f"{name}+{equals}{value}" if name[2:] in appended else token)
+    return spelled
+
+
+def _refuse_repeats(argv: list[str], once: Sequence[str]) -> None:
+    """argparse.ArgumentError for an option of ``once`` given twice."""
+    given: dict[str, str] = {}
+    for index, token in enumerate(argv):
+        if token == "--":
+            return
+        if not token.startswith("--"):
+            continue
+        name, equals, value = token.partition("=")
+        if not equals:
+            if index + 1 == len(argv) or argv[index + 1].startswith("--"):
+                continue  # a flag
+            value = argv[index + 1]
+        if name[2:] not in once:
+            continue
+        if name in given:
+            raise argparse.ArgumentError(None, f"{name} is given twice ({given[name]} and "
+                                               f"{value}); give it once")
+        given[name] = value
 
 
 def report_error(prog: str, exc: BaseException, context: str = "", status: int = 2,
@@ -150,82 +322,6 @@ def warnings_as_lines() -> Iterator[None]:
         print(f"warning: {warning.message}", file=sys.stderr)
 
 
-def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--beam-size``, ``--max-length``, ``--length-normalization``, ``--block-trigrams``,
-    ``--allow-unk`` (each defaulting to the checkpoint's own decoding options, see
-    :class:`captioner.decoding.DecodingOptions`), ``--batch-size``, ``--device`` and
-    ``--no-progress``."""
-    group = parser.add_argument_group(
-        "decoding (defaults: the checkpoint's own options, model.decoding of its config)"
-    )
-    for field in fields(DecodingOptions):
-        flag = "--" + field.name.replace("_", "-")
-        if field.type in (bool, "bool"):
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
-                               help=_DECODING_HELP.get(field.name))
-        else:
-            kind = int if field.type in (int, "int") else float
-            group.add_argument(flag, type=kind, default=None, metavar="N" if kind is int else "A",
-                               help=_DECODING_HELP.get(field.name))
-    parser.add_argument("--batch-size", type=at_least(1, int), default=16,
-                        help="images per batch (default: %(default)s)")
-    parser.add_argument("--device", help=DEVICE_HELP)
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-
-def add_figure_arguments(parser: argparse.ArgumentParser, *,
-                         vmax_default: str | None = None) -> None:
-    """``--upsample`` and ``--size`` of the attention figures (see :mod:`captioner.heatmaps`);
-    with ``vmax_default``, what the colour scale's maximum is without ``--vmax`` (e.g. "run
-    maximum"), also ``--zero-style`` and ``--vmax`` (a float, None when not given)."""
-    from captioner.heatmaps import (
-        DEFAULT_MAX_SIDE,
-        MAX_MAX_SIDE,
-        MIN_MAX_SIDE,
-        UPSAMPLE_MODES,
-        ZERO_STYLES,
-    )
-
-    parser.add_argument("--upsample", choices=UPSAMPLE_MODES, default="nearest",
-                        help="attention cells drawn as blocks or smoothed (default: %(default)s)")
-    parser.add_argument("--size", type=at_least(MIN_MAX_SIDE, int, at_most=MAX_MAX_SIDE),
-                        default=DEFAULT_MAX_SIDE,
-                        help=f"longer image side in pixels, {MIN_MAX_SIDE} to {MAX_MAX_SIDE} "
-                             "(default: %(default)s)")
-    if vmax_default is not None:
-        parser.add_argument("--zero-style", choices=ZERO_STYLES, default="transparent",
-                            help="zero attention fully transparent or a white mask "
-                                 "(default: %(default)s)")
-        parser.add_argument("--vmax", type=at_least(0, float, strictly=True),
-                            help=f"colour-scale maximum (default: {vmax_default})")
-
-
-def add_sample_arguments(
-    parser: argparse.ArgumentParser, *, n_default: int | None, n_help: str, seed_help: str
-) -> None:
-    """``--data``, ``--images``, ``--split``, ``--n`` and ``--seed``: the images of a command
-    that samples from a Karpathy split instead of image files (gallery, rating-kit); see
-    :func:`check_sample_arguments`."""
-    parser.add_argument("--data", type=Path, help="Karpathy split JSON (dataset_coco.json)")
-    parser.add_argument("--images", type=Path, help="image root of the Karpathy JSON")
-    parser.add_argument("--split", default="test", choices=("train", "val", "test"),
-                        help="split of --data to sample from (default: %(default)s)")
-    parser.add_argument("--n", type=at_least(1, int), default=n_default, help=n_help)
-    # numpy's generators take no negative seed: refused here, not once the images are captioned.
-    parser.add_argument("--seed", type=at_least(0, int), default=0, help=seed_help)
-
-
-def check_sample_arguments(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, files: str, files_given: bool
-) -> None:
-    """Exactly one source of images: the files (``files``, the positional's name) or
-    ``--data`` with ``--images``; a usage error otherwise."""
-    if files_given == (args.data is not None):
-        parser.error(f"give either {files} or --data (with --images), not both or neither")
-    if args.data is not None and args.images is None:
-        parser.error("--data needs --images (the image root)")
-
-
 def at_least(low: float, kind: type, *, strictly: bool = False, at_most: float = math.inf):
     """An argparse ``type``: finite ``kind`` values >= ``low`` (> with ``strictly``) and <=
     ``at_most``; anything else (nan and inf too) is a usage error naming the value."""
@@ -246,6 +342,16 @@ def at_least(low: float, kind: type, *, strictly: bool = False, at_most: float =
         return value
 
     return parse
+
+
+def any_float(text: str) -> float:
+    """An argparse ``type``: ``float(text)``, nan and inf included (jsonargparse's float type,
+    which reads YAML, takes neither), for a command that checks the values itself and names
+    them."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
 # The largest seed torch.Generator.manual_seed takes (a C long long).
@@ -286,41 +392,3 @@ def names(what: str, check: Callable[[str], None] | None = None
         return listed
 
     return parse
-
-
-def decoding_options(args: argparse.Namespace, model_options: DecodingOptions) -> DecodingOptions:
-    """``model_options`` with the decoding options given on the command line.
-
-    Raises:
-        ValueError: an option out of range (named).
-    """
-    given = {f.name: getattr(args, f.name) for f in fields(DecodingOptions)
-             if getattr(args, f.name, None) is not None}
-    return replace(model_options, **given)
-
-
-def add_overwrite_argument(parser: argparse.ArgumentParser, what: str | None = None) -> None:
-    """``--overwrite``: replace the ``what`` of an earlier run in the folder --out (see
-    :func:`check_output_folder`), or, without ``what``, the existing file --out (see
-    :func:`data_prep.paths.check_output_file`)."""
-    parser.add_argument("--overwrite", action="store_true", help=(
-        "replace an existing --out file (default: refuse it)" if what is None else
-        f"replace the {what} of an earlier run in --out, wholly (default: --out must be new "
-        "or empty)"))
-
-
-class GivenOnce(argparse.Action):
-    """An option that may be given once: argparse would keep the last of several, so that
-    ``--ckpt A --ckpt B`` quietly used B while the user meant A, or both."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        before = getattr(namespace, self.dest, None)
-        if before is not None and before != self.default:
-            parser.error(f"{option_string} is given twice ({before} and {values}); give it once")
-        setattr(namespace, self.dest, values)
-
-
-def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
-    """``--ckpt``: the one trained checkpoint a command captions with."""
-    parser.add_argument("--ckpt", required=True, type=Path, action=GivenOnce,
-                        help="trained checkpoint (.ckpt), as 'captioner fit' writes it")

@@ -14,7 +14,18 @@ STRIDES = {"layer3": 16, "layer4": 32}
 
 @dataclass(frozen=True)
 class PretrainingSettings:
-    """What ``captioner pretrain-encoder`` trains and how (its options; defaults: the demo's)."""
+    """What ``captioner pretrain-encoder`` trains and how (its options; defaults: the demo's).
+
+    Attributes:
+        arch: ResNet depth.
+        layer: last ResNet stage: layer3 (stride 16) or layer4 (stride 32).
+        image_size: images are resized to this many pixels square.
+        crop: training crop side in pixels, a multiple of the stride.
+        epochs: passes over the training split.
+        batch_size: crops per step.
+        lr: AdamW learning rate (cosine decay to 0).
+        seed: seed of the initialization, crops and order.
+    """
 
     arch: str = "resnet18"
     layer: str = "layer3"
@@ -76,3 +87,59 @@ def describe_accuracy(report: dict) -> str:
 
 def _percent(value: float | None) -> str:
     return "  n/a " if value is None else f"{100 * value:5.1f}%"
+
+
+def pretrain_encoder_file(
+    data: Path,
+    images: Path,
+    train_instances: Path,
+    val_instances: Path,
+    out: Path,
+    overwrite: bool = False,
+    settings: PretrainingSettings | None = None,
+    progress: bool = True,
+) -> int:
+    """Pretrain a ResNet grid encoder on per-cell labels from COCO instance masks and write its
+    weights to ``out`` and its report beside them; the exit status: 0, or 2 for a user error
+    (one line, before the training).
+
+    Args:
+        data: Karpathy-split JSON file.
+        images: image root folder.
+        train_instances: COCO instances file of the training split's images.
+        val_instances: COCO instances file of the validation split's images.
+        out: weights file to write (.pt).
+        overwrite: replace an existing --out file (default: refuse it).
+        settings: what is trained and how (default: the demo's).
+        progress: show progress bars.
+    """
+    import sys
+
+    from captioner.features.pretraining import pretrain_encoder
+    from data_prep.paths import OutputPathError, check_output_file
+
+    out, images = Path(out), Path(images)
+    reads = [("dataset file", data), ("instances file", train_instances),
+             ("instances file", val_instances)]
+    try:
+        if pretraining_report_path(out) == out:
+            raise OutputPathError(f"--out {out}: the report is written beside the weights "
+                                  "as NAME.json; give the weights another name, such as "
+                                  f"{out.with_suffix('.pt').name}")
+        for path in (out, pretraining_report_path(out)):
+            # Before the training: weights that caches and checkpoints were made with are
+            # replaced only when asked to.
+            check_output_file(path, reads, overwrite=overwrite)
+            if path.resolve().is_relative_to(images.resolve()):
+                raise OutputPathError(f"{path}: lies inside the image folder {images} this "
+                                      "command reads, where it could replace an image; write "
+                                      "it elsewhere")
+        report = pretrain_encoder(data, images, {"train": train_instances, "val": val_instances},
+                                  out, settings or PretrainingSettings(), progress=progress)
+    except (ValueError, KeyError, OSError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"captioner pretrain-encoder: {message}", file=sys.stderr)
+        return 2
+    print(describe_accuracy(report))
+    print(f"wrote {out} and {pretraining_report_path(out)}")
+    return 0
