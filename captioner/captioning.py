@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal, TextIO
 
-from captioner.commands.options import report_error
 from captioner.decoding_options import DecodingOverrides, apply_overrides
+from captioner.reporting import report_error
 from data_prep.text import check_utf8_names, printable
 from data_prep.wording import counted
 

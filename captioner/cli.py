@@ -199,19 +199,34 @@ def main(argv: list[str] | None = None) -> int:
     if name not in commands:
         print(f"captioner: unknown command {name!r}\n\n{_usage(commands)}", file=sys.stderr)
         return 2
+    problem = _environment_problem()
+    if problem is not None:
+        print(f"captioner {name}: {problem}", file=sys.stderr)
+        return 2
+    _prepare_stdout()
+    _quiet_dependencies()
+    module = importlib.import_module(commands[name])
+    # LightningCLI commands need to know which sub-command they were called as.
+    args = [name, *rest] if getattr(module, "NEEDS_COMMAND_NAME", False) else rest
+    return _run(name, module, args)
+
+
+def _environment_problem() -> str | None:
+    """What keeps any command from starting, in one line, or None."""
     if any(key.startswith("CAPTIONER_TVMAX_") for key in os.environ):
-        # TVmax's settings (CAPTIONER_TVMAX_SOLVER, CAPTIONER_TVMAX_OVERLAP) are read when its
-        # module is imported, inside a command's work; a bad value is the user's error, so say
-        # so before any command starts, not in a traceback.
+        # TVmax's benchmark overrides (CAPTIONER_TVMAX_SOLVER, CAPTIONER_TVMAX_OVERLAP) are
+        # read when its module is imported, inside a command's work; a bad value is the user's
+        # error, so say so before any command starts, not in a traceback.
         try:
             importlib.import_module("captioner.attention.tvmax")
         except ValueError as exc:
-            print(f"captioner {name}: {exc}", file=sys.stderr)
-            return 2
+            return str(exc)
     if sys.stdout is None:  # started with standard output closed (>&-)
-        print(f"captioner {name}: standard output is closed; give the command one (> FILE "
-              "or > /dev/null)", file=sys.stderr)
-        return 2
+        return "standard output is closed; give the command one (> FILE or > /dev/null)"
+    return None
+
+
+def _prepare_stdout() -> None:
     if hasattr(sys.stdout, "reconfigure"):
         # A file name of bytes that are not UTF-8 reaches Python as surrogate escapes: printed
         # as the bytes it is (as ls prints it), not a UnicodeEncodeError once the work is done.
@@ -219,10 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         # escapes, rather than failing on the first caption that holds it.
         utf8 = codecs.lookup(sys.stdout.encoding).name == "utf-8"
         sys.stdout.reconfigure(errors="surrogateescape" if utf8 else "backslashreplace")
-    _quiet_dependencies()
-    module = importlib.import_module(commands[name])
-    # LightningCLI commands need to know which sub-command they were called as.
-    args = [name, *rest] if getattr(module, "NEEDS_COMMAND_NAME", False) else rest
+
+
+def _run(name: str, module, args: list[str]) -> int:
+    """The command's ``main(args)``, with the failures it does not report itself as one line
+    and the exit status a shell expects."""
     try:
         with _stopped_as_by_ctrl_c():
             code = int(module.main(args) or 0)
@@ -231,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         # Ctrl-C (or SIGTERM, SIGHUP) in a command that does not say more itself (caption,
         # prepare-features and fit say what they kept): one line, not a traceback, and the
         # status a shell gives a process that SIGINT ended.
-        from captioner.commands.options import close_progress_bars
+        from captioner.reporting import close_progress_bars
 
         close_progress_bars()  # so that the line starts a line of its own
         print(f"captioner {name}: interrupted", file=sys.stderr)
@@ -252,24 +268,33 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return SIGPIPE_STATUS
     except OSError as exc:
-        if exc.filename is not None and (exc.errno in DISK_FULL or exc.errno in UNUSABLE_PATH):
-            # A file the command names, with an error it did not report itself: a full disk
-            # (or ulimit -f) under a file it writes, naming the folder and what was kept
-            # (disk_full), or a path given that no file can have (status 2: the user's to
-            # change, as the commands' own checks of their paths say).
-            from captioner.commands.options import report_error
-
-            return report_error(f"captioner {name}", exc,
-                                status=2 if exc.errno in UNUSABLE_PATH else 1)
-        if exc.errno not in DISK_FULL:
+        status = _os_error_status(name, exc)
+        if status is None:
             raise
-        # Standard output on a full device (> /dev/full): the commands name every file they
-        # write, so a write error without a file name is one of standard output's.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush
-        print(f"captioner {name}: cannot write to standard output ({os.strerror(exc.errno)})",
-              file=sys.stderr)
-        return 1
+        return status
     return code
+
+
+def _os_error_status(name: str, exc: OSError) -> int | None:
+    """The status of a command ended by ``exc`` once it is said in one line, or None for an
+    error that is not the user's to act on (its traceback is kept)."""
+    if exc.filename is not None and (exc.errno in DISK_FULL or exc.errno in UNUSABLE_PATH):
+        # A file the command names, with an error it did not report itself: a full disk (or
+        # ulimit -f) under a file it writes, naming the folder and what was kept (disk_full),
+        # or a path given that no file can have (status 2: the user's to change, as the
+        # commands' own checks of their paths say).
+        from captioner.reporting import report_error
+
+        return report_error(f"captioner {name}", exc,
+                            status=2 if exc.errno in UNUSABLE_PATH else 1)
+    if exc.errno not in DISK_FULL:
+        return None
+    # Standard output on a full device (> /dev/full): the commands name every file they
+    # write, so a write error without a file name is one of standard output's.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush
+    print(f"captioner {name}: cannot write to standard output ({os.strerror(exc.errno)})",
+          file=sys.stderr)
+    return 1
 
 
 def console() -> None:

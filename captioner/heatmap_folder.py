@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from captioner.commands.options import report_error
 from captioner.decoding_options import DecodingOverrides, apply_overrides
+from captioner.reporting import report_error
 from data_prep.wording import counted
 
 PROG = "captioner heatmaps"

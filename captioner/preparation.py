@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from captioner.commands.options import names, report_error
+from captioner.commands.options import names
+from captioner.reporting import report_error
 from data_prep.importers.dataset import DEFAULT_SPLIT
 from data_prep.importers.formats import FORMATS
 from data_prep.importers.records import ON_ERROR as IMPORT_ON_ERROR

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from captioner.commands.options import report_error
+from captioner.reporting import report_error
 
 
 def export_checkpoint(ckpt: Path, out: Path, overwrite: bool = False) -> int:

@@ -61,7 +61,7 @@ def evaluate_checkpoint(
         overwrite: replace the results_SPLIT.json and metrics_SPLIT.json of an earlier
             evaluation of the split in --out (default: refuse).
     """
-    from captioner.commands.options import report_error
+    from captioner.reporting import report_error
     from eval.spice_jars import SpiceJarsError
 
     run = _Evaluation(Path(ckpt), Path(data), Path(images), split, instances, metrics,
@@ -126,7 +126,7 @@ class _Evaluation:
 
     def evaluate(self, captioner, options, names, batch_size, progress, features) -> int:
         """Caption, score and write; the exit status."""
-        from captioner.commands.options import report_error, warnings_as_lines
+        from captioner.reporting import report_error, warnings_as_lines
         from data_prep.atomic import write_json
         from data_prep.stop_signals import stops_held
         from eval.java_tools import JavaToolError

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from captioner.cli import SIGINT_STATUS
-from captioner.commands.options import close_progress_bars, report_error
+from captioner.reporting import close_progress_bars, report_error
 from data_prep.locks import held_alone
 from data_prep.output_folders import clear_folder
 from data_prep.paths import OutputPathError, check_output_dir

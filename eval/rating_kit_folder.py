@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from captioner.commands.options import report_error
 from captioner.decoding_options import DecodingOverrides, apply_overrides
 from captioner.heatmap_folder import DEFAULT_SIZE, Upsample, check_figure_options
+from captioner.reporting import report_error
 from data_prep.wording import counted
 from eval.rating_kit import check_image_source
 

@@ -395,7 +395,7 @@ def summarize_rating_files(
         out: write the full summary as JSON here.
         overwrite: replace an existing --out file (default: refuse it).
     """
-    from captioner.commands.options import report_error
+    from captioner.reporting import report_error
     from data_prep.atomic import write_json
     from data_prep.paths import check_output_file, refuse_repeated, require_file
 

@@ -122,7 +122,7 @@ def score_results_file(
         allow_empty: score empty captions (no words: punctuation alone counts as none; every
             metric gives them 0) instead of refusing them.
     """
-    from captioner.commands.options import report_error, warnings_as_lines
+    from captioner.reporting import report_error, warnings_as_lines
     from eval.java_tools import JavaToolError
     from eval.spice_jars import SpiceJarsError
 

@@ -360,7 +360,7 @@ def install_spice(
             over HTTPS instead).
         quiet: no progress bars or log lines.
     """
-    from captioner.commands.options import report_error
+    from captioner.reporting import report_error
     from data_prep.paths import check_output_dir
 
     prog = "captioner fetch-spice"

@@ -13,7 +13,7 @@ import pytest
 
 from captioner import CONFIGS
 from captioner.cli import SIGPIPE_STATUS, main
-from captioner.commands.options import report_error
+from captioner.reporting import report_error
 
 
 def _captioner(*argv: str, **env: str) -> subprocess.CompletedProcess:

@@ -19,16 +19,11 @@ ALLOWED = {
     "captioner/decoding.py:beam_search":
         "the batched search loop advances a dozen tensors of all images x beams in step; its "
         "parts would pass them all back and forth",
-    "eval/commands/score.py:main":
-        "a command main whose policy moves into the library with the jsonargparse commands",
-    "eval/commands/evaluate.py:main":
-        "a command main whose policy moves into the library with the jsonargparse commands",
-    "captioner/commands/caption.py:_caption":
-        "a command's body whose policy moves into the library with the jsonargparse commands",
     "eval/evaluation.py:evaluate_captioner":
-        "takes the policy of the evaluate command's main with the jsonargparse commands",
+        "captions, scores and measures the attention in one pass over the split; not yet split "
+        "into those steps",
     "eval/rating_kit.py:build_kit":
-        "takes the policy of the rating-kit command with the jsonargparse commands",
+        "samples, captions and draws the kit's items in one pass; not yet split into steps",
 }
 
 

@@ -40,8 +40,8 @@ def main(argv: list[str]) -> int:
 
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    from captioner.commands.options import close_progress_bars, report_error
     from captioner.model.encoder import EncoderWeightsError
+    from captioner.reporting import close_progress_bars, report_error
     from captioner.training.cli import (
         Interrupted,
         PeerLost,
@@ -129,7 +129,7 @@ def _end_told(command: str):
     may wait in a collective for the lost process, so the process ends from there."""
     import os
 
-    from captioner.commands.options import close_progress_bars
+    from captioner.reporting import close_progress_bars
 
     def end(message: str) -> None:
         close_progress_bars()
