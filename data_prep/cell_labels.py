@@ -1,6 +1,6 @@
 """Which annotated object covers each cell of an image's feature grid: the dense targets of
 encoder pretraining (``captioner.features.pretraining``) and the masks of attention precision
-(``eval.objects``), from COCO instance annotations.
+(``eval.metrics.objects``), from COCO instance annotations.
 
 A cell is labelled with the object that covers the largest share of it when that share is at
 least ``MIN_COVER`` (half the cell), and with class 0 (``"none"``) otherwise. Each label is a

@@ -2,7 +2,8 @@
 
 Input: one tensor per decoded caption, shape (T, h, w), float, each map summing to 1 (the
 output attention of every generated word, end token excluded, as in
-``captioner.inference.Caption.attention``). Statistics, averaged over all maps (all words of
+``captioner.inference.pipeline.Caption.attention``). Statistics, averaged over all maps (all words
+of
 all captions) unless noted:
 
 - ``zero_attention``: share of cells with weight exactly 0.

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from captioner.decoding_options import DecodingOverrides
+from captioner.model.decoding_options import DecodingOverrides
 from eval.evaluation import evaluate_captioner
-from eval.scoring import ALL_METRICS
+from eval.metrics.scoring import ALL_METRICS
 
 PROG = "captioner evaluate"
 
@@ -62,7 +62,7 @@ def evaluate_checkpoint(
             evaluation of the split in --out (default: refuse).
     """
     from captioner.reporting import report_error
-    from eval.spice_jars import SpiceJarsError
+    from eval.metrics.spice_jars import SpiceJarsError
 
     run = _Evaluation(Path(ckpt), Path(data), Path(images), split, instances, metrics,
                       spice_timeout, Path(out))
@@ -90,10 +90,10 @@ class _Evaluation:
         """Everything checked before a caption is made: the output files, the metrics (SPICE's
         jars), the checkpoint and the decoding options. Returns (captioner, decoding options,
         metric names); raises OSError or ValueError."""
-        from captioner.decoding_options import apply_overrides
-        from captioner.inference import open_captioner
+        from captioner.inference.pipeline import open_captioner
+        from captioner.model.decoding_options import apply_overrides
         from data_prep.paths import OutputPathError, check_output_dir, check_output_file
-        from eval.scoring import parse_metrics
+        from eval.metrics.scoring import parse_metrics
 
         if batch_size < 1:
             raise ValueError(f"--batch_size must be >= 1, got {batch_size}")
@@ -118,7 +118,7 @@ class _Evaluation:
         check_output_file(self.staged, reads)
         names = parse_metrics(self.metrics)
         if "SPICE" in names:
-            from eval.spice_jars import locate_spice
+            from eval.metrics.spice_jars import locate_spice
 
             locate_spice()  # fail before decoding, not after
         captioner = open_captioner(self.ckpt, device)
@@ -129,8 +129,8 @@ class _Evaluation:
         from captioner.reporting import report_error, warnings_as_lines
         from data_prep.atomic import write_json
         from data_prep.stop_signals import stops_held
-        from eval.java_tools import JavaToolError
-        from eval.spice_jars import SpiceJarsError
+        from eval.metrics.java_tools import JavaToolError
+        from eval.metrics.spice_jars import SpiceJarsError
 
         try:
             with warnings_as_lines():  # e.g. CIDEr undefined on one image: one line

@@ -8,12 +8,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eval.scoring import ALL_METRICS
+from eval.metrics.scoring import ALL_METRICS
 from eval.table import format_table1
 
 if TYPE_CHECKING:
-    from captioner.decoding_options import DecodingOptions
-    from captioner.inference import Captioner
+    from captioner.inference.pipeline import Captioner
+    from captioner.model.decoding_options import DecodingOptions
     from data_prep.features import FeatureCache
 
 
@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 class EvaluationReport:
     """``metrics``: corpus scores (pycocoevalcap names + REP); ``attention``: see
     :func:`eval.attention_stats.attention_statistics`; ``objects``: see
-    :func:`eval.objects.object_statistics` (empty without instances); ``results``: COCO results
+    :func:`eval.metrics.objects.object_statistics` (empty without instances); ``results``: COCO
+    results
     entries; ``per_image``: per-image metric scores; ``info``: what was evaluated."""
 
     metrics: dict[str, float]
@@ -77,7 +78,7 @@ def evaluate_captioner(
     checkpoint's own) and report the caption metrics against the split's raw references, the
     output-attention statistics and, with a COCO ``instances`` file, object mentions and
     attention precision. ``spice_timeout``: seconds before SPICE is stopped (default: as
-    :func:`eval.spice.spice_scores` scales it). ``on_results`` gets the COCO results
+    :func:`eval.metrics.spice.spice_scores` scales it). ``on_results`` gets the COCO results
     (``[{"image_id", "caption"}]``) as soon as the captions are made, before any metric, so
     that a caller can keep them. ``features``: "images" encodes the images; "run" reads the
     features of the feature cache the checkpoint's run trained on instead, where it can stand
@@ -85,8 +86,8 @@ def evaluate_captioner(
     (and why not the cache) where the run trained on a cache, before captioning starts."""
     from data_prep.karpathy import load_karpathy
     from eval.attention_stats import attention_statistics
-    from eval.objects import InstanceAnnotations, category_words_for, object_statistics
-    from eval.scoring import compute_metrics
+    from eval.metrics.objects import InstanceAnnotations, category_words_for, object_statistics
+    from eval.metrics.scoring import compute_metrics
 
     entries = load_karpathy(karpathy_json, image_root).split(split)
     if not entries:

@@ -5,10 +5,11 @@ network (no external scripts, styles or fonts):
 
     index.html               the gallery (data, script and style inline)
     colorbar.png             the colour scale 0..vmax, drawn as the overlays are
-    images/NNNN.jpg          the images, as displayed (`captioner.heatmaps.image_array`)
+    images/NNNN.jpg          the images, as displayed (`captioner.inference.heatmaps.image_array`)
     attention/NNNN_MM_WW.png RGBA overlay of model MM's word WW on image NNNN
 
-Colours follow `captioner.heatmaps`: one scale 0..vmax for every model, word and image of the
+Colours follow `captioner.inference.heatmaps`: one scale 0..vmax for every model, word and image of
+the
 page (vmax: the largest weight of all maps, or the caller's), every non-zero weight green at a
 constant opacity, and zero weight either fully transparent (the image shows unchanged) or
 opaque white (``zero_style="white"``, the paper's figures). The page states that rule in its
@@ -21,7 +22,7 @@ height, references, captions: one per model [{text, cider, words: [{word, overla
 relative to the page; ``references`` (the image's reference captions) is empty and ``cider``
 (CIDEr-D against them, the split's IDF) null where no references are known.
 
-`caption_gallery` captions image files with several `captioner.inference.Captioner` objects
+`caption_gallery` captions image files with several `captioner.inference.pipeline.Captioner` objects
 and returns what `build_gallery` needs.
 """
 
@@ -39,7 +40,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from captioner.heatmaps import (
+from captioner.inference.heatmaps import (
     DEFAULT_MAX_SIDE,
     ZERO_STYLES,
     attention_overlay,
@@ -84,7 +85,7 @@ class GalleryCaption:
 @dataclass
 class GalleryImage:
     """An image of the gallery: ``name`` is shown, ``pixels`` is the image as displayed
-    (uint8 (H, W, 3), see `captioner.heatmaps.image_array`), ``captions`` one per model,
+    (uint8 (H, W, 3), see `captioner.inference.heatmaps.image_array`), ``captions`` one per model,
     ``references`` its reference captions where they are known (a Karpathy split's)."""
 
     name: str
@@ -128,7 +129,7 @@ def add_references(images: Sequence[GalleryImage], shown_ids: Mapping[str, int],
 
 
 def zero_styled_overlay(weights: np.ndarray, vmax: float, zero_style: str) -> np.ndarray:
-    """`captioner.heatmaps.attention_overlay` of one upsampled map (H, W), uint8 RGBA
+    """`captioner.inference.heatmaps.attention_overlay` of one upsampled map (H, W), uint8 RGBA
     (H, W, 4); with ``zero_style="white"`` the zero pixels are opaque white instead of fully
     transparent (drawn over the image, the same as ``compose(..., "white")``)."""
     if zero_style not in ZERO_STYLES:
@@ -279,7 +280,7 @@ def caption_gallery(
     max_side: int = DEFAULT_MAX_SIDE,
     progress: bool = False,
 ) -> tuple[list[GalleryImage], dict[Path, str]]:
-    """Caption ``paths`` with every `captioner.inference.Captioner` of ``captioners`` (each
+    """Caption ``paths`` with every `captioner.inference.pipeline.Captioner` of ``captioners`` (each
     with its `DecodingOptions` of ``options``), model after model.
 
     names: the name shown for each path (default: the path as given).

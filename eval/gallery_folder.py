@@ -11,11 +11,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from captioner.decoding_options import DecodingOverrides, apply_overrides
-from captioner.heatmap_folder import DEFAULT_SIZE, Upsample, ZeroStyle, check_figure_options
+from captioner.inference.heatmap_folder import (
+    DEFAULT_SIZE,
+    Upsample,
+    ZeroStyle,
+    check_figure_options,
+)
+from captioner.model.decoding_options import DecodingOverrides, apply_overrides
 from captioner.reporting import report_error
 from data_prep.wording import counted
-from eval.rating_kit import check_image_source
+from eval.rating.kit import check_image_source
 
 PROG = "captioner gallery"
 DEFAULT_SPLIT_SAMPLE = 20
@@ -123,8 +128,8 @@ def _open(ckpt, out, overwrite, source: _Source, device, claim):
     """Everything checked before an image is captioned. Returns (the earlier gallery in
     --out or None, the models' names, their captioners, the images); raises OSError or
     ValueError."""
-    from captioner.heatmaps import checkpoint_names
-    from captioner.inference import open_captioner
+    from captioner.inference.heatmaps import checkpoint_names
+    from captioner.inference.pipeline import open_captioner
     from data_prep.output_folders import (
         check_output_folder,
         claimed_output,
@@ -148,7 +153,7 @@ def _open(ckpt, out, overwrite, source: _Source, device, claim):
 
 def _chosen_images(source: _Source) -> _Selection:
     if source.data is None:
-        from captioner.image_files import collect_images
+        from captioner.inference.image_files import collect_images
 
         given = collect_images(source.inputs)
         paths = given[: source.n]
@@ -157,10 +162,12 @@ def _chosen_images(source: _Source) -> _Selection:
         return _Selection(paths, [str(p) for p in paths], [], note, {}, {})
     from captioner.training.datamodule import reference_strings
     from data_prep.karpathy import load_karpathy
-    from eval.rating_kit import fewer_than_asked, sample_readable
+    from eval.gallery import split_image_names
+    from eval.rating.kit import fewer_than_asked, sample_readable
 
     entries = load_karpathy(source.data, source.images).split(source.split)
-    candidates = [(f"{e.path.name} (id {e.image_id})", e.path) for e in entries]
+    shown = split_image_names(entries, Path(source.images))
+    candidates = [(name, entry.path) for name, entry in zip(shown, entries, strict=True)]
     n = source.n or DEFAULT_SPLIT_SAMPLE
     sample, skipped = sample_readable(candidates, n, source.seed)
     if not sample:  # a wrong --images, most likely: one line, not one per image
@@ -172,7 +179,7 @@ def _chosen_images(source: _Source) -> _Selection:
             f"{source.split} split is readable ({first_names(skipped, 2, '; ')})")
     note = (f"{fewer_than_asked(n, len(sample), len(candidates), f'the {source.split} split')}"
             f"; showing those {len(sample)}" if len(sample) < n else "")
-    ids = {f"{e.path.name} (id {e.image_id})": e.image_id for e in entries}
+    ids = {name: entry.image_id for name, entry in zip(shown, entries, strict=True)}
     return _Selection([path for _, path, _ in sample], [name for name, _, _ in sample], skipped,
                       note, {name: ids[name] for name, _, _ in sample},
                       {e.image_id: reference_strings(e) for e in entries})

@@ -145,7 +145,8 @@ def tiny_checkpoint(synthetic_data, tmp_path_factory) -> Path:
     """Path of a Lightning checkpoint of a small TVmax captioner trained for a few steps.
 
     Encoder: ResNet-18 with random weights (nothing can be downloaded), frozen; output attention
-    TVmax; small decoder dimensions. Loadable by :meth:`captioner.inference.Captioner.load`.
+    TVmax; small decoder dimensions. Loadable by
+    :meth:`captioner.inference.pipeline.Captioner.load`.
     """
     out = tmp_path_factory.mktemp("tiny_checkpoint")
     return train_tiny(synthetic_data, out, output_attention="tvmax", max_steps=4)
@@ -240,7 +241,7 @@ def cache32(synthetic_data, tmp_path_factory) -> Path:
     """A feature cache of the tiny dataset at 32 px by a random ResNet-18 (the demo's layer),
     for the ``captioner fit`` commands of :func:`tiny_fit_args`."""
     from captioner.features.extraction import extract_features
-    from eval.demo import ENCODER_LAYER
+    from eval.demo.steps import ENCODER_LAYER
 
     out = tmp_path_factory.mktemp("features") / "features_resnet18.h5"
     extract_features(

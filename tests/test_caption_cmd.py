@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 from captioner.commands import caption as command
-from captioner.decoding_options import DecodingOptions
-from captioner.image_files import coco_image_ids, collect_images
+from captioner.inference.image_files import coco_image_ids, collect_images
+from captioner.model.decoding_options import DecodingOptions
 
 FAST = ["--beam-size", "1", "--max-length", "5", "--no-progress", "--device", "cpu"]
 
@@ -90,7 +90,7 @@ def test_text_output_skips_unreadable_files_and_keeps_the_rest(
 
 
 def test_jsonl_carries_tokens_and_attention_maps(tiny_checkpoint, photo_dir, capsys):
-    from captioner.inference import Captioner
+    from captioner.inference.pipeline import Captioner
 
     images = [photo_dir / "101.png", photo_dir / "104.png"]
     assert command.main([*map(str, images), "--ckpt", str(tiny_checkpoint), "--format",
@@ -149,7 +149,7 @@ def test_bad_arguments_are_clear_errors(tiny_checkpoint, tmp_path, capsys):
 def test_devices_are_resolved_or_refused_by_name():
     import torch
 
-    from captioner.inference import resolve_device
+    from captioner.inference.pipeline import resolve_device
 
     assert resolve_device("cpu") == torch.device("cpu")
     expected = "cuda" if torch.cuda.is_available() else "cpu"
@@ -179,7 +179,7 @@ def test_ctrl_c_keeps_the_captions_done_or_else_the_earlier_out_file(
     tiny_checkpoint, photo_dir, tmp_path, capsys, monkeypatch, captioned, earlier
 ):
     from captioner.cli import main as captioner
-    from captioner.inference import Captioner
+    from captioner.inference.pipeline import Captioner
 
     out = tmp_path / "caps.jsonl"
     args = ["caption", str(photo_dir / "101.png"), str(photo_dir / "102.png"),

@@ -11,9 +11,9 @@ from test_decoding import END, MAX_LENGTH, START, ending_decoder
 from test_model import assert_pass_matches_reference, random_batch, small_decoder
 
 import captioner.attention as att
-from captioner.decoding import beam_search
-from captioner.decoding_options import DecodingOptions
-from captioner.losses import caption_loss
+from captioner.model.decoding import beam_search
+from captioner.model.decoding_options import DecodingOptions
+from captioner.model.losses import caption_loss
 from captioner.training.optimizer import adam
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -141,7 +141,7 @@ def test_beam_search_reads_the_device_at_most_three_times_a_step():
 
 
 def test_captioner_on_cuda_matches_cpu(tiny_checkpoint, synthetic_data):
-    from captioner.inference import Captioner
+    from captioner.inference.pipeline import Captioner
     from data_prep.karpathy import load_karpathy
 
     paths = [e.path for e in load_karpathy(synthetic_data.karpathy_json,

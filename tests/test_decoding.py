@@ -6,8 +6,8 @@ import pytest
 import torch
 from test_model import random_batch, small_decoder
 
-from captioner.decoding import beam_search, greedy_search, trigram_block_mask
-from captioner.losses import word_log_probs
+from captioner.model.decoding import beam_search, greedy_search, trigram_block_mask
+from captioner.model.losses import word_log_probs
 
 START, END, MAX_LENGTH = 1, 2, 9
 

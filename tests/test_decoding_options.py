@@ -8,8 +8,8 @@ import torch
 from test_decoding import constant_decoder, random_batch, repeated_trigrams
 
 from captioner.commands.options import decoding_overrides
-from captioner.decoding_options import DecodingOptions, apply_overrides
-from captioner.inference import Captioner
+from captioner.inference.pipeline import Captioner
+from captioner.model.decoding_options import DecodingOptions, apply_overrides
 from data_prep.vocab import Vocabulary
 
 

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from captioner.inference import Captioner
+from captioner.inference.pipeline import Captioner
 from data_prep.synthetic import SyntheticDataset
 from eval.commands.demo import main
-from eval.demo import MAPPINGS, QUICK, dataset_dir, load_test_split, score_spice
+from eval.demo.steps import MAPPINGS, QUICK, dataset_dir, load_test_split, score_spice
 
 # The module's demo run is made once and read by the tests that share it (one worker).
 SHARED_RUN = pytest.mark.xdist_group("quick_demo")
@@ -155,7 +155,7 @@ def test_an_out_that_cannot_be_a_folder_is_one_line_before_any_work(tmp_path, ca
 
 def test_an_earlier_runs_results_are_neither_mixed_with_nor_replaced_unasked(tmp_path, capsys):
     from data_prep.output_folders import clear_folder
-    from eval.demo import earlier_results
+    from eval.demo.steps import earlier_results
 
     out = tmp_path / "demo"
     for folder in ("figures/img_1/softmax", "gallery", "runs/demo_tvmax/version_0",
@@ -219,7 +219,7 @@ def test_overwrite_never_deletes_a_file_left_inside_the_demos_folders(note, tmp_
 def test_a_run_stopped_after_its_results_json_goes_on(tmp_path, capsys, monkeypatch):
     """results.json comes before SPICE, the figures and the gallery: a run stopped there was
     refused as finished, and --overwrite trained every captioner again."""
-    from eval import demo_folder as command
+    from eval.demo import folder as command
 
     out = tmp_path / "demo"
     out.mkdir()
@@ -266,7 +266,7 @@ def test_a_damaged_dataset_file_is_named_before_earlier_results_are_cleared(tmp_
 def test_an_encoder_file_that_cannot_be_read_is_made_again(tmp_path, capsys, monkeypatch):
     import captioner.features.pretraining as pretraining
     from data_prep.synthetic import generate
-    from eval.demo import encoder_path
+    from eval.demo.steps import encoder_path
 
     out = tmp_path / "demo"
     _finished_run(out)
@@ -319,7 +319,7 @@ def test_ctrl_c_while_a_captioner_trains_stops_the_demo(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
     import captioner.training.cli
-    from eval import demo
+    from eval.demo import steps as demo
 
     def interrupted(model, datamodule):
         raise SystemExit(1)
@@ -367,7 +367,7 @@ def test_an_interrupted_demo_goes_on_without_training_its_finished_captioners_ag
 
 def test_the_record_reuses_a_training_only_with_the_same_config_encoder_and_checkpoint(
         tmp_path):
-    from eval.demo_trainings import Training, TrainingRecord
+    from eval.demo.trainings import Training, TrainingRecord
 
     checkpoint = tmp_path / "best.ckpt"
     checkpoint.write_bytes(b"weights")
@@ -386,7 +386,7 @@ def test_a_moved_or_copied_folder_reuses_its_trainings(tmp_path):
     # a run moved elsewhere, said it went on, and trained every captioner again.
     import shutil
 
-    from eval.demo_trainings import Training, TrainingRecord
+    from eval.demo.trainings import Training, TrainingRecord
 
     first, moved = tmp_path / "first", tmp_path / "moved"
     checkpoint = first / "runs" / "best.ckpt"
@@ -449,7 +449,7 @@ def test_quick_demo_over_seeds_with_lambda_chosen_on_validation(tmp_path, capsys
 
 def test_a_run_given_overwrite_and_stopped_says_to_go_on_without_it(tmp_path):
     # "the same command goes on from there": with --overwrite, the same command started over.
-    from eval.demo_folder import _interrupted
+    from eval.demo.folder import _interrupted
 
     (tmp_path / "trainings.json").write_text(json.dumps({"trainings": [
         {"config": "x", "encoder_sha256": "a", "checkpoint": "c.ckpt", "val_CIDEr": 0.5}]}))

@@ -86,7 +86,7 @@ def _instances_variants(synthetic_data, tmp_path) -> dict[str, tuple[str, str]]:
 
 def test_a_wrong_instances_file_is_named_before_any_captioning(synthetic_data, tiny_checkpoint,
                                                                tmp_path, capsys, monkeypatch):
-    from captioner.inference import Captioner
+    from captioner.inference.pipeline import Captioner
 
     def refuse(*args, **kwargs):
         raise AssertionError("captioned before the instances file was checked")
@@ -125,12 +125,12 @@ def _evaluate_with_metrics_raising(error: BaseException, data, checkpoint, out: 
                                    monkeypatch) -> int:
     """``captioner evaluate`` into ``out`` whose metrics raise ``error`` once the captions are
     written; its exit status."""
-    import eval.scoring
+    import eval.metrics.scoring
 
     def fail(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr(eval.scoring, "compute_metrics", fail)
+    monkeypatch.setattr(eval.metrics.scoring, "compute_metrics", fail)
     return evaluate.main([
         "--ckpt", str(checkpoint), "--data", str(data.karpathy_json), "--images",
         str(data.image_root), "--metrics", "Bleu", "--beam-size", "1", "--no-progress", "--out",
@@ -179,7 +179,7 @@ def test_spice_timeout_reaches_the_metrics_and_the_line_after_ctrl_c(
         synthetic_data, tiny_checkpoint, tmp_path, capsys, monkeypatch):
     import shlex
 
-    import eval.scoring
+    import eval.metrics.scoring
     from eval.commands.score import build_parser as score_parser
 
     timeouts = []
@@ -188,7 +188,7 @@ def test_spice_timeout_reaches_the_metrics_and_the_line_after_ctrl_c(
         timeouts.append(spice_timeout)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(eval.scoring, "compute_metrics", interrupted)
+    monkeypatch.setattr(eval.metrics.scoring, "compute_metrics", interrupted)
     out = tmp_path / "my eval"  # the command is quoted for a shell: pasted, it works
     assert evaluate.main([
         "--ckpt", str(tiny_checkpoint), "--data", str(synthetic_data.karpathy_json), "--images",
@@ -205,7 +205,7 @@ def test_spice_timeout_reaches_the_metrics_and_the_line_after_ctrl_c(
 
 def test_an_earlier_evaluation_in_out_is_kept_unless_overwrite(synthetic_data, tiny_checkpoint,
                                                                 tmp_path, capsys, monkeypatch):
-    import eval.scoring
+    import eval.metrics.scoring
 
     out = tmp_path / "evaluation"
     argv = ["--ckpt", str(tiny_checkpoint), "--data", str(synthetic_data.karpathy_json),
@@ -229,7 +229,7 @@ def test_an_earlier_evaluation_in_out_is_kept_unless_overwrite(synthetic_data, t
     def fail(*args, **kwargs):
         raise ValueError("SPICE stopped")
 
-    monkeypatch.setattr(eval.scoring, "compute_metrics", fail)
+    monkeypatch.setattr(eval.metrics.scoring, "compute_metrics", fail)
     assert evaluate.main([*argv, "--beam-size", "2", "--overwrite"]) == 1
     staged = out / "results_test.new.json"
     assert capsys.readouterr().err.strip() == (
@@ -294,7 +294,7 @@ def test_empty_captions_are_scored_with_a_warning_and_the_resume_line_scores_the
     score command its Ctrl-C line gives must score them too."""
     import dataclasses
 
-    from captioner.inference import Captioner
+    from captioner.inference.pipeline import Captioner
 
     original = Captioner.caption
 

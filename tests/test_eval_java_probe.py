@@ -9,9 +9,9 @@ import stat
 
 import pytest
 
-from eval.java_tools import JavaToolError
-from eval.spice import NASHORN_MODULE, spice_java_args
-from eval.spice_jars import SpiceInstall
+from eval.metrics.java_tools import JavaToolError
+from eval.metrics.spice import NASHORN_MODULE, spice_java_args
+from eval.metrics.spice_jars import SpiceInstall
 
 JAVA_11_MODULES = ["java.base@11.0.13", "java.logging@11.0.13", "java.scripting@11.0.13"]
 

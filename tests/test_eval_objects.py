@@ -11,7 +11,7 @@ from pycocotools import mask as mask_utils
 from turned_photo import turned_photo
 
 from data_prep.cell_labels import area_weights, downsample_mask
-from eval.objects import (
+from eval.metrics.objects import (
     COCO_CATEGORY_WORDS,
     InstanceAnnotations,
     attention_precision,

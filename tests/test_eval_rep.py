@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from eval.rep import rep_per_image, rep_score
+from eval.metrics.rep import rep_per_image, rep_score
 
 
 def test_repeated_bigram_takes_the_minimum_over_references():

@@ -8,9 +8,9 @@ import textwrap
 
 import pytest
 
-from eval.java_tools import JavaToolError, run_java
-from eval.ptb import ptb_tokenize
-from eval.sanitize import sanitize_caption
+from eval.metrics.java_tools import JavaToolError, run_java
+from eval.metrics.ptb import ptb_tokenize
+from eval.metrics.sanitize import sanitize_caption
 
 SEPARATORS = [
     "\n",
@@ -68,7 +68,7 @@ def test_tokenizer_matches_pycocoevalcap_on_clean_captions():
 _SCORE_SCRIPT = textwrap.dedent(
     """
     import json
-    from eval.coco_metrics import score_captions
+    from eval.metrics.coco import score_captions
     refs = {1: ["a dog runs on the grass", "a brown dog running"],
             2: ["a cat sleeps on a sofa", "a cat lying on a couch"],
             3: ["two people ride bikes", "cyclists on a road"]}

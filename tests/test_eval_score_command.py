@@ -239,12 +239,12 @@ def test_spice_without_jars_names_fetch_spice(tmp_path, karpathy, capsys, monkey
 @pytest.fixture
 def never_scored(monkeypatch):
     """Fails the test if scoring starts: output paths must be refused before it."""
-    import eval.scoring
+    import eval.metrics.scoring
 
     def refuse(*args, **kwargs):
         raise AssertionError("scoring started before the output path was checked")
 
-    monkeypatch.setattr(eval.scoring, "compute_metrics", refuse)
+    monkeypatch.setattr(eval.metrics.scoring, "compute_metrics", refuse)
 
 
 @pytest.mark.parametrize(
@@ -317,7 +317,7 @@ def test_cider_of_a_single_image_is_nan_with_one_warning_line(tmp_path, capsys):
 
 
 def test_the_library_refuses_ids_in_one_side_only_as_score_does():
-    from eval.coco_metrics import coverage_problems, score_captions
+    from eval.metrics.coco import coverage_problems, score_captions
 
     hypotheses = {1: "a dog", 2: "a cat", 5: "a bird"}
     references = {1: ["a dog"], 2: ["a cat"], 3: ["a cow"], 4: ["a hen"]}

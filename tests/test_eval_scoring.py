@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from eval.commands import score
-from eval.rep import rep_per_image, rep_score
-from eval.spice_jars import PYCOCOEVALCAP_SPICE_DIR, locate_spice
+from eval.metrics.rep import rep_per_image, rep_score
+from eval.metrics.spice_jars import PYCOCOEVALCAP_SPICE_DIR, locate_spice
 
 pytestmark = pytest.mark.java
 
@@ -142,7 +142,7 @@ def test_spice_equals_the_jar_run_by_hand(scored, reference_tokens, tmp_path):
 
 
 def test_spice_of_several_systems_in_one_run_equals_one_run_each(scored):
-    from eval.scoring import spice_of_systems
+    from eval.metrics.scoring import spice_of_systems
 
     # Images 13 and 14 share their references: swapping their captions swaps their scores.
     swapped = {**HYPOTHESES, 13: HYPOTHESES[14], 14: HYPOTHESES[13]}
@@ -180,7 +180,7 @@ def test_the_installed_packages_are_not_written_to(scored):
 
 
 def test_rep_is_nan_with_a_warning_when_every_caption_is_empty():
-    from eval.scoring import compute_metrics
+    from eval.metrics.scoring import compute_metrics
 
     references = {1: ["a red circle", "one red circle"], 2: ["a blue square", "blue square"]}
     with pytest.warns(UserWarning, match="every caption is empty"):
@@ -191,7 +191,7 @@ def test_rep_is_nan_with_a_warning_when_every_caption_is_empty():
 
 
 def test_cider_of_a_single_image_is_nan_with_a_warning():
-    from eval.scoring import compute_metrics
+    from eval.metrics.scoring import compute_metrics
 
     # pycocoevalcap gives 0.0 here even for a caption equal to its reference: log(N/df) = 0.
     references = {7: ["a red circle above a blue square", "a blue square under a red circle"]}
@@ -206,7 +206,7 @@ def test_cider_of_two_images_equals_pycocoevalcap(reference_tokens):
 
     from pycocoevalcap.cider.cider import Cider
 
-    from eval.scoring import compute_metrics
+    from eval.metrics.scoring import compute_metrics
 
     gts, res = reference_tokens
     ids = [11, 12]

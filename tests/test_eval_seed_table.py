@@ -7,7 +7,7 @@ import math
 import pytest
 from PIL import Image
 
-from eval.metrics_figure import plot_seed_metrics, seed_metrics_figure
+from eval.demo.metrics_figure import plot_seed_metrics, seed_metrics_figure
 from eval.table import format_seed_table, format_table1, mean_and_sd, undefined_for_some_seeds
 
 

@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 
-import eval.spice_jars as spice_jars
+import eval.metrics.spice_jars as spice_jars
 from eval.commands import fetch_spice as fetch_command
-from eval.spice_jars import ARTIFACTS, SpiceJarsError, fetch_spice, locate_spice
+from eval.metrics.spice_jars import ARTIFACTS, SpiceJarsError, fetch_spice, locate_spice
 
 ASM_TREE = next(a for a in ARTIFACTS if a.artifact == "asm-tree")
 ASM_UTIL = next(a for a in ARTIFACTS if a.artifact == "asm-util")

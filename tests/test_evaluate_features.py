@@ -36,7 +36,7 @@ def cached_run(synthetic_data, tiny_fit, tmp_path_factory):
 
 
 def _evaluate(checkpoint: Path, synthetic_data, features: str) -> tuple:
-    from captioner.inference import Captioner
+    from captioner.inference.pipeline import Captioner
     from eval.evaluation import evaluate_captioner
 
     told = []
@@ -47,7 +47,7 @@ def _evaluate(checkpoint: Path, synthetic_data, features: str) -> tuple:
 
 
 def test_the_runs_cache_stands_in_for_the_encoder(cached_run, synthetic_data):
-    from captioner.inference import Captioner
+    from captioner.inference.pipeline import Captioner
     from data_prep.features import FeatureCache
     from data_prep.karpathy import load_karpathy
 

@@ -558,8 +558,8 @@ def test_the_commands_error_policies_are_the_extractions():
     """prepare-features offers the --on_error choices that extract_features takes."""
     import typing
 
+    from captioner.features.preparation import prepare_feature_cache
     from captioner.features.settings import ON_ERROR
-    from captioner.preparation import prepare_feature_cache
 
     kind = typing.get_type_hints(prepare_feature_cache)["on_error"]
     assert typing.get_args(kind) == ON_ERROR

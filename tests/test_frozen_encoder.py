@@ -30,14 +30,14 @@ def frozen(synthetic_data, tiny_fit, tmp_path_factory):
 
 
 def _caption(path: Path, image: Path) -> tuple[str, torch.Tensor]:
-    from captioner.inference import Captioner
+    from captioner.inference.pipeline import Captioner
 
     [caption] = Captioner.load(path).caption([image])
     return caption.text, caption.attention
 
 
 def test_the_checkpoint_names_the_encoder_weights_instead_of_holding_them(frozen, tmp_path):
-    from captioner.frozen_encoder import export_self_contained
+    from captioner.model.frozen_encoder import export_self_contained
     from data_prep.hashes import file_sha256
 
     checkpoint, weights, _ = frozen
@@ -67,7 +67,7 @@ def _trunk_index(key: str) -> str:
 
 
 def test_it_captions_alike_with_the_file_and_as_the_exported_copy(frozen, tmp_path):
-    from captioner.frozen_encoder import export_self_contained
+    from captioner.model.frozen_encoder import export_self_contained
 
     checkpoint, weights, image = frozen
     text, attention = _caption(checkpoint, image)
@@ -146,7 +146,7 @@ def test_lightning_restores_it_from_the_configs_encoder(frozen, synthetic_data, 
                                    {"weights": "/x.pt", "sha256": "abc"}, "x"])
 def test_a_malformed_encoder_entry_is_refused(frozen, tmp_path, entry):
     from captioner.checkpointing import CheckpointError
-    from captioner.inference import Captioner
+    from captioner.inference.pipeline import Captioner
 
     checkpoint, _, _ = frozen
     stored = torch.load(checkpoint, weights_only=True)

@@ -16,13 +16,13 @@ MOST_LINES = 80
 
 # "path:qualified name" -> why it is longer. Shorten one, and remove it here.
 ALLOWED = {
-    "captioner/decoding.py:beam_search":
+    "captioner/model/decoding.py:beam_search":
         "the batched search loop advances a dozen tensors of all images x beams in step; its "
         "parts would pass them all back and forth",
     "eval/evaluation.py:evaluate_captioner":
         "captions, scores and measures the attention in one pass over the split; not yet split "
         "into those steps",
-    "eval/rating_kit.py:build_kit":
+    "eval/rating/kit.py:build_kit":
         "samples, captions and draws the kit's items in one pass; not yet split into steps",
 }
 

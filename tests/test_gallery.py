@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from captioner.heatmaps import OVERLAY_OPACITY
+from captioner.inference.heatmaps import OVERLAY_OPACITY
 from eval.commands import gallery as command
 from eval.gallery import GalleryCaption, GalleryImage, GalleryModel, build_gallery
 
@@ -151,7 +151,7 @@ def command_gallery(tiny_checkpoint, synthetic_data, tmp_path_factory):
 
 
 def test_command_on_two_models(command_gallery, tiny_checkpoint):
-    from captioner.inference import open_captioner
+    from captioner.inference.pipeline import open_captioner
 
     code, err, out, inputs = command_gallery
     assert code == 1  # the unreadable file is reported by name, the page still written

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from captioner.heatmaps import (
+from captioner.inference.heatmaps import (
     OVERLAY_OPACITY,
     AttentionRecord,
     attention_overlay,
@@ -261,7 +261,7 @@ def test_checkpoints_of_runs_are_named_after_their_runs(tmp_path):
 
 
 def test_a_strip_names_its_caption_image_and_model():
-    from captioner.heatmaps import strip_title
+    from captioner.inference.heatmaps import strip_title
 
     record = AttentionRecord("/photos/dog_park.jpg", "a brown dog " * 10, ["a"],
                              np.ones((1, 2, 2), np.float32) / 4, "tvmax", 0.25)

@@ -9,7 +9,7 @@ import numpy as np
 from PIL import Image
 
 from captioner.commands import heatmaps as command
-from captioner.heatmaps import AttentionRecord
+from captioner.inference.heatmaps import AttentionRecord
 
 FAST = ["--beam-size", "1", "--max-length", "4", "--no-progress"]
 
@@ -129,8 +129,8 @@ def test_write_figures_draws_each_image_into_its_given_folder_for_every_model(tm
 
     import torch
 
-    from captioner import heatmap_folder
-    from captioner.inference import Caption
+    from captioner.inference import heatmap_folder
+    from captioner.inference.pipeline import Caption
 
     paths = [tmp_path / "a.png", tmp_path / "b.png"]
     for shade, path in enumerate(paths):
@@ -182,7 +182,7 @@ def _empty_captions_of(monkeypatch, names):
     under-trained model's often is."""
     import dataclasses
 
-    from captioner.inference import Captioner
+    from captioner.inference.pipeline import Captioner
 
     original = Captioner.caption_files
 
@@ -233,19 +233,19 @@ def test_only_empty_captions_are_refused_and_leave_the_folder_for_a_rerun(
 
 def test_a_failure_while_drawing_empties_the_folder_for_a_rerun(tiny_checkpoint, tmp_path,
                                                                 capsys, monkeypatch):
-    import captioner.heatmaps
+    import captioner.inference.heatmaps
 
     image = tmp_path / "photo.png"
     Image.new("RGB", (20, 20), (10, 120, 30)).save(image)
     out = tmp_path / "out"
     args = [str(image), "--ckpt", str(tiny_checkpoint), "--out", str(out), *FAST]
-    original = captioner.heatmaps.render_strip
+    original = captioner.inference.heatmaps.render_strip
 
     def failing_strip(*a, **k):
         original(*a, **k)
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(captioner.heatmaps, "render_strip", failing_strip)
+    monkeypatch.setattr(captioner.inference.heatmaps, "render_strip", failing_strip)
     assert command.main(args) == 1
     assert "no space left on device" in capsys.readouterr().err
     assert out.is_dir() and not any(out.iterdir())
@@ -255,12 +255,12 @@ def test_a_failure_while_drawing_empties_the_folder_for_a_rerun(tiny_checkpoint,
 
 def test_the_figure_options_are_those_the_drawing_takes():
     """The command's choices and limits, spelled where its options are read without numpy and
-    PIL, are those of captioner.heatmaps."""
+    PIL, are those of captioner.inference.heatmaps."""
     import typing
 
     import pytest
 
-    from captioner import heatmap_folder, heatmaps
+    from captioner.inference import heatmap_folder, heatmaps
 
     assert typing.get_args(heatmap_folder.Upsample) == heatmaps.UPSAMPLE_MODES
     assert typing.get_args(heatmap_folder.ZeroStyle) == heatmaps.ZERO_STYLES

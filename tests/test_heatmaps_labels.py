@@ -11,7 +11,7 @@ import numpy as np
 from PIL import Image
 
 from captioner.commands import heatmaps as command
-from captioner.heatmaps import (
+from captioner.inference.heatmaps import (
     STRIP_COLUMNS,
     AttentionRecord,
     image_array,

@@ -10,8 +10,8 @@ import torch
 from PIL import Image
 
 from captioner.checkpointing import load_safely, save_atomically
-from captioner.decoding_options import DecodingOptions
-from captioner.inference import Caption, Captioner, IncompatibleCheckpointError
+from captioner.inference.pipeline import Caption, Captioner, IncompatibleCheckpointError
+from captioner.model.decoding_options import DecodingOptions
 from data_prep.images import ImageLoadError
 
 

@@ -35,8 +35,8 @@ def test_a_jvm_dies_with_the_process_that_started_it(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from eval.java_tools import start_java
-        from eval.ptb import TOKENIZER_JAR
+        from eval.metrics.java_tools import start_java
+        from eval.metrics.ptb import TOKENIZER_JAR
         jvm = start_java(["-cp", str(TOKENIZER_JAR), "edu.stanford.nlp.process.PTBTokenizer"],
                          cwd=Path({str(tmp_path)!r}))
         print(jvm.pid, flush=True)
@@ -58,7 +58,7 @@ def test_a_jvm_dies_with_the_process_that_started_it(tmp_path):
 @java
 def test_score_names_meteor_in_one_line_when_its_jvm_dies_mid_score(tmp_path, capsys,
                                                                     monkeypatch):
-    import eval.java_tools as java_tools
+    import eval.metrics.java_tools as java_tools
 
     started = java_tools.start_java
 
@@ -100,7 +100,7 @@ def test_the_next_write_removes_the_temporaries_of_a_killed_writer(tmp_path):
 
 
 def test_a_java_work_folder_of_a_killed_run_is_removed_by_the_next(tmp_path, monkeypatch):
-    from eval.java_tools import java_work_folder
+    from eval.metrics.java_tools import java_work_folder
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     import tempfile

@@ -6,7 +6,7 @@ import entmax
 import pytest
 import torch
 
-from captioner.losses import (
+from captioner.model.losses import (
     caption_loss,
     fenchel_young_loss,
     word_log_probs,

@@ -5,14 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from captioner.losses import caption_loss
-from captioner.model import (
-    AdditiveAttention,
-    AttentionDecoder,
-    CaptionModel,
-    DecoderOutput,
-    build_encoder,
-)
+from captioner.model.additive_attention import AdditiveAttention
+from captioner.model.caption_model import CaptionModel
+from captioner.model.decoder import AttentionDecoder, DecoderOutput
+from captioner.model.encoder import build_encoder
+from captioner.model.losses import caption_loss
 
 VOCAB, CHANNELS, GRID = 30, 24, (3, 4)
 

@@ -167,7 +167,7 @@ def test_smooth_scores_have_sd_1_and_alike_neighbours():
 def _tiny_decoder():
     import torch
 
-    from captioner.model import AttentionDecoder
+    from captioner.model.decoder import AttentionDecoder
 
     torch.manual_seed(0)
     decoder = AttentionDecoder(20, 8, feature_dim=8, embed_dim=8, hidden_dim=8, attention_dim=8)

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torchvision
 
-from captioner.model import EncoderWeightsError, build_encoder
+from captioner.model.encoder import EncoderWeightsError, build_encoder
 
 
 @pytest.fixture

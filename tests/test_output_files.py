@@ -478,7 +478,7 @@ def test_an_existing_out_file_is_replaced_only_with_overwrite(
 
 @pytest.fixture
 def kit_key_and_ratings(tmp_path):
-    from eval.rating_kit import KEY_FORMAT, RATINGS_FORMAT, write_key
+    from eval.rating.kit import KEY_FORMAT, RATINGS_FORMAT, write_key
 
     key = {"format": KEY_FORMAT, "kit_id": "kit1", "seed": 0, "vmax": 1.0,
            "models": [{"name": "softmax", "checkpoint": "s.ckpt", "mapping": "softmax"}],
@@ -496,7 +496,7 @@ def kit_key_and_ratings(tmp_path):
 def test_caption_refuses_an_unwritable_out_before_captioning(tiny_checkpoint, synthetic_data,
                                                              tmp_path, capsys, monkeypatch):
     from captioner.commands import caption
-    from captioner.inference import Captioner
+    from captioner.inference.pipeline import Captioner
 
     monkeypatch.setattr(Captioner, "caption_files", lambda *a, **k: pytest.fail("captioned"))
     image = next((synthetic_data.image_root / "test").glob("*.png"))

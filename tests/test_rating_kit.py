@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from eval.rating_kit import (
+from eval.rating.kit import (
     KitCaption,
     KitImage,
     KitModel,

@@ -80,19 +80,19 @@ def test_a_stop_while_the_key_is_written_leaves_kit_and_key_together(
     import os
     import signal
 
-    import eval.rating_kit
+    import eval.rating.kit
 
     out, key_path = tmp_path / "kit", tmp_path / "kit-key.json"
     args = ["--ckpt", str(tiny_checkpoint), str(synthetic_data.image_root / "test"), "--n", "2",
             "--out", str(out), *FAST]
     assert command.main(args) == 0
     earlier = (key_path.read_text(), (out / "index.html").read_text())
-    write_key = eval.rating_kit.write_key
+    write_key = eval.rating.kit.write_key
 
     def unwritable(key, path):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(eval.rating_kit, "write_key", unwritable)
+    monkeypatch.setattr(eval.rating.kit, "write_key", unwritable)
     assert command.main([*args, "--seed", "1", "--overwrite"]) != 0
     assert (key_path.read_text(), (out / "index.html").read_text()) == earlier
 
@@ -100,7 +100,7 @@ def test_a_stop_while_the_key_is_written_leaves_kit_and_key_together(
         os.kill(os.getpid(), signal.SIGINT)
         write_key(key, path)
 
-    monkeypatch.setattr(eval.rating_kit, "write_key", stopped_while_writing)
+    monkeypatch.setattr(eval.rating.kit, "write_key", stopped_while_writing)
     with pytest.raises(KeyboardInterrupt):
         command.main([*args, "--seed", "1", "--overwrite"])
     kit_id = json.loads(key_path.read_text())["kit_id"]
@@ -260,7 +260,7 @@ def test_a_kit_of_empty_captions_only_is_refused_naming_why(tiny_checkpoint, syn
     nothing to rate, and the line says so (rating-kit has no --vmax to suggest)."""
     import dataclasses
 
-    from captioner.inference import Captioner
+    from captioner.inference.pipeline import Captioner
 
     original = Captioner.caption
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from eval.commands import rating_summary as command
-from eval.rating_kit import KEY_FORMAT, RATINGS_FORMAT, write_key
-from eval.rating_summary import RatingsError, bootstrap_ci, summarize
+from eval.rating.kit import KEY_FORMAT, RATINGS_FORMAT, write_key
+from eval.rating.summary import RatingsError, bootstrap_ci, summarize
 
 # Three images, two models; the label of each model changes from image to image.
 KEY = {

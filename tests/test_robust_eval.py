@@ -265,7 +265,7 @@ def test_rating_kit_refuses_unusable_outputs_before_work(make, tiny_checkpoint, 
 
 @pytest.fixture
 def kit_key(tmp_path):
-    from eval.rating_kit import KEY_FORMAT, write_key
+    from eval.rating.kit import KEY_FORMAT, write_key
 
     key = {"format": KEY_FORMAT, "kit_id": "kit123", "seed": 0, "vmax": 1.0,
            "models": [{"name": "softmax", "checkpoint": "s.ckpt", "mapping": "softmax"},
@@ -277,7 +277,7 @@ def kit_key(tmp_path):
 
 
 def _ratings(path, kit_id="kit123", duplicate=False, rater="r1"):
-    from eval.rating_kit import RATINGS_FORMAT
+    from eval.rating.kit import RATINGS_FORMAT
 
     entries = [{"image": "1", "label": label, "caption_score": 3, "attention_score": 4,
                 "caption_time": "2026-01-01", "attention_time": "2026-01-01"}

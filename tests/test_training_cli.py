@@ -27,7 +27,7 @@ from captioner.commands.lightning import main as lightning_main
 from captioner.features.extraction import extract_features
 from captioner.training.runs import read_progress
 from data_prep.features import FeatureCache
-from eval.demo import ENCODER_LAYER as DEMO_LAYER
+from eval.demo.steps import ENCODER_LAYER as DEMO_LAYER
 
 REPO = Path(__file__).resolve().parents[1]
 MAPPINGS = ("softmax", "sparsemax", "tvmax")
@@ -71,7 +71,7 @@ def test_paper_configs_parse_with_the_paper_settings(name, capsys):
 def test_demo_configs_read_what_the_default_demo_writes(mapping, capsys):
     """configs/demo_*.yaml train on the default demo's data (the demo itself trains with
     them, overriding only the paths of its own run)."""
-    from eval.demo import FULL, dataset_dir, encoder_path, feature_cache_path
+    from eval.demo.steps import FULL, dataset_dir, encoder_path, feature_cache_path
 
     config = _print_config(REPO / "configs" / f"demo_{mapping}.yaml", capsys)
     root = dataset_dir(Path("demo_out"), FULL)
@@ -1759,7 +1759,7 @@ def test_a_checkpoint_cannot_make_fit_import_code(synthetic_data, tiny_cache, tm
 
 
 def test_checkpoints_of_earlier_versions_still_load(synthetic_data, tiny_cache, tmp_path):
-    from captioner.inference import Captioner
+    from captioner.inference.pipeline import Captioner
 
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0

@@ -92,9 +92,10 @@ def use_threads(threads: int | None) -> str:
 
 def torch_device(name: str):
     """An argparse ``type``: the torch device ``name`` as
-    :func:`captioner.inference.resolve_device` accepts it (cpu, cuda, cuda:N, present on this
+    :func:`captioner.inference.pipeline.resolve_device` accepts it (cpu, cuda, cuda:N, present on
+    this
     machine); its refusal becomes the usage error, which names the value."""
-    from captioner.inference import resolve_device
+    from captioner.inference.pipeline import resolve_device
 
     try:
         return resolve_device(name)

@@ -115,7 +115,7 @@ def _precisions() -> tuple[str, ...]:
 
 def _accelerator(name: str) -> str:
     """An argparse ``type``: a Lightning accelerator that captioner runs on (the CPU or CUDA,
-    as :func:`captioner.inference.resolve_device` says), present on this machine."""
+    as :func:`captioner.inference.pipeline.resolve_device` says), present on this machine."""
     if name not in ACCELERATORS:
         raise argparse.ArgumentTypeError(
             f"{name!r}: captioner runs on the CPU or on CUDA ({', '.join(ACCELERATORS)})")

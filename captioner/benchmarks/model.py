@@ -155,7 +155,7 @@ def train_step(model, optimizer, inputs, captions, *, output_mapping: str = "sof
     import torch
 
     from captioner.attention import DeferredChecks
-    from captioner.losses import teacher_forced_loss
+    from captioner.model.losses import teacher_forced_loss
 
     mark = mark or (lambda phase: None)
     with DeferredChecks() as checks, autocast or contextlib.nullcontext():
@@ -183,7 +183,7 @@ class _Runner:
         mapping = "tvmax" if row == OVERLAP_ROW else row
         self.overlap = row == OVERLAP_ROW if args.tvmax_overlap and mapping == "tvmax" else None
 
-        from captioner.model import AttentionDecoder
+        from captioner.model.decoder import AttentionDecoder
         from captioner.training.optimizer import PAPER_BETAS, PAPER_LR, adam
 
         input_attention = mapping if args.input_attention == "same" else args.input_attention
@@ -220,7 +220,7 @@ class _Runner:
         train_step(self.decoder, self.optimizer, self.features, self.captions)
 
     def beam_search(self) -> None:
-        from captioner.decoding import beam_search
+        from captioner.model.decoding import beam_search
 
         self.decoder.eval()
         self._searching = True

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from captioner.captioning import caption_images
 from captioner.commands.options import (
     FunctionParser,
     add_decoding_overrides,
@@ -38,6 +37,7 @@ from captioner.commands.options import (
     decoding_overrides,
     function_parser,
 )
+from captioner.inference.captioning import caption_images
 
 HELP = "caption images or folders of images (text, jsonl with per-word attention, COCO results)"
 

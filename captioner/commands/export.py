@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from captioner.commands.options import FunctionParser, arguments_of, function_parser
-from captioner.sharing import export_checkpoint
+from captioner.model.sharing import export_checkpoint
 
 HELP = "a self-contained copy of a checkpoint (its frozen encoder inside), for sharing"
 

@@ -3,7 +3,7 @@
 For every checkpoint MODEL and readable image STEM it writes ``OUT/MODEL/STEM/``:
 
 * ``NN_word.png``: the image (own aspect ratio up to 4:1, longer side ``--size`` pixels)
-  with the attention of word NN (0-based) drawn over it (see `captioner.heatmaps`);
+  with the attention of word NN (0-based) drawn over it (see `captioner.inference.heatmaps`);
 * ``strip.png``: the whole caption, one panel per word, with the colour bar;
 * ``attention.npz`` and ``attention.json``: the raw weights (tokens, grid, T x h x w maps).
 
@@ -12,7 +12,7 @@ MODEL names the checkpoint: a run's checkpoint (``runs/NAME/version_N/checkpoint
 checkpoint is named by its file stem, as STEM names the image, both sanitized
 (``[A-Za-z0-9._-]``): when two share one, their parent folder's name goes in front
 (``models/tvmax/last.ckpt`` -> ``tvmax_last``), and a short hash of the full path behind if
-that is still shared (``captioner.heatmaps.checkpoint_names``).
+that is still shared (``captioner.inference.heatmaps.checkpoint_names``).
 ``OUT/index.json`` lists every image's files, caption and the colour scale.
 
 OUT must be new or empty: a folder holding an earlier run's heatmaps is refused, or, with
@@ -45,7 +45,7 @@ from captioner.commands.options import (
     decoding_overrides,
     function_parser,
 )
-from captioner.heatmap_folder import draw_heatmaps
+from captioner.inference.heatmap_folder import draw_heatmaps
 
 HELP = "per-word attention heatmaps, caption strips and raw weights for images"
 

@@ -27,7 +27,7 @@ import jsonargparse
 import yaml
 from jsonargparse import ActionConfigFile, ActionYesNo
 
-from captioner.decoding_options import DecodingOverrides
+from captioner.model.decoding_options import DecodingOverrides
 from captioner.reporting import close_progress_bars
 
 

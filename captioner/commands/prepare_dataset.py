@@ -37,7 +37,7 @@ line, an option other than --captions and --images is given once.
 from __future__ import annotations
 
 from captioner.commands.options import FunctionParser, arguments_of, function_parser
-from captioner.preparation import check_sources, prepare_dataset
+from captioner.features.preparation import check_sources, prepare_dataset
 
 HELP = ("make a Karpathy-split JSON from a folder of photos and a captions file (JSONL/JSON, "
         "CSV/TSV, COCO)")

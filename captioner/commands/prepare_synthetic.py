@@ -5,7 +5,7 @@ Options may come from a YAML file (--config FILE; --print_config writes one)."""
 from __future__ import annotations
 
 from captioner.commands.options import FunctionParser, arguments_of, function_parser
-from captioner.preparation import render_synthetic
+from captioner.features.preparation import render_synthetic
 
 HELP = "render the synthetic shapes dataset (Karpathy JSON, PNG images, COCO instance masks)"
 

@@ -34,13 +34,13 @@ from captioner.checkpointing import (
     weights_mismatch,
 )
 from captioner.cider import cider_d
-from captioner.decoding import Hypothesis, beam_search, check_search_memory
-from captioner.decoding_options import DecodingOptions
-from captioner.frozen_encoder import leave_out_encoder, put_back_encoder
-from captioner.losses import check_output_mapping, teacher_forced_loss
-from captioner.model import CaptionModel
+from captioner.model.caption_model import CaptionModel
 from captioner.model.decoder import AttentionDecoder
+from captioner.model.decoding import Hypothesis, beam_search, check_search_memory
+from captioner.model.decoding_options import DecodingOptions
 from captioner.model.encoder import build_encoder
+from captioner.model.frozen_encoder import leave_out_encoder, put_back_encoder
+from captioner.model.losses import check_output_mapping, teacher_forced_loss
 from captioner.training.optimizer import PAPER_BETAS, PAPER_LR, adam
 from data_prep.features import FeatureCache
 from data_prep.hashes import file_sha256
@@ -114,7 +114,7 @@ class CaptioningModule(L.LightningModule):
             ``lr_decay_after`` epochs.
         gradient_clip_norm: clip the global gradient norm to this value (None: no clipping).
         decoding: how validation and test decode captions (beam size, maximum length, ...;
-            see :class:`captioner.decoding_options.DecodingOptions`); stored in every
+            see :class:`captioner.model.decoding_options.DecodingOptions`); stored in every
             checkpoint as a dict, and the default options of inference with the checkpoint.
     """
 

@@ -18,7 +18,7 @@
    chosen on the validation split (best val/CIDEr of the first seed), as the paper did.
    Each finished training is recorded in ``OUT/trainings.json``: a run stopped before its
    results (Ctrl-C) goes on when the same command is run again, and trains only the
-   captioners it had not finished (``eval.demo_trainings``).
+   captioners it had not finished (``eval.demo.trainings``).
 4. Decodes the test split from the images with each best checkpoint and scores it with the
    coco-caption metrics, REP, object recall, the attention statistics (zero attention, JS
    divergence of consecutive words, fused groups) and the attention precision (share of
@@ -42,7 +42,7 @@ from captioner.commands.options import (
     arguments_of,
     function_parser,
 )
-from eval.demo_folder import check_demo_options, demo
+from eval.demo.folder import check_demo_options, demo
 
 HELP = "train softmax / sparsemax / TVmax captioners on synthetic shapes and compare them"
 

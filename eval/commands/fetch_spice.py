@@ -1,11 +1,11 @@
-"""``captioner fetch-spice``: install the jars SPICE needs on Java 17 (see eval.spice_jars).
+"""``captioner fetch-spice``: install the jars SPICE needs on Java 17 (see eval.metrics.spice_jars).
 
 Options may come from a YAML file (--config FILE; --print_config writes one)."""
 
 from __future__ import annotations
 
 from captioner.commands.options import FunctionParser, arguments_of, function_parser
-from eval.spice_jars import install_spice
+from eval.metrics.spice_jars import install_spice
 
 HELP = "download and verify the Stanford CoreNLP and Nashorn jars that SPICE needs"
 

@@ -44,7 +44,7 @@ from captioner.commands.options import (
     function_parser,
 )
 from eval.gallery_folder import make_gallery
-from eval.rating_kit import check_image_source
+from eval.rating.kit import check_image_source
 
 HELP = "side-by-side attention gallery of several checkpoints (static HTML)"
 

@@ -4,7 +4,7 @@ Samples ``--n`` images (seeded) from a Karpathy split (``--data``, ``--images``,
 or from an image folder, captions them with every ``--ckpt``, and writes a static page to
 ``--out`` (open ``OUT/index.html`` in a browser, also from file://) plus the blinding key to
 ``--key`` (default ``OUT-key.json`` beside the kit folder; never inside it). See
-`eval.rating_kit` for the page and `captioner rating-summary` for the analysis.
+`eval.rating.kit` for the page and `captioner rating-summary` for the analysis.
 
 An existing key is never replaced silently: ratings collected with its kit can be unblinded
 only with it. A key that exists, or an OUT that is not new or empty, is refused before any
@@ -28,8 +28,8 @@ from captioner.commands.options import (
     decoding_overrides,
     function_parser,
 )
-from eval.rating_kit import check_image_source
-from eval.rating_kit_folder import key_path_of, make_rating_kit
+from eval.rating.kit import check_image_source
+from eval.rating.kit_folder import key_path_of, make_rating_kit
 
 HELP = "build a blinded human-rating kit (static HTML) comparing checkpoints"
 

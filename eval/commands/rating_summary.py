@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from captioner.commands.options import FunctionParser, arguments_of, function_parser
-from eval.rating_summary import summarize_rating_files
+from eval.rating.summary import summarize_rating_files
 
 HELP = "summarize human ratings from the rating kit (Table 2 with CIs and agreement)"
 

@@ -5,7 +5,7 @@ Options may come from a YAML file (--config FILE; --print_config writes one)."""
 from __future__ import annotations
 
 from captioner.commands.options import FunctionParser, arguments_of, function_parser
-from eval.scoring import score_results_file
+from eval.metrics.scoring import score_results_file
 
 HELP = "score a COCO results file: BLEU, METEOR, ROUGE_L, CIDEr, SPICE and REP"
 

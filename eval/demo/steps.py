@@ -20,7 +20,7 @@ from data_prep.atomic import write_json
 from data_prep.hashes import file_sha256
 from data_prep.synthetic import SyntheticDataset
 from data_prep.wording import counted, first_names
-from eval.demo_trainings import FILE_NAME as TRAININGS_FILE
+from eval.demo.trainings import FILE_NAME as TRAININGS_FILE
 
 MAPPINGS = ("softmax", "sparsemax", "tvmax")
 
@@ -179,11 +179,11 @@ def fit_arguments(mapping: str, data: DemoData, settings: DemoSettings, out: Pat
 def train(mapping: str, data: DemoData, settings: DemoSettings, out: Path, seed: int,
           extra: tuple[str, ...] = ()) -> tuple[Path, float]:
     """Train one captioner through the same CLI and config as ``captioner fit``, unless the
-    run's :class:`~eval.demo_trainings.TrainingRecord` holds a finished training of the same
+    run's :class:`~eval.demo.trainings.TrainingRecord` holds a finished training of the same
     resolved config and encoder; returns its best checkpoint and that checkpoint's val/CIDEr."""
     from captioner.training.cli import build_cli
     from captioner.training.stops import stops_as_keyboard_interrupt
-    from eval.demo_trainings import Training, TrainingRecord
+    from eval.demo.trainings import Training, TrainingRecord
 
     cli = build_cli(fit_arguments(mapping, data, settings, out, seed, extra), run=False)
     config = cli.parser.dump(cli.config)
@@ -248,7 +248,7 @@ def _foreign_in_folders(out: Path, ours: set[str]) -> list[str]:
     """The entries inside the result folders of ``ours`` (``gallery``, ``figures``) that the
     demo did not write: the gallery's as its page lists them, the figures' by their names
     (``figures/STEM/MAPPING/`` holds what ``write_heatmaps`` writes)."""
-    from captioner.heatmaps import is_heatmaps_file
+    from captioner.inference.heatmaps import is_heatmaps_file
     from data_prep.output_folders import foreign_entries
     from eval.gallery import gallery_files
 
@@ -289,7 +289,7 @@ def choose_lam(grid: list[float], data: DemoData, settings: DemoSettings, out: P
 
 
 def evaluate(checkpoint: Path, dataset, metrics: tuple[str, ...]):
-    from captioner.inference import Captioner
+    from captioner.inference.pipeline import Captioner
     from eval.evaluation import evaluate_captioner
 
     return evaluate_captioner(
@@ -323,16 +323,22 @@ def load_test_split(dataset) -> list:
 def score_spice(entries, captions: dict[str, dict[int, str]]) -> dict[str, tuple[float, dict]]:
     """SPICE of every model's captions of the test ``entries``, in one Java run (it loads
     CoreNLP once)."""
-    from eval.scoring import spice_of_systems
+    from eval.metrics.scoring import spice_of_systems
 
     return spice_of_systems(captions, {e.image_id: list(e.raws) for e in entries})
 
 
 def write_figures(out: Path, entries, captioners: dict, n_images: int) -> None:
     """Per-word output-attention figures of the first ``n_images`` test ``entries`` by every
-    `captioner.inference.Captioner` of ``captioners`` (keyed by mapping), one folder per image
+    `captioner.inference.pipeline.Captioner` of ``captioners`` (keyed by mapping), one folder per
+    image
     and model, on one colour scale shared by all of them."""
-    from captioner.heatmaps import AttentionRecord, shared_vmax, unique_stems, write_heatmaps
+    from captioner.inference.heatmaps import (
+        AttentionRecord,
+        shared_vmax,
+        unique_stems,
+        write_heatmaps,
+    )
     from data_prep.images import load_image
 
     paths = [e.path for e in entries[:n_images]]
@@ -356,7 +362,7 @@ def write_figures(out: Path, entries, captioners: dict, n_images: int) -> None:
 
 def write_gallery(out: Path, entries, captioners: dict, n_images: int) -> Path | None:
     """``OUT/gallery/index.html``: the first ``n_images`` test ``entries`` captioned by every
-    `captioner.inference.Captioner` of ``captioners`` (keyed by mapping) side by side, one
+    `captioner.inference.pipeline.Captioner` of ``captioners`` (keyed by mapping) side by side, one
     attention overlay per word (``captioner gallery``); None, with a notice, when every
     caption is empty."""
     from eval.gallery import GalleryModel, build_gallery, caption_gallery
@@ -379,8 +385,8 @@ def write_gallery(out: Path, entries, captioners: dict, n_images: int) -> Path |
 def available_metrics(spice: bool) -> tuple[str, ...]:
     """All metrics, without SPICE (and a notice) when its jars are not installed or the run
     is a quick one."""
-    from eval.scoring import ALL_METRICS
-    from eval.spice_jars import SpiceJarsError, locate_spice
+    from eval.metrics.scoring import ALL_METRICS
+    from eval.metrics.spice_jars import SpiceJarsError, locate_spice
 
     if not spice:
         print("notice: SPICE is skipped in a --quick run")
@@ -424,8 +430,8 @@ def run_demo(out: Path, data: DemoData, settings: DemoSettings, seeds: list[int]
     cleared of earlier results, by the caller) on ``data``: captioners of every mapping
     trained once per seed of ``seeds``, TVmax with the lambda of ``lam_grid`` that is best on
     the validation split when given."""
-    from captioner.inference import Captioner
-    from eval.metrics_figure import plot_seed_metrics
+    from captioner.inference.pipeline import Captioner
+    from eval.demo.metrics_figure import plot_seed_metrics
     from eval.table import undefined_for_some_seeds
 
     metrics = available_metrics(settings.spice)

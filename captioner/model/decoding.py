@@ -22,7 +22,7 @@ Conventions shared by both searches:
 * Beam search ranks finished hypotheses by length-normalized log-prob,
   ``log_prob / n ** length_normalization`` with n the number of scored tokens (words plus the
   end token when present); 0 disables the normalization, 1 is the mean log-prob. Default:
-  :data:`captioner.decoding_options.DEFAULT_LENGTH_NORMALIZATION`.
+  :data:`captioner.model.decoding_options.DEFAULT_LENGTH_NORMALIZATION`.
 * Only end tokens among the ``beam_size`` best candidates of a step finish a hypothesis, and
   an image is done when it has ``beam_size`` finished hypotheses or no live beam (fairseq's
   rule). Beam size 1 is then exactly greedy search, whatever the length normalization; the
@@ -42,9 +42,12 @@ import torch
 from torch import Tensor
 
 from captioner.attention import DeferredChecks
-from captioner.decoding_options import DEFAULT_LENGTH_NORMALIZATION, check_length_normalization
-from captioner.losses import word_log_probs
 from captioner.model.decoder import AttentionDecoder, EncodedImages
+from captioner.model.decoding_options import (
+    DEFAULT_LENGTH_NORMALIZATION,
+    check_length_normalization,
+)
+from captioner.model.losses import word_log_probs
 from data_prep.machine import available_memory
 from data_prep.wording import counted
 

@@ -16,7 +16,7 @@ network (no external scripts, styles or fonts):
 
 The key from (image, label) to model is returned separately, for `write_key` to store outside
 the kit; the page never contains model names or checkpoint paths. Ratings exported by the page
-follow `RATINGS_FORMAT` (see `eval.rating_summary`).
+follow `RATINGS_FORMAT` (see `eval.rating.summary`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from captioner.heatmaps import (
+from captioner.inference.heatmaps import (
     DEFAULT_MAX_SIDE,
     attention_overlay,
     image_array,
@@ -42,8 +42,8 @@ from data_prep.atomic import atomic_write
 from data_prep.images import ImageLoadError, load_image
 from data_prep.settings_files import parse_json
 from data_prep.wording import counted
+from eval.rating.stopwords import content_word_indices
 from eval.static_page import page_files, render_page
-from eval.stopwords import content_word_indices
 
 KIT_FORMAT = "captioner-rating-kit/1"
 # What `build_kit` writes directly inside its folder (see the layout above); its page's data

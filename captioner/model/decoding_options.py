@@ -1,5 +1,5 @@
 """Decoding options: the one place of their defaults (no torch import, so that the commands'
-``--help`` stays fast). Used by :mod:`captioner.decoding` and every captioning command."""
+``--help`` stays fast). Used by :mod:`captioner.model.decoding` and every captioning command."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 Runs ``java -Xmx.. [--module-path <modules> --add-modules org.openjdk.nashorn] -jar
 spice-1.0.jar IN -out OUT -subset -silent -threads N`` from the installation made by
-``captioner fetch-spice`` (:mod:`eval.spice_jars`), in a temporary directory of our own, with
+``captioner fetch-spice`` (:mod:`eval.metrics.spice_jars`), in a temporary directory of our own,
+with
 a timeout, surfacing Java's stderr on failure.
 
 SPICE writes its output through the Nashorn JavaScript engine. Whether the runtime has it
@@ -10,7 +11,7 @@ built in is decided by the runtime's modules, not its version number: ``java --l
 listing ``jdk.scripting.nashorn`` means built in (Java 9-14 as shipped); otherwise (Java 15+,
 and an older runtime jlinked without it, e.g. a slim Java 11) the standalone nashorn-core and
 its ASM jars are added as modules. Java 8 has no ``--list-modules`` and always has Nashorn.
-The probe runs once per java executable (:func:`eval.java_tools.java_modules`).
+The probe runs once per java executable (:func:`eval.metrics.java_tools.java_modules`).
 
 SPICE's ``-cache`` is not used: its LMDB cache needs ``--add-opens`` on Java 16+ and shared
 caches are reported to freeze, while a fresh cache per run would save nothing. Scores match
@@ -28,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from data_prep.machine import usable_cpus
-from eval.java_tools import java_modules, java_work_folder, run_java
-from eval.spice_jars import SpiceInstall, locate_spice
+from eval.metrics.java_tools import java_modules, java_work_folder, run_java
+from eval.metrics.spice_jars import SpiceInstall, locate_spice
 
 NASHORN_MODULE = "org.openjdk.nashorn"  # the standalone nashorn-core installed by fetch-spice
 BUILTIN_NASHORN_MODULE = "jdk.scripting.nashorn"  # the JDK's own, removed in Java 15

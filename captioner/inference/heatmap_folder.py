@@ -1,6 +1,6 @@
 """Per-word attention heatmaps of images by one or more checkpoints, drawn into a folder on one
 colour scale, with an index: what ``captioner heatmaps`` runs (the drawing is
-:mod:`captioner.heatmaps`). torch is imported when the work starts, so that the command's
+:mod:`captioner.inference.heatmaps`). torch is imported when the work starts, so that the command's
 options are read at once (hence no type-only imports here: jsonargparse runs them to read the
 signature)."""
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from captioner.decoding_options import DecodingOverrides, apply_overrides
+from captioner.model.decoding_options import DecodingOverrides, apply_overrides
 from captioner.reporting import report_error
 from data_prep.wording import counted
 
@@ -22,7 +22,7 @@ PROG = "captioner heatmaps"
 # What marks a folder as an earlier run's output: the key that every index.json of
 # `captioner heatmaps` holds.
 INDEX_TAG = '"vmax_rule"'
-# captioner.heatmaps' UPSAMPLE_MODES, ZERO_STYLES, DEFAULT_MAX_SIDE, MIN_MAX_SIDE and
+# captioner.inference.heatmaps' UPSAMPLE_MODES, ZERO_STYLES, DEFAULT_MAX_SIDE, MIN_MAX_SIDE and
 # MAX_MAX_SIDE, which it imports numpy and PIL to define: tests/test_heatmaps_cmd.py checks
 # that they agree.
 Upsample = Literal["nearest", "bilinear"]
@@ -45,9 +45,9 @@ def check_figure_options(size: int, vmax: float | None = None) -> None:
 class _Model(NamedTuple):
     """One --ckpt of the run, as captioning and drawing use it."""
 
-    name: str  # its folder under --out (captioner.heatmaps.checkpoint_names)
+    name: str  # its folder under --out (captioner.inference.heatmaps.checkpoint_names)
     checkpoint: Path
-    captioner: object  # captioner.inference.Captioner
+    captioner: object  # captioner.inference.pipeline.Captioner
     decoding: object  # its DecodingOptions, with the command line's decoding options
 
 
@@ -110,9 +110,9 @@ def _open(inputs, ckpts, out, overwrite, decoding, device, claim):
     """Everything checked before an image is captioned: the checkpoints' names, --out
     (claimed), the images and the checkpoints. Returns (the earlier heatmaps in --out or
     None, the image paths, the models); raises OSError or ValueError."""
-    from captioner.heatmaps import checkpoint_names, index_entries
-    from captioner.image_files import collect_images
-    from captioner.inference import open_captioner
+    from captioner.inference.heatmaps import checkpoint_names, index_entries
+    from captioner.inference.image_files import collect_images
+    from captioner.inference.pipeline import open_captioner
     from data_prep.output_folders import (
         check_output_folder,
         claimed_output,
@@ -135,7 +135,7 @@ def _open(inputs, ckpts, out, overwrite, decoding, device, claim):
 
 def _draw(paths, models, out, earlier, style, batch_size, progress) -> int:
     """Caption, scale, draw and index; the exit status."""
-    from captioner.heatmaps import shared_vmax, unique_stems
+    from captioner.inference.heatmaps import shared_vmax, unique_stems
     from data_prep.atomic import atomic_write
     from data_prep.output_folders import result_folder
 
@@ -189,7 +189,7 @@ def _write_figures(out: Path, style: _Style, models: list[_Model], captions,
     (model name, path); returns the index of the run, whose paths are relative to ``out``."""
     from tqdm import tqdm
 
-    from captioner.heatmaps import AttentionRecord, write_heatmaps
+    from captioner.inference.heatmaps import AttentionRecord, write_heatmaps
     from data_prep.images import load_image
 
     index = {"vmax": vmax, "vmax_rule": "--vmax" if style.vmax else "maximum weight of the run",

@@ -1,5 +1,5 @@
 """A self-contained copy of a checkpoint, for sharing: what ``captioner export`` runs (the
-copying is :func:`captioner.frozen_encoder.export_self_contained`). torch is imported when the
+copying is :func:`captioner.model.frozen_encoder.export_self_contained`). torch is imported when the
 work starts, so that the command's options are read at once."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ def export_checkpoint(ckpt: Path, out: Path, overwrite: bool = False) -> int:
         overwrite: replace an existing --out file (default: refuse it).
     """
     from captioner.checkpointing import CheckpointError
-    from captioner.frozen_encoder import export_self_contained
     from captioner.model.encoder import EncoderWeightsError
+    from captioner.model.frozen_encoder import export_self_contained
     from data_prep.paths import check_output_file
 
     try:

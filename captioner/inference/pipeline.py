@@ -32,10 +32,14 @@ from captioner.checkpointing import (
     nonfinite_weights,
     weights_mismatch,
 )
-from captioner.decoding_options import DecodingOptions
-from captioner.frozen_encoder import missing_weights_problem, put_back_encoder, recorded_weights
-from captioner.image_files import ImageResult, load_images
+from captioner.inference.image_files import ImageResult, load_images
+from captioner.model.decoding_options import DecodingOptions
 from captioner.model.encoder import EncoderWeightsError
+from captioner.model.frozen_encoder import (
+    missing_weights_problem,
+    put_back_encoder,
+    recorded_weights,
+)
 from captioner.training.module import VOCABULARY_KEY, CaptioningModule, stored_vocabulary
 from data_prep.images import imagenet_transform, load_image
 from data_prep.vocab import Vocabulary
@@ -145,7 +149,8 @@ class Captioner:
             raise IncompatibleCheckpointError(str(exc)) from None
         # A self-contained checkpoint holds every weight: the pretrained encoder weights are
         # not fetched again (they may be unavailable offline, or a file on another machine).
-        # One of a frozen encoder names the weights to build it from (captioner.frozen_encoder).
+        # One of a frozen encoder names the weights to build it from
+        # (captioner.model.frozen_encoder).
         problem = missing_weights_problem(checkpoint, path)
         if problem is not None:
             raise IncompatibleCheckpointError(problem)
@@ -282,7 +287,7 @@ class Captioner:
         progress: bool = False,
     ) -> Iterator[tuple[ImageResult, Caption | None]]:
         """Caption image files batch by batch, in input order: yields each file's
-        :class:`captioner.image_files.ImageResult` with its caption, or None when the file
+        :class:`captioner.inference.image_files.ImageResult` with its caption, or None when the file
         could not be read (the result says why); one unreadable file stops nothing."""
         with tqdm(total=len(paths), unit="image", disable=not progress, file=sys.stderr) as bar:
             for start in range(0, len(paths), batch_size):

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal, TextIO
 
-from captioner.decoding_options import DecodingOverrides, apply_overrides
+from captioner.model.decoding_options import DecodingOverrides, apply_overrides
 from captioner.reporting import report_error
 from data_prep.text import check_utf8_names, printable
 from data_prep.wording import counted
@@ -75,8 +75,8 @@ class _CaptionJob:
              ) -> _CaptionJob:
         """Everything checked before any image is captioned: the inputs, --out (claimed),
         the checkpoint and the decoding options. Raises OSError or ValueError."""
-        from captioner.image_files import collect_images
-        from captioner.inference import open_captioner
+        from captioner.inference.image_files import collect_images
+        from captioner.inference.pipeline import open_captioner
         from data_prep.output_folders import claimed_output
         from data_prep.paths import check_output_file
 
@@ -116,7 +116,7 @@ class _CaptionJob:
         or --out held an earlier file (KeyboardInterrupt raised again)."""
         from tqdm import tqdm
 
-        from captioner.image_files import coco_image_ids
+        from captioner.inference.image_files import coco_image_ids
 
         ids, from_names = (coco_image_ids(self.paths) if self.format == "coco" else ([], True))
         if not from_names:
@@ -149,7 +149,7 @@ class _CaptionJob:
 
     def _record(self, path: Path, caption) -> str:
         if self.format == "jsonl":
-            from captioner.inference import jsonl_record
+            from captioner.inference.pipeline import jsonl_record
 
             record = jsonl_record(path, caption, self.captioner.output_attention_name)
             return json.dumps(record, ensure_ascii=False)

@@ -1,5 +1,5 @@
 """The demo run into a folder, one at a time: earlier results checked, cleared or gone on
-from, the steps of :mod:`eval.demo` run and the table printed. What ``captioner demo`` runs;
+from, the steps of :mod:`eval.demo.steps` run and the table printed. What ``captioner demo`` runs;
 torch is imported when the work starts, so that the command's options are read at once."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from data_prep.locks import held_alone
 from data_prep.output_folders import clear_folder
 from data_prep.paths import OutputPathError, check_output_dir
 from data_prep.wording import counted, first_names
-from eval.demo import (
+from eval.demo.steps import (
     FINISHED_MARK,
     FULL,
     LOCK_NAME,
@@ -27,8 +27,8 @@ from eval.demo import (
     prepare_data,
     run_demo,
 )
-from eval.demo_trainings import FILE_NAME as TRAININGS_FILE
-from eval.demo_trainings import TrainingRecord
+from eval.demo.trainings import FILE_NAME as TRAININGS_FILE
+from eval.demo.trainings import TrainingRecord
 
 MAX_SEED = 2**32 - 1
 

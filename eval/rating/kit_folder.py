@@ -1,5 +1,5 @@
 """The blinded human-rating kit of the paper's appendix B written into a folder, with its key
-beside it: what ``captioner rating-kit`` runs (the page and key are :mod:`eval.rating_kit`).
+beside it: what ``captioner rating-kit`` runs (the page and key are :mod:`eval.rating.kit`).
 torch is imported when the work starts, so that the command's options are read at once (hence
 no type-only imports here: jsonargparse runs them to read the signature)."""
 
@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from captioner.decoding_options import DecodingOverrides, apply_overrides
-from captioner.heatmap_folder import DEFAULT_SIZE, Upsample, check_figure_options
+from captioner.inference.heatmap_folder import DEFAULT_SIZE, Upsample, check_figure_options
+from captioner.model.decoding_options import DecodingOverrides, apply_overrides
 from captioner.reporting import report_error
 from data_prep.wording import counted
-from eval.rating_kit import check_image_source
+from eval.rating.kit import check_image_source
 
 PROG = "captioner rating-kit"
 
@@ -112,7 +112,7 @@ def make_rating_kit(
 def _candidates(source: _Source) -> list[tuple[str, Path]]:
     """(key, path) of every image to sample from, in a deterministic order."""
     if source.image_dir is not None:
-        from captioner.image_files import collect_images
+        from captioner.inference.image_files import collect_images
 
         root = Path(source.image_dir)
         return [(p.relative_to(root).as_posix(), p) for p in collect_images([root])]
@@ -126,15 +126,15 @@ def _open(ckpt, out, key_path, overwrite, source: _Source, device, claim):
     """Everything checked before an image is captioned. Returns (the candidates, whether the
     key replaces an earlier one, the earlier kit in --out or None, the captioners); raises
     OSError or ValueError."""
-    from captioner.heatmaps import checkpoint_names
-    from captioner.inference import open_captioner
+    from captioner.inference.heatmaps import checkpoint_names
+    from captioner.inference.pipeline import open_captioner
     from data_prep.output_folders import (
         check_output_folder,
         claimed_output,
         refuse_inputs_in_output,
     )
     from data_prep.text import check_utf8_names
-    from eval.rating_kit import KIT_FORMAT, kit_files
+    from eval.rating.kit import KIT_FORMAT, kit_files
 
     checkpoint_names(ckpt)  # a checkpoint given twice is refused
     candidates = _candidates(source)
@@ -163,7 +163,7 @@ def _check_key(path: Path, overwrite: bool, reads: list[tuple[str, Path]]) -> bo
             unblinded again).
     """
     from data_prep.paths import OutputPathError, check_output_file
-    from eval.rating_kit import is_key_file
+    from eval.rating.kit import is_key_file
 
     check_output_file(path, reads)
     if not path.exists():
@@ -183,8 +183,8 @@ def _check_key(path: Path, overwrite: bool, reads: list[tuple[str, Path]]) -> bo
 def _make(ckpt, out, key_path, source, n, candidates, captioners, options, replaces_key,
           earlier, style) -> int:
     """Sample, caption and write kit and key; the exit status."""
-    from captioner.heatmaps import checkpoint_names
-    from eval.rating_kit import KitModel, fewer_than_asked, sample_readable
+    from captioner.inference.heatmaps import checkpoint_names
+    from eval.rating.kit import KitModel, fewer_than_asked, sample_readable
 
     sample, skipped = sample_readable(candidates, n, style["seed"])
     for error in skipped:
@@ -216,7 +216,7 @@ def _make(ckpt, out, key_path, source, n, candidates, captioners, options, repla
 def _caption_sample(sample, captioners, options, from_folder: bool, style: dict) -> list:
     """KitImage of each sampled (key, path, image), with every model's caption of it; the
     sampled images are decoded already, so every model captions them from memory."""
-    from eval.rating_kit import KitCaption, KitImage
+    from eval.rating.kit import KitCaption, KitImage
 
     pictures = [image for _, _, image in sample]
     captions: list[list[KitCaption]] = [[] for _ in sample]
@@ -238,7 +238,7 @@ def _write_kit(out: Path, images, models, key_path: Path, earlier, style: dict):
     stopped half-way, or of only empty captions). Returns the `RatingKit`."""
     from data_prep.output_folders import result_folder
     from data_prep.stop_signals import stops_held
-    from eval.rating_kit import build_kit, kit_scale, write_key
+    from eval.rating.kit import build_kit, kit_scale, write_key
 
     vmax = kit_scale(images, models)
     with contextlib.ExitStack() as kit_and_key:

@@ -13,10 +13,10 @@ import numpy as np
 from data_prep.atomic import write_json
 from data_prep.paths import check_output_file
 from data_prep.wording import agreeing, counted, first_names
-from eval.coco_metrics import METRICS as COCO_METRICS
-from eval.coco_metrics import CaptionScores, score_captions
-from eval.rep import rep_per_image, rep_score
-from eval.spice import spice_scores
+from eval.metrics.coco import METRICS as COCO_METRICS
+from eval.metrics.coco import CaptionScores, score_captions
+from eval.metrics.rep import rep_per_image, rep_score
+from eval.metrics.spice import spice_scores
 
 ALL_METRICS: tuple[str, ...] = (*COCO_METRICS, "REP")
 
@@ -40,7 +40,7 @@ def compute_metrics(
 ) -> CaptionScores:
     """``score_captions`` for the coco-caption metrics plus REP (key "REP") computed on the
     same PTB-tokenized, lower-cased captions (per-image "REP": the REP of the image alone, on
-    the corpus scale; see :mod:`eval.rep`).
+    the corpus scale; see :mod:`eval.metrics.rep`).
 
     Corpus REP is NaN, with a warning, when every hypothesis is empty (an untrained model):
     it is undefined then, and the other metrics are still worth reporting."""
@@ -72,7 +72,7 @@ def spice_of_systems(
 
     ``hypotheses[system][image_id]`` are raw captions of images of ``references``; image ids
     must be >= 0."""
-    from eval.coco_metrics import tokenize_for_scoring
+    from eval.metrics.coco import tokenize_for_scoring
 
     ids = [i for system in hypotheses.values() for i in system]
     if any(i < 0 for i in ids):
@@ -123,8 +123,8 @@ def score_results_file(
             metric gives them 0) instead of refusing them.
     """
     from captioner.reporting import report_error, warnings_as_lines
-    from eval.java_tools import JavaToolError
-    from eval.spice_jars import SpiceJarsError
+    from eval.metrics.java_tools import JavaToolError
+    from eval.metrics.spice_jars import SpiceJarsError
 
     try:
         names, hypotheses, reference_file, notes = _scoring_inputs(
@@ -190,7 +190,7 @@ def _scored_images(hypotheses: dict, reference_file, split: str | None, results:
     warnings to print. Raises ValueError naming every problem: an image without a caption or
     references, an empty caption (unless ``allow_empty``)."""
     from eval.caption_files import empty_caption_ids
-    from eval.coco_metrics import coverage_problems
+    from eval.metrics.coco import coverage_problems
 
     refs, elsewhere = reference_file.captions, {}
     if split is None and set(refs) - set(hypotheses):

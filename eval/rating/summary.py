@@ -2,7 +2,7 @@
 
 Martins et al. (Table 2, appendix B) report, per attention mapping, the mean caption score and
 the mean attention-relevance score (both 1-5) over 100 images x 6 raters. `summarize` computes
-those means from the ratings files exported by the kit (`eval.rating_kit`), after unblinding
+those means from the ratings files exported by the kit (`eval.rating.kit`), after unblinding
 them with the kit's key, and adds per model and score kind:
 
 * ``n`` (ratings), ``raters`` and ``images`` counted;
@@ -38,7 +38,7 @@ import numpy as np
 from data_prep.settings_files import parse_json
 from data_prep.text import printable
 from data_prep.wording import first_names
-from eval.rating_kit import KEY_FORMAT, RATINGS_FORMAT, SCORES
+from eval.rating.kit import KEY_FORMAT, RATINGS_FORMAT, SCORES
 
 KINDS = ("caption", "attention")
 BOOTSTRAP_SAMPLES = 10_000
@@ -87,7 +87,7 @@ class RatingKey:
 
 
 def load_key(path: Path) -> RatingKey:
-    """Read and check a key written by `eval.rating_kit.write_key`."""
+    """Read and check a key written by `eval.rating.kit.write_key`."""
     data = _read_json(path, "key")
     if data.get("format") != KEY_FORMAT:
         raise RatingsError(f"{path}: not a rating-kit key (format {data.get('format')!r}, "

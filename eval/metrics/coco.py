@@ -1,8 +1,8 @@
 """The coco-caption metrics (Bleu_1..4, METEOR, ROUGE_L, CIDEr, SPICE) through pycocoevalcap.
 
 Follows ``pycocoevalcap.eval.COCOEvalCap.evaluate``: PTB-tokenize hypotheses and references
-(:mod:`eval.ptb`, sanitized, in a temporary directory), then call pycocoevalcap's scorers on
-the tokenized captions; SPICE runs through :mod:`eval.spice` (Java 17 ready). CIDEr here is
+(:mod:`eval.metrics.ptb`, sanitized, in a temporary directory), then call pycocoevalcap's scorers on
+the tokenized captions; SPICE runs through :mod:`eval.metrics.spice` (Java 17 ready). CIDEr here is
 pycocoevalcap's ``Cider`` (CIDEr-D, document frequencies from the evaluated references). Its
 IDF weights log(N / df) are all 0 when the references hold N = 1 image, so pycocoevalcap
 returns 0 there even for a caption equal to its reference: with fewer than 2 images CIDEr
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from data_prep.wording import agreeing, counted, first_names
 
 if TYPE_CHECKING:
-    from eval.spice_jars import SpiceInstall
+    from eval.metrics.spice_jars import SpiceInstall
 
 METRICS: tuple[str, ...] = ("Bleu", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
 BLEU_KEYS: tuple[str, ...] = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4")
@@ -83,7 +83,7 @@ def tokenize_for_scoring(
     hypotheses: Mapping[int, str], references: Mapping[int, Sequence[str]]
 ) -> tuple[dict[int, str], dict[int, list[str]]]:
     """PTB-tokenize hypotheses and references in one JVM (image order of ``hypotheses``)."""
-    from eval.ptb import ptb_tokenize
+    from eval.metrics.ptb import ptb_tokenize
 
     joint = {("hyp", i): [hypotheses[i]] for i in hypotheses}
     joint.update({("ref", i): list(references[i]) for i in hypotheses})
@@ -112,7 +112,7 @@ def _meteor(gts: dict[int, list[str]], res: dict[int, list[str]]) -> tuple[float
 
     from pycocoevalcap.meteor import meteor as module
 
-    from eval.java_tools import JavaToolError, how_it_ended, start_java
+    from eval.metrics.java_tools import JavaToolError, how_it_ended, start_java
 
     meteor = module.Meteor.__new__(module.Meteor)
     meteor.lock = threading.Lock()
@@ -155,7 +155,7 @@ def score_captions(
     _check_metrics(metrics)
     _check_inputs(hypotheses, references)
     if "SPICE" in metrics and spice_install is None:
-        from eval.spice_jars import locate_spice
+        from eval.metrics.spice_jars import locate_spice
 
         spice_install = locate_spice()
     hyps, refs = tokenize_for_scoring(hypotheses, references)
@@ -187,7 +187,7 @@ def score_captions(
 
         record("CIDEr", *cider_d(gts, res))
     if "SPICE" in metrics:
-        from eval.spice import spice_scores
+        from eval.metrics.spice import spice_scores
 
         score, details = spice_scores(hyps, gts, install=spice_install, timeout=spice_timeout)
         record("SPICE", score, [details[i]["All"]["f"] for i in ids])

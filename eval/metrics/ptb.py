@@ -5,7 +5,7 @@ there, which fails on a read-only install and races between parallel runs. This 
 same jar (``stanford-corenlp-3.4.1.jar`` shipped in pycocoevalcap), the same command
 (``edu.stanford.nlp.process.PTBTokenizer -preserveLines -lowerCase``) and the same
 punctuation filter (pycocoevalcap's ``PUNCTUATIONS``) in a temporary directory of our own,
-sanitizes captions first (see :mod:`eval.sanitize`) and checks that Java returned one line
+sanitizes captions first (see :mod:`eval.metrics.sanitize`) and checks that Java returned one line
 per caption instead of silently pairing lines with the wrong images.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from pycocoevalcap.tokenizer import ptbtokenizer
 
-from eval.java_tools import JavaToolError, java_work_folder, run_java
-from eval.sanitize import sanitize_caption
+from eval.metrics.java_tools import JavaToolError, java_work_folder, run_java
+from eval.metrics.sanitize import sanitize_caption
 
 TOKENIZER_JAR = Path(ptbtokenizer.__file__).with_name(ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR)
 _PUNCTUATION = frozenset(ptbtokenizer.PUNCTUATIONS)

@@ -6,7 +6,8 @@ and its downloader targets a host that is often unreachable. SPICE also writes i
 through the Nashorn JavaScript engine, which left the JDK in Java 15 and is missing from
 runtimes jlinked without ``jdk.scripting.nashorn`` (e.g. slim Java 11 images); Nashorn 15.4
 (Java 11+) and the ASM 7.3.1 jars it needs run as modules (``--module-path``) whenever the
-runtime lacks its own (:func:`eval.spice.java_has_nashorn`). All of them are on Maven Central.
+runtime lacks its own (:func:`eval.metrics.spice.java_has_nashorn`). All of them are on Maven
+Central.
 
 Cache layout (``spice_cache_dir()``; default ``~/.cache/captioner/spice``, env
 ``CAPTIONER_SPICE_DIR``)::
