@@ -38,6 +38,7 @@ from PIL import Image, ImageDraw
 from data_prep.atomic import atomic_write
 from data_prep.disk_space import DISK_FULL, disk_full
 from data_prep.karpathy import SPLITS, tokenize
+from data_prep.locks import held_alone
 from data_prep.output_folders import STAGING_PREFIX
 from data_prep.stop_signals import stops_held
 from data_prep.synthetic_captions import (
@@ -74,6 +75,7 @@ _COCO_CATEGORIES = [
     for index, name in enumerate(CATEGORIES)
 ]
 KARPATHY_FILENAME = "dataset_synthetic.json"
+LOCK_NAME = ".synthetic.lock"  # held by the one run rendering into the folder
 MIN_IMAGE_SIZE = 64
 # Each image is drawn from float32 layers of its size: 100,000 px would ask 37 GiB a layer.
 MAX_IMAGE_SIZE = 4096
@@ -140,9 +142,8 @@ def generate(
 
     Raises:
         OSError: a full disk or the file size limit, naming ``out_dir`` in one line.
+        OutputPathError: another run is rendering into ``out_dir`` now.
     """
-    from tqdm.auto import tqdm
-
     counts = {"train": n_train, "val": n_val, "test": n_test}
     named = [(f"n_{split}", n) for split, n in counts.items()]
     for name, value, low in [*((name, n, 0) for name, n in named), ("seed", seed, 0),
@@ -155,8 +156,21 @@ def generate(
         raise ValueError("n_train + n_val + n_test must be at least 1")
 
     dataset = _paths(Path(out_dir))
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    busy = f"{out_dir}: another run is rendering a synthetic dataset there now"
+    # One run at a time: each removes the staging folders it finds, as a killed run's.
+    with held_alone(Path(out_dir) / LOCK_NAME, busy):
+        _generate(dataset, counts, seed, image_size, progress)
+    return dataset
+
+
+def _generate(dataset: SyntheticDataset, counts: dict[str, int], seed: int, image_size: int,
+              progress: bool) -> None:
+    from tqdm.auto import tqdm
+
     # The Karpathy file marks a complete dataset: remove an earlier one until this run ends.
     dataset.karpathy_json.unlink(missing_ok=True)
+    out_dir = dataset.karpathy_json.parent
     try:
         with _staging_folder(Path(out_dir)) as staging, tqdm(
             total=sum(counts.values()),
@@ -173,7 +187,6 @@ def generate(
         # Named after the dataset's folder, not the staging folder or a file in it, which are
         # gone.
         raise disk_full(exc.errno, dataset.karpathy_json, None) from exc
-    return dataset
 
 
 def _render_dataset(staged: SyntheticDataset, counts: dict[str, int], seed: int,

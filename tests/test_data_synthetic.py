@@ -281,3 +281,19 @@ def test_rerun_in_the_same_folder_replaces_the_dataset(tmp_path, monkeypatch):
     # An interrupted run does not leave a Karpathy file that claims a complete dataset.
     with pytest.raises(FileNotFoundError, match="dataset_synthetic.json"):
         SyntheticDataset.from_dir(tmp_path)
+
+
+def test_a_second_run_into_a_folder_being_rendered_is_refused_and_touches_nothing(tmp_path):
+    # Each run removes the staging folders it finds there (a killed run's): two at once would
+    # have removed each other's.
+    import data_prep.synthetic as synthetic
+    from data_prep.locks import held_alone
+    from data_prep.paths import OutputPathError
+
+    staging = tmp_path / ".partial-synthetic-abcd"
+    staging.mkdir()
+    with held_alone(tmp_path / synthetic.LOCK_NAME, "busy"):
+        with pytest.raises(OutputPathError, match="another run is rendering"):
+            synthetic.generate(tmp_path, n_train=1, n_val=0, n_test=0, progress=False)
+    assert staging.is_dir()
+    assert not (tmp_path / synthetic.KARPATHY_FILENAME).exists()
