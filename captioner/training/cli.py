@@ -504,6 +504,9 @@ class CaptionerCLI(LightningCLI):
                for option in given_options(self._args)):
             return None
         folder = Path(self._first_config).resolve().parent
+        here = Path.cwd().resolve()
+        if folder.is_relative_to(here) and len(folder.relative_to(here).parts) >= 3:
+            folder = folder.relative_to(here)  # printed as runs/NAME/version_N, as a new run's
         checkpoints = folder / "checkpoints"
         if checkpoints.is_dir() and (version_number(folder) is not None
                                      or (checkpoints / PROGRESS_NAME).is_file()):
