@@ -467,9 +467,10 @@ def test_an_existing_out_file_is_replaced_only_with_overwrite(
     for main, argv, writes in cases:
         target = Path(argv[argv.index("--out") + 1])
         target.write_text("finished work")
-        assert main(argv) == 2
-        assert capsys.readouterr().err.endswith(
-            f": {target}: exists; choose another --out, or pass --overwrite to replace it\n")
+        code, err = main(argv), capsys.readouterr().err
+        assert code == 2, err
+        assert err.endswith(
+            f": {target}: exists; choose another --out, or pass --overwrite to replace it\n"), err
         assert target.read_text() == "finished work"
         if writes:
             assert main([*argv, "--overwrite"]) == 0, capsys.readouterr().err
