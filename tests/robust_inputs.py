@@ -689,19 +689,27 @@ def _split_naming_an_outside_image(command: str) -> Callable[[Given], Prepared]:
     return prepare
 
 
+def run_folder_holding(root: Path, config_text: str | None = None,
+                       progress: dict | None = None) -> Path:
+    """``root/demo/version_0`` with its ``checkpoints/`` and, where given, a ``config.yaml`` of
+    ``config_text`` and a ``checkpoints/progress.json`` of ``progress``: what ``runs`` reads."""
+    folder = root / "demo" / "version_0"
+    (folder / "checkpoints").mkdir(parents=True)
+    if config_text is not None:
+        (folder / "config.yaml").write_text(config_text, encoding="utf-8")
+    if progress is not None:
+        (folder / "checkpoints" / "progress.json").write_text(json.dumps(progress),
+                                                              encoding="utf-8")
+    return folder
+
+
 def _hostile_run_folder(config_text: str | None, progress: dict | None
                         ) -> Callable[[Given], Prepared]:
     """Item 11: ``captioner runs`` over a run folder holding a hostile file; the run is listed
     on one line of reasonable length."""
 
     def prepare(given: Given) -> Prepared:
-        folder = given.tmp / "runs" / "demo" / "version_0"
-        (folder / "checkpoints").mkdir(parents=True)
-        if config_text is not None:
-            (folder / "config.yaml").write_text(config_text, encoding="utf-8")
-        if progress is not None:
-            (folder / "checkpoints" / "progress.json").write_text(json.dumps(progress),
-                                                                  encoding="utf-8")
+        run_folder_holding(given.tmp / "runs", config_text, progress)
 
         def check(outcome: Outcome) -> None:
             [line] = [line for line in outcome.out.splitlines() if line.startswith("demo ")]

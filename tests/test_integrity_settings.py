@@ -4,8 +4,6 @@ reads; a checkpoint path no file can have in a progress.json is no run's progres
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import robust_inputs as bad
 
@@ -14,17 +12,6 @@ from data_prep.settings_files import SettingsLimitError, read_settings
 # 10 levels of 10 aliases each: 10**10 values once expanded, from 500 bytes.
 ALIAS_BOMB = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 10))
-
-
-def _run_folder(root, config_text=None, progress=None):
-    folder = root / "demo" / "version_0"
-    (folder / "checkpoints").mkdir(parents=True)
-    if config_text is not None:
-        (folder / "config.yaml").write_text(config_text, encoding="utf-8")
-    if progress is not None:
-        (folder / "checkpoints" / "progress.json").write_text(json.dumps(progress),
-                                                              encoding="utf-8")
-    return folder
 
 
 ROWS = {
@@ -43,7 +30,7 @@ ROWS = {
 @pytest.mark.parametrize("name", list(ROWS))
 def test_runs_lists_a_run_folder_with_hostile_files_without_a_traceback(name, tmp_path, capsys):
     config, progress = ROWS[name]
-    _run_folder(tmp_path, config, progress)
+    bad.run_folder_holding(tmp_path, config, progress)
     outcome = bad.run_cli(capsys, ["runs", "--root", tmp_path], seconds=30)
     assert outcome.code == 0, outcome.err[-2000:]
     assert "Traceback" not in outcome.err
