@@ -15,18 +15,19 @@ import pytest
 from data_prep.locks import held_alone
 from data_prep.paths import OutputPathError
 
-# A process that holds the lock ``argv[1]``, forks a child that sleeps on (a loader worker),
-# prints the child's process id and waits to be killed.
+# A process that holds the lock ``argv[1]``, forks a child that sleeps on (a loader worker)
+# and waits to be killed. The child prints its process id: by then its at-fork handlers have
+# run (a parent printing it could be killed before the child was ever scheduled, and the test
+# would see the child's copy of the lock, which it has not yet had the chance to drop).
 _HOLDER = """
 import os, sys, time
 from pathlib import Path
 from data_prep.locks import held_alone
 with held_alone(Path(sys.argv[1]), "busy"):
-    child = os.fork()
-    if child == 0:
+    if os.fork() == 0:
+        print(os.getpid(), flush=True)
         time.sleep(60)
         os._exit(0)
-    print(child, flush=True)
     time.sleep(60)
 """
 
