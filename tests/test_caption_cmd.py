@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -87,6 +88,13 @@ def test_text_output_skips_unreadable_files_and_keeps_the_rest(
     assert [line.split("\t")[0] for line in lines] == \
         [str(photo_dir / f"{n}.{'jpg' if n in (103, 106) else 'png'}") for n in range(101, 107)]
     assert all(line.split("\t")[1] for line in lines)
+
+
+def test_the_progress_bar_says_what_it_counts(tiny_checkpoint, photo_dir, tmp_path, capsys):
+    fast = [option for option in FAST if option != "--no-progress"]
+    assert command.main([str(photo_dir), "--ckpt", str(tiny_checkpoint), "--out",
+                         str(tmp_path / "captions.txt"), *fast]) == 1  # 107.jpg is unreadable
+    assert re.search(r"captioning: 100%.* 7/7 ", capsys.readouterr().err)
 
 
 def test_jsonl_carries_tokens_and_attention_maps(tiny_checkpoint, photo_dir, capsys):

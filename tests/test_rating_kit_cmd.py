@@ -33,7 +33,8 @@ def test_kit_from_karpathy_split_with_key_outside(tiny_checkpoint, synthetic_dat
     capsys.readouterr()
     assert command.main([*args, "--n", "99", "--overwrite"]) == 2
     assert capsys.readouterr().err == (
-        "captioner rating-kit: --n 99 but the test split has only 4 images\n")
+        "captioner rating-kit: --n 99 but the test split has only 4 images; pass --n 4 for a "
+        "kit of those\n")
     assert json.loads((tmp_path / "kit-key.json").read_text()) == key  # kept as it was
 
 

@@ -289,7 +289,8 @@ class Captioner:
         """Caption image files batch by batch, in input order: yields each file's
         :class:`captioner.inference.image_files.ImageResult` with its caption, or None when the file
         could not be read (the result says why); one unreadable file stops nothing."""
-        with tqdm(total=len(paths), unit="image", disable=not progress, file=sys.stderr) as bar:
+        with tqdm(total=len(paths), desc="captioning", unit="image", disable=not progress,
+                  file=sys.stderr) as bar:
             for start in range(0, len(paths), batch_size):
                 results = load_images(paths[start : start + batch_size])
                 readable = [r for r in results if r.image is not None]

@@ -192,8 +192,10 @@ def _make(ckpt, out, key_path, source, n, candidates, captioners, options, repla
     if len(sample) < n:
         where = (str(source.image_dir) if source.image_dir is not None
                  else f"the {source.split} split")
-        print(f"{PROG}: {fewer_than_asked(n, len(sample), len(candidates), where)}",
-              file=sys.stderr)
+        # The kit is never made smaller than asked behind the user's back (a study plans its
+        # size), but the line says how to make the kit that can be made.
+        print(f"{PROG}: {fewer_than_asked(n, len(sample), len(candidates), where)}; pass "
+              f"--n {len(sample)} for a kit of those", file=sys.stderr)
         return 2
     models = [KitModel(name, str(path), c.output_attention_name)
               for name, path, c in zip(checkpoint_names(ckpt), ckpt, captioners, strict=True)]
