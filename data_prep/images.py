@@ -28,7 +28,7 @@ from __future__ import annotations
 import stat
 import struct
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -58,10 +58,6 @@ _BACKGROUND = (255, 255, 255)
 
 class ImageLoadError(ValueError):
     """An image file that cannot be used; the message names the file and the reason."""
-
-
-class SkippedImagesWarning(UserWarning):
-    """Some images were skipped by :func:`check_images` with ``skip_bad=True``."""
 
 
 def load_image(path: str | Path, *, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
@@ -257,39 +253,3 @@ def imagenet_transform(size: int = 256):
             transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
         ]
     )
-
-
-def check_images(
-    paths: Iterable[str | Path],
-    *,
-    skip_bad: bool = False,
-    max_pixels: int = MAX_IMAGE_PIXELS,
-    progress: bool = False,
-) -> list[Path]:
-    """Decode every image in ``paths`` and return the usable ones, in order.
-
-    With ``skip_bad=False`` the first unusable image raises its :class:`ImageLoadError`. With
-    ``skip_bad=True`` unusable images are left out and one :class:`SkippedImagesWarning` lists
-    every skipped file with its reason.
-    """
-    from tqdm.auto import tqdm
-
-    paths = [Path(path) for path in paths]
-    good: list[Path] = []
-    skipped: list[str] = []
-    for path in tqdm(paths, desc="checking images", unit="img", disable=not progress):
-        try:
-            load_image(path, max_pixels=max_pixels)
-        except ImageLoadError as exc:
-            if not skip_bad:
-                raise
-            skipped.append(str(exc))
-            continue
-        good.append(path)
-    if skipped:
-        warnings.warn(
-            f"skipped {len(skipped)} of {len(paths)} images:\n  " + "\n  ".join(skipped),
-            SkippedImagesWarning,
-            stacklevel=2,
-        )
-    return good

@@ -106,7 +106,7 @@ def load_karpathy(json_path: str | Path, image_root: str | Path) -> KarpathyData
     """Parse and validate a Karpathy-split JSON file.
 
     Image paths are ``image_root / filepath / filename`` (``filepath`` omitted when absent);
-    they are not opened here (see :func:`data_prep.images.check_images`).
+    they are not opened here (prepare-features checks every image before encoding).
 
     Raises:
         FileNotFoundError: ``json_path`` does not exist. ValueError: it is a folder or FIFO.

@@ -27,15 +27,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-STATISTICS = (
-    "zero_attention",
-    "support_size",
-    "js_divergence",
-    "entropy",
-    "fused_groups",
-    "caption_length",
-)
-
 
 def _xlogx(p: Tensor) -> Tensor:
     return torch.where(p > 0, p * torch.log(torch.where(p > 0, p, 1.0)), 0.0)

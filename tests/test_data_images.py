@@ -14,8 +14,6 @@ from data_prep.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     ImageLoadError,
-    SkippedImagesWarning,
-    check_images,
     imagenet_transform,
     load_image,
     orient,
@@ -263,21 +261,6 @@ def test_an_empty_file_is_named_alike_by_loading_and_by_checking(tmp_path):
         load_image(tmp_path / "empty.jpg")
     assert str(info.value) == f"{tmp_path / 'empty.jpg'}: is empty (0 bytes)"
     assert check_image(tmp_path / "empty.jpg") == "is empty (0 bytes)"
-
-
-def test_check_images_raises_or_skips_with_one_warning(tmp_path):
-    good = [tmp_path / "a.png", tmp_path / "c.png"]
-    for path in good:
-        Image.new("RGB", (4, 4)).save(path)
-    (tmp_path / "b.png").write_bytes(b"garbage")
-    paths = [good[0], tmp_path / "b.png", good[1], tmp_path / "missing.png"]
-    with pytest.raises(ImageLoadError, match="b.png"):
-        check_images(paths)
-    with pytest.warns(SkippedImagesWarning) as record:
-        assert check_images(paths, skip_bad=True) == good
-    assert len(record) == 1
-    message = str(record[0].message)
-    assert "skipped 2 of 4" in message and "b.png" in message and "missing.png" in message
 
 
 def test_imagenet_transform_matches_hand_computation():

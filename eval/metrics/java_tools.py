@@ -38,11 +38,6 @@ def java_executable() -> str:
     return java
 
 
-def java_major_version() -> int:
-    """Feature version of the Java runtime on PATH (8 for 1.8.0_x, 17 for 17.0.x)."""
-    return _major_version(java_executable())
-
-
 @functools.cache
 def _major_version(java: str) -> int:
     proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
