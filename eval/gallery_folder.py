@@ -11,12 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from captioner.inference.heatmap_folder import (
-    DEFAULT_SIZE,
-    Upsample,
-    ZeroStyle,
-    check_figure_options,
-)
+from captioner.inference.heatmap_folder import FigureStyle, check_figure_options
 from captioner.model.decoding_options import DecodingOverrides, apply_overrides
 from captioner.reporting import report_error
 from data_prep.wording import counted
@@ -62,10 +57,7 @@ def make_gallery(
     seed: int = 0,
     overwrite: bool = False,
     title: str = "Attention gallery",
-    upsample: Upsample = "nearest",
-    size: int = DEFAULT_SIZE,
-    zero_style: ZeroStyle = "transparent",
-    vmax: float | None = None,
+    figure: FigureStyle = FigureStyle(),
     decoding: DecodingOverrides | None = None,
     batch_size: int = 16,
     device: str | None = None,
@@ -88,10 +80,7 @@ def make_gallery(
         overwrite: replace the gallery of an earlier run in --out, wholly (default: --out
             must be new or empty).
         title: page title.
-        upsample: attention cells drawn as blocks (nearest) or smoothed (bilinear).
-        size: longer image side in pixels, 32 to 4096.
-        zero_style: zero attention fully transparent or a white mask.
-        vmax: colour-scale maximum (default: page maximum).
+        figure: how the figures are drawn; its vmax defaults to the page's largest weight.
         decoding: decoding options; each not given is the checkpoint's own.
         batch_size: images per batch.
         device: torch device: cpu, cuda, cuda:1, ... (default: cuda when available, else cpu).
@@ -101,7 +90,7 @@ def make_gallery(
     ckpt, out = [Path(path) for path in ckpt], Path(out)
     with contextlib.ExitStack() as claim:  # the --out folder, held until the work ends
         try:
-            _check_numbers(size, vmax, n, seed, batch_size)
+            _check_numbers(figure, n, seed, batch_size)
             check_image_source("IMAGE_OR_DIR", bool(inputs), data, images)
             earlier, names, captioners, chosen = _open(ckpt, out, overwrite, source, device,
                                                        claim)
@@ -109,14 +98,13 @@ def make_gallery(
             return report_error(PROG, exc)
         options = [apply_overrides(captioner.decoding, decoding) for captioner in captioners]
         return _make(ckpt, out, earlier, names, captioners, options, chosen,
-                     dict(title=title, vmax=vmax, zero_style=zero_style, upsample=upsample,
-                          size=size, batch_size=batch_size, progress=progress))
+                     dict(title=title, figure=figure, batch_size=batch_size,
+                          progress=progress))
 
 
-def _check_numbers(size: int, vmax: float | None, n: int | None, seed: int,
-                   batch_size: int) -> None:
+def _check_numbers(figure: FigureStyle, n: int | None, seed: int, batch_size: int) -> None:
     """ValueError naming the first number out of range."""
-    check_figure_options(size, vmax)
+    check_figure_options(figure.size, figure.vmax)
     for name, value in (("n", n), ("batch_size", batch_size)):
         if value is not None and value < 1:
             raise ValueError(f"--{name} must be >= 1, got {value}")
@@ -197,7 +185,7 @@ def _make(ckpt, out, earlier, names, captioners, options, chosen: _Selection, st
               for name, path, captioner in zip(names, ckpt, captioners, strict=True)]
     images, failed = caption_gallery(
         captioners, options, chosen.paths, names=chosen.names, batch_size=style["batch_size"],
-        max_side=style["size"], progress=style["progress"])
+        max_side=style["figure"].size, progress=style["progress"])
     if chosen.split_references:
         add_references(images, chosen.ids, chosen.split_references)
     for error in failed.values():
@@ -226,9 +214,10 @@ def _write_page(out: Path, images, models, earlier, style: dict) -> Path:
     from data_prep.output_folders import result_folder
     from eval.gallery import build_gallery, gallery_scale
 
-    gallery_scale(images, models, vmax=style["vmax"], zero_style=style["zero_style"])
+    figure = style["figure"]
+    gallery_scale(images, models, vmax=figure.vmax, zero_style=figure.zero_style)
     with result_folder(out, earlier) as folder:
-        page = build_gallery(folder, images, models, title=style["title"], vmax=style["vmax"],
-                             zero_style=style["zero_style"], upsample=style["upsample"],
+        page = build_gallery(folder, images, models, title=style["title"], vmax=figure.vmax,
+                             zero_style=figure.zero_style, upsample=figure.upsample,
                              progress=style["progress"])
     return out / page.relative_to(folder)

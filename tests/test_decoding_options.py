@@ -7,9 +7,9 @@ import pytest
 import torch
 from test_decoding import constant_decoder, random_batch, repeated_trigrams
 
-from captioner.commands.options import decoding_overrides
+from captioner.commands.options import options_of
 from captioner.inference.pipeline import Captioner
-from captioner.model.decoding_options import DecodingOptions, apply_overrides
+from captioner.model.decoding_options import DecodingOptions, DecodingOverrides, apply_overrides
 from data_prep.vocab import Vocabulary
 
 
@@ -70,15 +70,18 @@ def test_command_line_overrides_the_checkpoints_own_options(tiny_checkpoint):
 
     parser = build_parser()
     given = ["image.png", "--ckpt", str(tiny_checkpoint)]
-    options = apply_overrides(captioner.decoding, decoding_overrides(parser.parse_args(given)))
+    def overrides(argv):
+        return options_of(parser.parse_args(argv), DecodingOverrides)
+
+    options = apply_overrides(captioner.decoding, overrides(given))
     assert options == captioner.decoding
-    options = apply_overrides(captioner.decoding, decoding_overrides(
-        parser.parse_args([*given, "--beam-size", "4", "--block-trigrams", "--allow-unk"])))
+    options = apply_overrides(captioner.decoding, overrides(
+        [*given, "--beam-size", "4", "--block-trigrams", "--allow-unk"]))
     assert options == DecodingOptions(beam_size=4, max_length=12, block_trigrams=True,
                                       allow_unk=True)
     with pytest.raises(ValueError, match="beam_size"):
         apply_overrides(captioner.decoding,
-                        decoding_overrides(parser.parse_args([*given, "--beam-size", "0"])))
+                        overrides([*given, "--beam-size", "0"]))
 
 
 def test_validation_and_test_decode_with_the_models_options(tiny_checkpoint):

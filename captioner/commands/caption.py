@@ -32,12 +32,13 @@ from pathlib import Path
 
 from captioner.commands.options import (
     FunctionParser,
-    add_decoding_overrides,
+    add_options_of,
     arguments_of,
-    decoding_overrides,
     function_parser,
+    options_of,
 )
 from captioner.inference.captioning import caption_images
+from captioner.model.decoding_options import DecodingOverrides
 
 HELP = "caption images or folders of images (text, jsonl with per-word attention, COCO results)"
 
@@ -47,10 +48,11 @@ def build_parser() -> FunctionParser:
                              skip=("inputs", "decoding"), once=("ckpt",))
     parser.add_argument("inputs", nargs="+", type=Path, metavar="IMAGE_OR_DIR",
                         help="image files and folders of images")
-    add_decoding_overrides(parser)
+    add_options_of(parser, DecodingOverrides)
     return parser
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    return caption_images(**arguments_of(caption_images, args), decoding=decoding_overrides(args))
+    return caption_images(**arguments_of(caption_images, args),
+                          decoding=options_of(args, DecodingOverrides))

@@ -40,25 +40,28 @@ from pathlib import Path
 
 from captioner.commands.options import (
     FunctionParser,
-    add_decoding_overrides,
+    add_options_of,
     arguments_of,
-    decoding_overrides,
     function_parser,
+    options_of,
 )
-from captioner.inference.heatmap_folder import draw_heatmaps
+from captioner.inference.heatmap_folder import FigureStyle, draw_heatmaps
+from captioner.model.decoding_options import DecodingOverrides
 
 HELP = "per-word attention heatmaps, caption strips and raw weights for images"
 
 
 def build_parser() -> FunctionParser:
     parser = function_parser("captioner heatmaps", __doc__, draw_heatmaps,
-                             skip=("inputs", "decoding"))
+                             skip=("inputs", "figure", "decoding"))
     parser.add_argument("inputs", nargs="+", type=Path, metavar="IMAGE_OR_DIR",
                         help="image files and folders of images")
-    add_decoding_overrides(parser)
+    add_options_of(parser, FigureStyle)
+    add_options_of(parser, DecodingOverrides)
     return parser
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    return draw_heatmaps(**arguments_of(draw_heatmaps, args), decoding=decoding_overrides(args))
+    return draw_heatmaps(**arguments_of(draw_heatmaps, args), figure=options_of(args, FigureStyle),
+                         decoding=options_of(args, DecodingOverrides))

@@ -27,7 +27,6 @@ import jsonargparse
 import yaml
 from jsonargparse import ActionConfigFile, ActionYesNo
 
-from captioner.model.decoding_options import DecodingOverrides
 from captioner.reporting import close_progress_bars
 
 
@@ -188,18 +187,19 @@ def _add_flags(parser: jsonargparse.ArgumentParser, target: Callable, names: lis
                             help=described.get(name))
 
 
-def add_decoding_overrides(parser: jsonargparse.ArgumentParser) -> None:
-    """The options of :data:`DecodingOverrides` (``--beam_size``, ...), each defaulting to
-    the checkpoint's own; :func:`decoding_overrides` collects them."""
-    flags = _bool_parameters(DecodingOverrides)
-    parser.add_class_arguments(DecodingOverrides, None, skip=set(flags))
-    _add_flags(parser, DecodingOverrides, flags)
+def add_options_of(parser: jsonargparse.ArgumentParser, options: type) -> None:
+    """The fields of the dataclass ``options`` (:data:`DecodingOverrides`, a figure style) as
+    options of their own names (``--beam_size``), their help from its docstring, a bool field
+    a flag; :func:`options_of` collects them. The command's function takes them as one
+    parameter, which its parser skips."""
+    flags = _bool_parameters(options)
+    parser.add_class_arguments(options, None, skip=set(flags))
+    _add_flags(parser, options, flags)
 
 
-def decoding_overrides(args: jsonargparse.Namespace) -> DecodingOverrides:
-    """The :data:`DecodingOverrides` that ``args`` give."""
-    return DecodingOverrides(**{option.name: args.get(option.name)
-                                for option in fields(DecodingOverrides)})
+def options_of(args: jsonargparse.Namespace, options: type):
+    """The ``options`` dataclass (see :func:`add_options_of`) that ``args`` give."""
+    return options(**{option.name: args.get(option.name) for option in fields(options)})
 
 
 def arguments_of(function: Callable, args: jsonargparse.Namespace) -> dict:

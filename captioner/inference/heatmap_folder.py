@@ -11,6 +11,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple
 
@@ -42,6 +43,23 @@ def check_figure_options(size: int, vmax: float | None = None) -> None:
         raise ValueError(f"--vmax must be a finite number > 0, got {vmax}")
 
 
+@dataclass(frozen=True)
+class FigureStyle:
+    """How attention is drawn over the images (``captioner heatmaps`` and ``gallery``).
+
+    Args:
+        upsample: attention cells drawn as blocks (nearest) or smoothed (bilinear).
+        size: longer image side in pixels, 32 to 4096.
+        zero_style: zero attention fully transparent or a white mask.
+        vmax: colour-scale maximum (default: the largest weight drawn together).
+    """
+
+    upsample: Upsample = "nearest"
+    size: int = DEFAULT_SIZE
+    zero_style: ZeroStyle = "transparent"
+    vmax: float | None = None
+
+
 class _Model(NamedTuple):
     """One --ckpt of the run, as captioning and drawing use it."""
 
@@ -51,24 +69,12 @@ class _Model(NamedTuple):
     decoding: object  # its DecodingOptions, with the command line's decoding options
 
 
-class _Style(NamedTuple):
-    """How the figures are drawn."""
-
-    upsample: str
-    size: int
-    zero_style: str
-    vmax: float | None
-
-
 def draw_heatmaps(
     inputs: Sequence[Path],
     ckpt: list[Path],
     out: Path,
     overwrite: bool = False,
-    upsample: Upsample = "nearest",
-    size: int = DEFAULT_SIZE,
-    zero_style: ZeroStyle = "transparent",
-    vmax: float | None = None,
+    figure: FigureStyle = FigureStyle(),
     decoding: DecodingOverrides | None = None,
     batch_size: int = 16,
     device: str | None = None,
@@ -84,26 +90,22 @@ def draw_heatmaps(
         out: output folder.
         overwrite: replace the heatmaps of an earlier run in --out, wholly (default: --out
             must be new or empty).
-        upsample: attention cells drawn as blocks (nearest) or smoothed (bilinear).
-        size: longer image side in pixels, 32 to 4096.
-        zero_style: zero attention fully transparent or a white mask.
-        vmax: colour-scale maximum (default: run maximum).
+        figure: how the figures are drawn; its vmax defaults to the run's largest weight.
         decoding: decoding options; each not given is the checkpoint's own.
         batch_size: images per batch.
         device: torch device: cpu, cuda, cuda:1, ... (default: cuda when available, else cpu).
         progress: show progress bars.
     """
-    style = _Style(upsample, size, zero_style, vmax)
     with contextlib.ExitStack() as claim:  # the --out folder, held until the work ends
         try:
-            check_figure_options(size, vmax)
+            check_figure_options(figure.size, figure.vmax)
             if batch_size < 1:
                 raise ValueError(f"--batch_size must be >= 1, got {batch_size}")
             earlier, paths, models = _open(inputs, ckpt, Path(out), overwrite, decoding,
                                            device, claim)
         except (OSError, ValueError) as exc:
             return report_error(PROG, exc)
-        return _draw(paths, models, Path(out), earlier, style, batch_size, progress)
+        return _draw(paths, models, Path(out), earlier, figure, batch_size, progress)
 
 
 def _open(inputs, ckpts, out, overwrite, decoding, device, claim):
@@ -182,7 +184,7 @@ def _caption_all(models: list[_Model], paths: list[Path], batch_size: int, progr
     return captions, failed
 
 
-def _write_figures(out: Path, style: _Style, models: list[_Model], captions,
+def _write_figures(out: Path, style: FigureStyle, models: list[_Model], captions,
                    images: list[tuple[Path, str]], vmax: float, progress: bool) -> dict:
     """Draw the figures of ``images`` (path, folder name) into ``out/MODEL/FOLDER/`` (--out,
     or where the result is drawn before it replaces an earlier one), with ``captions`` keyed

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from captioner.commands.options import (
     FunctionParser,
-    add_decoding_overrides,
+    add_options_of,
     arguments_of,
-    decoding_overrides,
     function_parser,
+    options_of,
 )
+from captioner.model.decoding_options import DecodingOverrides
 from eval.checkpoint_evaluation import evaluate_checkpoint
 
 HELP = "caption a Karpathy split with a checkpoint; metrics, attention statistics, objects"
@@ -20,11 +21,11 @@ HELP = "caption a Karpathy split with a checkpoint; metrics, attention statistic
 def build_parser() -> FunctionParser:
     parser = function_parser("captioner evaluate", __doc__, evaluate_checkpoint,
                              skip=("decoding",), once=("ckpt",))
-    add_decoding_overrides(parser)
+    add_options_of(parser, DecodingOverrides)
     return parser
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     return evaluate_checkpoint(**arguments_of(evaluate_checkpoint, args),
-                               decoding=decoding_overrides(args))
+                               decoding=options_of(args, DecodingOverrides))

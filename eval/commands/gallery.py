@@ -38,11 +38,13 @@ from pathlib import Path
 
 from captioner.commands.options import (
     FunctionParser,
-    add_decoding_overrides,
+    add_options_of,
     arguments_of,
-    decoding_overrides,
     function_parser,
+    options_of,
 )
+from captioner.inference.heatmap_folder import FigureStyle
+from captioner.model.decoding_options import DecodingOverrides
 from eval.gallery_folder import make_gallery
 from eval.rating.kit import check_image_source
 
@@ -51,10 +53,11 @@ HELP = "side-by-side attention gallery of several checkpoints (static HTML)"
 
 def build_parser() -> FunctionParser:
     parser = function_parser("captioner gallery", __doc__, make_gallery,
-                             skip=("inputs", "decoding"))
+                             skip=("inputs", "figure", "decoding"))
     parser.add_argument("inputs", nargs="*", type=Path, metavar="IMAGE_OR_DIR",
                         help="image files or folders (searched recursively)")
-    add_decoding_overrides(parser)
+    add_options_of(parser, FigureStyle)
+    add_options_of(parser, DecodingOverrides)
     return parser
 
 
@@ -62,4 +65,5 @@ def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     parser.check(check_image_source, "IMAGE_OR_DIR", bool(args.inputs), args.data, args.images)
-    return make_gallery(**arguments_of(make_gallery, args), decoding=decoding_overrides(args))
+    return make_gallery(**arguments_of(make_gallery, args), figure=options_of(args, FigureStyle),
+                        decoding=options_of(args, DecodingOverrides))

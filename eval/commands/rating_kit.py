@@ -23,11 +23,12 @@ from pathlib import Path
 
 from captioner.commands.options import (
     FunctionParser,
-    add_decoding_overrides,
+    add_options_of,
     arguments_of,
-    decoding_overrides,
     function_parser,
+    options_of,
 )
+from captioner.model.decoding_options import DecodingOverrides
 from eval.rating.kit import check_image_source
 from eval.rating.kit_folder import key_path_of, make_rating_kit
 
@@ -39,7 +40,7 @@ def build_parser() -> FunctionParser:
                              skip=("image_dir", "decoding"))
     parser.add_argument("image_dir", nargs="?", type=Path, metavar="IMAGE_DIR",
                         help="sample from the images of this folder instead of a Karpathy split")
-    add_decoding_overrides(parser)
+    add_options_of(parser, DecodingOverrides)
     return parser
 
 
@@ -50,4 +51,4 @@ def main(argv: list[str]) -> int:
                  args.images)
     parser.check(key_path_of, args.out, args.key)
     return make_rating_kit(**arguments_of(make_rating_kit, args),
-                           decoding=decoding_overrides(args))
+                           decoding=options_of(args, DecodingOverrides))
