@@ -124,7 +124,7 @@ def prepare_feature_cache(
     except (ValueError, OSError, EncoderWeightsError) as exc:
         return report_error(prog, exc)
     print(f"feature cache {out} (encoder: {config})")
-    from captioner.commands.next_steps import fit_command, machine_setup
+    from captioner.features.next_steps import fit_command, machine_setup
 
     print("next:")
     print(f"  {fit_command(machine_setup().config, data, images, out, config)}")
@@ -220,7 +220,7 @@ def _tell_import(report, sources: int, images: list[Path]) -> None:
 
 
 def _print_next_steps(out: Path, images: Path) -> None:
-    from captioner.commands.next_steps import (
+    from captioner.features.next_steps import (
         CPU_SETUP,
         cache_path,
         fit_command,
