@@ -80,10 +80,10 @@ def check_options(**options) -> None:
     refuse_unknown("input-attention", options["input_attention"], (*MAPPINGS, "same"))
     refuse_unknown("clock", options["clock"], sorted(CLOCKS))
     refuse_bad_seed(options["seed"])
-    if options["clock"] == "cpu" and torch_device(options["device"]).type != "cpu":
+    device = torch_device(options["device"])  # cpu, cuda or cuda:N, present on this machine
+    if options["clock"] == "cpu" and device.type != "cpu":
         raise ValueError(f"--clock cpu only measures CPU devices, not --device "
                          f"{options['device']}")
-    torch_device(options["device"])
     if options["tvmax_overlap"] and "tvmax" not in mappings:
         raise ValueError("--tvmax-overlap times TVmax a second way: give --mappings with tvmax")
     refuse_unwritable("--json", options["json"], check_output_file)
