@@ -1,9 +1,10 @@
 """English wording of one-line messages: counts with their nouns, the first few of a list,
-values cut to a readable length."""
+values cut to a readable length; and the reading of a list of names as a user writes it
+(``train,val``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -32,3 +33,26 @@ def agreeing(count: int, one: str, many: str) -> str:
     """The word that agrees with ``count`` things: ``one`` ("is", "has") for one, else
     ``many`` ("are", "have"), for the verb after :func:`counted`."""
     return one if count == 1 else many
+
+
+def names(what: str, check: Callable[[str], None] | None = None
+          ) -> Callable[[str], list[str]]:
+    """A reader of a comma-separated list of at least one ``what`` ("split", "mapping"): it
+    returns the names, each passed to ``check`` first, and raises ValueError naming the text
+    that lists none, a name twice or an empty name (a stray comma), or ``check``'s own
+    (an unknown name is refused before any other is used)."""
+
+    def parse(text: str) -> list[str]:
+        listed = [name.strip() for name in text.split(",")]
+        if not any(listed):
+            raise ValueError(f"{text!r} names no {what}")
+        if not all(listed):  # a stray comma, or a name lost from the list
+            raise ValueError(f"{text!r} holds an empty {what} name (a stray comma)")
+        twice = [name for name in dict.fromkeys(listed) if listed.count(name) > 1]
+        if twice:  # one row each would drop one silently
+            raise ValueError(f"{text!r} names {what} {twice[0]!r} twice")
+        for name in listed if check else ():
+            check(name)
+        return listed
+
+    return parse

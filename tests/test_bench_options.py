@@ -13,6 +13,7 @@ import torch
 
 from captioner.benchmarks import attention, fit
 from captioner.benchmarks import model as bench_model
+from captioner.commands import bench
 
 REFUSED = [
     (attention, ["--device", "cuda:99"], "argument --device: device 'cuda:99': "),
@@ -21,7 +22,7 @@ REFUSED = [
     (attention, ["--threads", "0"], "argument --threads: must be >= 1, got 0"),
     # numba's pool has as many threads as the machine's CPUs: more would stop in numba.
     (attention, ["--threads", "100000"], "argument --threads: must be <= "),
-    (attention, ["--repeats", "1.5"], "argument --repeats: not an integer: '1.5'"),
+    (attention, ["--repeats", "1.5"], "--repeats: invalid value 1.5 (expected int)"),
     (bench_model, ["--device", "cuda:99"], "argument --device: device 'cuda:99': "),
     (bench_model, ["--device", "tpu"], "argument --device: unknown device 'tpu'"),
     (bench_model, ["--warmup", "-1"], "argument --warmup: must be >= 0, got -1"),
@@ -89,24 +90,28 @@ def test_a_bad_option_is_one_line_with_status_2_before_any_work(module, argv, me
     monkeypatch.setattr(module, _WORK[module], work)
     argv = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
     with pytest.raises(SystemExit) as exited:
-        module.main(argv)
+        bench.main([_name(module), *argv])
     captured = capsys.readouterr()
     assert exited.value.code == 2 and captured.out == ""
-    prog = f"captioner bench {module.__name__.split('.')[-1]}: error: "
+    prog = f"captioner bench {_name(module)}: error: "
     assert captured.err.startswith(prog + message.replace("{tmp}", str(tmp_path)))
     assert captured.err.count("\n") == 1
 
 
+def _name(module) -> str:
+    return module.__name__.split(".")[-1]
+
+
 @pytest.mark.parametrize("module", [attention, bench_model, fit])
 def test_help_says_each_default_once(module):
-    parser = module._parser()
+    parser = bench.build_parser(_name(module))
     formatter = parser._get_formatter()
     for action in parser._actions:
         if action.default in (None, False, argparse.SUPPRESS):
             continue
         text = " ".join(formatter._expand_help(action).split())
-        assert text.count("(default:") == 1, (action.option_strings, text)
-        assert f"(default: {action.default})" in text, (action.option_strings, text)
+        assert text.count("default:") == 1, (action.option_strings, text)
+        assert f"default: {action.default})" in text, (action.option_strings, text)
 
 
 def test_the_fit_lowers_the_configs_workers_to_the_usable_cpus(monkeypatch):
@@ -158,4 +163,4 @@ def test_the_smallest_accepted_images_reach_the_benchmark(monkeypatch):
 
     monkeypatch.setattr(fit, "write_coco_shaped", work)
     with pytest.raises(RuntimeError, match="started"):
-        fit.main(["--images", "13", "--batch-size", "64"])
+        bench.main(["fit", "--images", "13", "--batch-size", "64"])

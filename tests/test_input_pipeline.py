@@ -183,15 +183,16 @@ def test_pin_memory_follows_the_setting(cached_dataset):
 @pytest.mark.parametrize(("steps", "warmup"), [(4, 1), (20, 0)])
 def test_bench_fit_times_a_real_fit_against_the_model(tmp_path, capsys, monkeypatch, steps,
                                                       warmup):
-    from captioner.benchmarks import fit, model
+    from captioner.benchmarks import model
+    from captioner.commands import bench
 
     model_steps = []
     step = model.train_step
     monkeypatch.setattr(model, "train_step", lambda *a, **k: model_steps.append(step(*a, **k)))
-    assert fit.main(["--images", "12", "--grid", "2", "--vocab-size", "30", "--batch-size", "4",
-                     "--steps", str(steps), "--warmup-steps", str(warmup), "--mappings", "softmax",
-                     "--num-workers", "0", "--accelerator", "cpu",
-                     "--data", str(tmp_path / "data")]) == 0
+    assert bench.main(["fit", "--images", "12", "--grid", "2", "--vocab-size", "30",
+                       "--batch-size", "4", "--steps", str(steps), "--warmup-steps", str(warmup),
+                       "--mappings", "softmax", "--num-workers", "0", "--accelerator", "cpu",
+                       "--data", str(tmp_path / "data")]) == 0
     out = capsys.readouterr().out
     header, row = [line for line in out.splitlines()
                    if line.startswith(("mapping", "softmax ")) and "phases" not in line]

@@ -1,7 +1,8 @@
 """The package's architecture, checked: data flows one way (data_prep -> captioner -> eval),
-``captioner.attention`` stands alone (the import-linter contracts of ``pyproject.toml``), and
-no module imports a private name of the libraries it builds on, whose next release may change
-it without notice."""
+``captioner.attention`` stands alone (the import-linter contracts of ``pyproject.toml``), no
+library module imports a command module (a command parses its options and calls the library),
+and no module imports a private name of the libraries it builds on, whose next release may
+change it without notice."""
 
 from __future__ import annotations
 
@@ -64,5 +65,41 @@ def test_no_private_import_of_the_libraries():
         for package in PACKAGES
         for path in sorted((ROOT / package).rglob("*.py"))
         if (names := _private_imports(path.read_text(encoding="utf-8")))
+    }
+    assert found == {}
+
+
+COMMAND_PACKAGES = ("captioner.commands", "eval.commands")
+
+
+def _command_imports(source: str) -> list[str]:
+    """The modules of :data:`COMMAND_PACKAGES` that ``source`` imports."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules = [node.module]
+        elif isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        else:
+            continue
+        found += [module for module in modules
+                  if any(module == package or module.startswith(package + ".")
+                         for package in COMMAND_PACKAGES)]
+    return found
+
+
+def test_the_command_import_check_sees_them():
+    source = ("from captioner.commands.options import names\nimport eval.commands.score\n"
+              "from captioner.command import x\nfrom eval.commandsx import y\n")
+    assert _command_imports(source) == ["captioner.commands.options", "eval.commands.score"]
+
+
+def test_no_library_module_imports_a_command_module():
+    found = {
+        str(path.relative_to(ROOT)): modules
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path.parent.name != "commands"
+        and (modules := _command_imports(path.read_text(encoding="utf-8")))
     }
     assert found == {}

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from captioner.benchmarks import model as bench
+from captioner.commands import bench as command
 
 TINY = [
     "--batch-size", "2", "--grid", "3", "--channels", "8", "--vocab-size", "20",
@@ -21,7 +22,8 @@ TINY = [
 
 def test_bench_model_prints_ratios_to_softmax(capsys, tmp_path):
     out = tmp_path / "bench.json"
-    assert bench.main([*TINY, "--mappings", "softmax,sparsemax", "--json", str(out)]) == 0
+    assert command.main(["model", *TINY, "--mappings", "softmax,sparsemax",
+                         "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "train step ms" in printed and "beam search ms" in printed
     # TVmax, fusedmax and oscarmax solve on numba's threads: --threads sets them too.
@@ -48,7 +50,7 @@ def test_bench_model_gives_each_ratio_with_the_range_of_its_rounds(capsys, monke
     out = tmp_path / "bench.json"
     options = [*TINY, "--mappings", "softmax,sparsemax", "--input-attention", "softmax",
                "--repeats", "3", "--json", str(out)]
-    assert bench.main(options) == 0
+    assert command.main(["model", *options]) == 0
     printed = capsys.readouterr().out
     results = json.loads(out.read_text())
     low, high = results["sparsemax"]["beam_search_ms_round_ratios"]
@@ -72,8 +74,8 @@ def test_bench_model_times_each_call_of_the_output_mapping_in_beam_search(capsys
 
     monkeypatch.setattr(Sparsemax, "forward", slow)
     out = tmp_path / "bench.json"
-    assert bench.main([*TINY, "--mappings", "softmax,sparsemax", "--input-attention", "softmax",
-                       "--json", str(out)]) == 0
+    assert command.main(["model", *TINY, "--mappings", "softmax,sparsemax",
+                         "--input-attention", "softmax", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "mapping us: host time of one call of the output attention's mapping" in printed
     results = json.loads(out.read_text())
@@ -90,7 +92,7 @@ def test_bench_model_reports_a_failing_mapping_and_measures_the_rest(capsys, mon
         raise RuntimeError("broken mapping")
 
     monkeypatch.setattr(Sparsemax, "forward", broken)
-    assert bench.main([*TINY, "--mappings", "softmax,sparsemax", "--clock", "cpu"]) == 1
+    assert command.main(["model", *TINY, "--mappings", "softmax,sparsemax", "--clock", "cpu"]) == 1
     captured = capsys.readouterr()
     failed = [line for line in captured.out.splitlines() if " error: " in line]
     assert failed == ["sparsemax     error: RuntimeError: broken mapping"]
@@ -109,7 +111,7 @@ def test_bench_model_times_tvmax_with_and_without_the_background_solve(capsys, m
     monkeypatch.setattr(tvmax, "OVERLAP_OVERRIDE", None)
     options = [*TINY, "--mappings", "softmax,tvmax", "--tvmax-overlap", "--input-attention",
                "softmax"]
-    assert bench.main(options) == 0
+    assert command.main(["model", *options]) == 0
     rows = [line.split("  ")[0] for line in capsys.readouterr().out.splitlines()[3:6]]
     assert rows == ["softmax", "tvmax", "tvmax overlap"]
     # One training step per row, its 3 words one solve; beam search solves word by word, in
@@ -120,8 +122,6 @@ def test_bench_model_times_tvmax_with_and_without_the_background_solve(capsys, m
 
 
 def test_bench_help_names_every_benchmark(capsys):
-    from captioner.commands import bench as command
-
     assert command.main(["--help"]) == 0
     out = capsys.readouterr().out
     for name, target in command._TARGETS.items():
@@ -134,9 +134,8 @@ def test_bench_help_names_every_benchmark(capsys):
 
 
 def test_bench_attention_prints_ratios_on_smooth_scores(capsys):
-    from captioner.benchmarks import attention
-
-    assert attention.main(["--repeats", "1", "--threads", "1", "--scores", "smooth"]) == 0
+    assert command.main(["attention", "--repeats", "1", "--threads", "1",
+                         "--scores", "smooth"]) == 0
     captured = capsys.readouterr()
     printed = captured.out
     # Progress goes to stderr, so that a redirected table holds the table only.

@@ -20,7 +20,7 @@ from PIL import Image
 
 from captioner import CONFIGS
 from captioner.cli import main as cli_main
-from captioner.commands.next_steps import machine_setup
+from captioner.features.next_steps import machine_setup
 from data_prep.importers.splits import parse_split, split_sizes
 from data_prep.karpathy import load_karpathy, tokenize
 

@@ -1,17 +1,20 @@
 """Benchmarks run by ``captioner bench``; they time, they do not test.
 
-What they share: the option types that refuse a bad value (an unknown name, a device the
-machine lacks) while the options are parsed, so that no benchmark starts, or runs for minutes,
-before it fails on one of its own options; and ``--markdown FILE``, which writes a benchmark's
-table as markdown under one line naming the machine, the library versions and the date (the
-tables of docs/benchmarks.md, which ``captioner bench page`` regenerates).
+Each module holds one: ``benchmark``, the function that runs it (its parameters are the
+command's options, its docstring their help; it prints its table and returns the exit status),
+and ``check_options``, which takes the same options and raises ValueError naming the first
+that cannot run (an unknown name, a value out of range, a device the machine lacks, an output
+that cannot be written), so that no benchmark starts, or runs for minutes, before it fails on
+one of its own options. What they share: those checks, and ``markdown``, which writes a
+benchmark's table as markdown under one line naming the machine, the library versions and the
+date (the tables of docs/benchmarks.md, which ``captioner bench page`` regenerates).
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import importlib
+import math
 import platform
 import time
 from collections.abc import Callable, Sequence
@@ -55,27 +58,56 @@ def counting_device_solver(run: Callable[[], Any]) -> tuple[Any, int, int]:
     return result, stats["grids"] - grids, stats["fallback"] - fallback
 
 
-def refuse_unwritable(parser: argparse.ArgumentParser, option: str, path, check) -> None:
-    """A usage error ``OPTION PATH: reason`` when ``check(path)`` (``check_output_file`` or
+# The largest seed torch.Generator.manual_seed takes (a C long long).
+TORCH_MAX_SEED = 2**63 - 1
+
+
+def refuse_below(option: str, value: float | None, low: float) -> None:
+    """ValueError ``argument --OPTION: must be >= LOW, got VALUE`` for a ``value`` below
+    ``low`` (a float one also when it is not finite); None (not given) passes."""
+    if value is None:
+        return
+    if isinstance(value, float) and not math.isfinite(value) or value < low:
+        finite = "a finite number " if isinstance(value, float) else ""
+        shown = f"{value:g}" if isinstance(value, float) else value
+        raise ValueError(f"argument --{option}: must be {finite}>= {low}, got {shown}")
+
+
+def refuse_unknown(option: str, value: str, choices: Sequence[str]) -> None:
+    """ValueError ``argument --OPTION: invalid choice: 'V' (choose from ...)`` for a
+    ``value`` that is not one of ``choices``."""
+    if value not in choices:
+        listed = ", ".join(repr(choice) for choice in choices)
+        raise ValueError(f"argument --{option}: invalid choice: {value!r} (choose from {listed})")
+
+
+def refuse_bad_seed(seed: int) -> None:
+    """ValueError for a seed that torch's generators do not take (0 to TORCH_MAX_SEED)."""
+    if not 0 <= seed <= TORCH_MAX_SEED:
+        raise ValueError(f"argument --seed: must be between 0 and {TORCH_MAX_SEED}, got {seed}")
+
+
+def refuse_unwritable(option: str, path: Path | None, check: Callable[[Path], object]) -> None:
+    """ValueError ``OPTION PATH: reason`` when ``check(path)`` (``check_output_file`` or
     ``check_output_dir`` of :mod:`data_prep.paths`) refuses the output ``path`` (None: not
     given): checked before the benchmark runs, so that its results are not lost to it."""
-    if path is None:
-        return
-    try:
-        check(path)
-    except ValueError as exc:
-        parser.error(f"{option} {exc}")
+    if path is not None:
+        try:
+            check(path)
+        except ValueError as exc:
+            raise ValueError(f"{option} {exc}") from None
 
 
-def refuse_more_threads_than_numba_has(parser: argparse.ArgumentParser, threads) -> None:
-    """A usage error when ``--threads`` asks for more threads than numba's pool, which numba
-    starts at the CPU count (or NUMBA_NUM_THREADS) and cannot grow: it would stop inside the
-    benchmark. None (not given) passes."""
+def refuse_more_threads_than_numba_has(threads: int | None) -> None:
+    """ValueError when ``threads`` is more than numba's pool, which numba starts at the CPU
+    count (or NUMBA_NUM_THREADS) and cannot grow: it would stop inside the benchmark. None
+    (not given) passes."""
+    refuse_below("threads", threads, 1)
     import numba
 
     if threads is not None and threads > numba.config.NUMBA_NUM_THREADS:
-        parser.error(f"argument --threads: must be <= {numba.config.NUMBA_NUM_THREADS} "
-                     f"(numba's threads on this machine), got {threads}")
+        raise ValueError(f"argument --threads: must be <= {numba.config.NUMBA_NUM_THREADS} "
+                         f"(numba's threads on this machine), got {threads}")
 
 
 def use_threads(threads: int | None) -> str:
@@ -91,24 +123,15 @@ def use_threads(threads: int | None) -> str:
 
 
 def torch_device(name: str):
-    """An argparse ``type``: the torch device ``name`` as
-    :func:`captioner.inference.pipeline.resolve_device` accepts it (cpu, cuda, cuda:N, present on
-    this
-    machine); its refusal becomes the usage error, which names the value."""
+    """The torch device ``name`` as :func:`captioner.inference.pipeline.resolve_device`
+    accepts it (cpu, cuda, cuda:N, present on this machine); its refusal, a ValueError, names
+    the option: ``argument --device: ...``."""
     from captioner.inference.pipeline import resolve_device
 
     try:
         return resolve_device(name)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def add_markdown_argument(parser: argparse.ArgumentParser) -> None:
-    """``--markdown FILE``: the table also as markdown (see :func:`write_markdown`)."""
-    parser.add_argument("--markdown", type=Path, default=None, metavar="FILE",
-                        help="also write the table as markdown to FILE, under a line naming "
-                        "the machine, the library versions and the date (checked before "
-                        "anything is timed)")
+        raise ValueError(f"argument --device: {exc}") from None
 
 
 def cpu_name() -> str:

@@ -22,25 +22,25 @@ that row is closer to TVmax's cost on fresh scores (as in training).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from captioner.benchmarks import (
-    add_markdown_argument,
     markdown_table,
+    refuse_bad_seed,
+    refuse_below,
     refuse_more_threads_than_numba_has,
+    refuse_unknown,
     refuse_unwritable,
     torch_device,
     use_threads,
     write_markdown,
 )
-from captioner.commands.options import at_least, command_parser, torch_seed
 from data_prep.paths import check_output_file
 
-PROG = "captioner bench attention"
 HELP = "time forward+backward of softmax, sparsemax, entmax15 and TVmax (ratios printed)"
 
 SHAPES = {
@@ -52,44 +52,20 @@ SCORES = {"normal": "N(0, 1)", "smooth": "smooth N(0, 1), 3 x 3 mean rescaled to
 ROUND_SECONDS = 0.02  # each round repeats a call until it has run at least this long
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = command_parser(PROG, __doc__)
-    parser.add_argument("--repeats", type=at_least(1, int), default=15,
-                        help="timed rounds per mapping (default: %(default)s)")
-    parser.add_argument("--threads", type=at_least(1, int), default=None,
-                        help="torch and numba threads (default: as is)")
-    parser.add_argument("--seed", type=torch_seed, default=0,
-                        help="random seed of the scores (default: %(default)s)")
-    parser.add_argument(
-        "--scores",
-        choices=sorted(SCORES),
-        default="normal",
-        help="normal: N(0, 1) per cell; smooth: N(0, 1) averaged over 3 x 3 neighbourhoods, "
-        "rescaled to sd 1 (neighbours alike, as in trained models) (default: %(default)s)",
-    )
-    parser.add_argument("--device", type=torch_device, default="cpu",
-                        help="torch device: cpu, cuda, cuda:1, ... (default: %(default)s)")
-    parser.add_argument(
-        "--clock",
-        choices=("wall", "cpu"),
-        default="wall",
-        help="wall: elapsed time; cpu: CPU time of this process, all threads summed (steadier "
-        "than wall time on a machine busy with other work, but blind to parallel speed-up) "
-        "(default: %(default)s)",
-    )
-    add_markdown_argument(parser)
-    return parser
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
-    """The options, each refused on one line (status 2) before anything is timed."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.device.type == "cuda" and args.clock == "cpu":
-        parser.error(f"--clock cpu only measures CPU devices, not --device {args.device}")
-    refuse_more_threads_than_numba_has(parser, args.threads)
-    refuse_unwritable(parser, "--markdown", args.markdown, check_output_file)
-    return args
+def check_options(*, repeats: int, threads: int | None, seed: int, scores: str, device: str,
+                  clock: str, markdown: Path | None) -> None:
+    """ValueError naming the first option of :func:`benchmark` that cannot run."""
+    refuse_below("repeats", repeats, 1)
+    refuse_bad_seed(seed)
+    refuse_unknown("scores", scores, sorted(SCORES))
+    refuse_unknown("clock", clock, sorted(CLOCKS))
+    if torch_device(device).type == "cuda" and clock == "cpu":
+        raise ValueError(f"--clock cpu only measures CPU devices, not --device {device}")
+    refuse_more_threads_than_numba_has(threads)
+    refuse_unwritable("--markdown", markdown, check_output_file)
 
 
 def _mappings(device: str) -> tuple[dict[str, Callable], dict[str, list[int]]]:
@@ -190,43 +166,71 @@ def _table(header: list[str], lines: list[list[str]]) -> str:
     return "\n".join(fmt.format(*r) for r in [header, *lines])
 
 
-def main(argv: list[str]) -> int:
-    args = _parse(argv)
+def benchmark(repeats: int = 15, threads: int | None = None, seed: int = 0,
+              scores: str = "normal", device: str = "cpu", clock: str = "wall",
+              markdown: Path | None = None) -> int:
+    """Time forward+backward of each mapping at each shape of :data:`SHAPES` and print the
+    table, with each mapping's ratios to softmax and sparsemax; the exit status, 0.
+
+    Args:
+        repeats: timed rounds per mapping.
+        threads: torch and numba threads (null: as they are).
+        seed: random seed of the scores.
+        scores: normal: N(0, 1) per cell; smooth: N(0, 1) averaged over 3 x 3
+            neighbourhoods, rescaled to sd 1 (neighbours alike, as in trained models).
+        device: torch device: cpu, cuda, cuda:1, ...
+        clock: wall: elapsed time; cpu: CPU time of this process, all threads summed
+            (steadier than wall time on a machine busy with other work, but blind to
+            parallel speed-up).
+        markdown: also write the table as markdown to this file, under a line naming the
+            machine, the library versions and the date (checked before anything is timed).
+    """
     import torch
 
-    threads = use_threads(args.threads)
-    torch.manual_seed(args.seed)
-    mappings, fallbacks = _mappings(args.device.type)
-    clock = time.perf_counter if args.clock == "wall" else time.process_time
-    synchronize = torch.cuda.synchronize if args.device.type == "cuda" else (lambda: None)
-    rows = []
-    notes = []
-    for batch, height, width in SHAPES[args.device.type]:
+    where = torch_device(device)
+    threads_line = use_threads(threads)
+    torch.manual_seed(seed)
+    mappings, fallbacks = _mappings(where.type)
+    rows, notes = _time_shapes(mappings, fallbacks, where, scores, CLOCKS[clock], repeats)
+    name = torch.cuda.get_device_name(where) if where.type == "cuda" else "CPU"
+    settings = (f"forward+backward, float32, scores {SCORES[scores]}, {clock} clock, "
+                f"{threads_line}, median of {repeats} rounds")
+    print(f"{settings}, {name}, torch {torch.__version__}")
+    baselines = [b for b in ("softmax", "sparsemax", "entmax.sparsemax (pkg)") if b in mappings]
+    header, cells = _cells(rows, baselines)
+    print(_table(header, cells))
+    if notes:
+        notes.insert(0, f"TVmax device solver, same scores at every call ({SCORES[scores]}):")
+        print("\n".join(notes))
+    write_markdown(markdown, where, f"Settings: {settings}.",
+                   markdown_table(header, cells, text_columns=2),
+                   ["<br>\n".join(notes)] if notes else [])
+    return 0
+
+
+def _time_shapes(mappings: dict[str, Callable], fallbacks: dict[str, list[int]], device,
+                 scores: str, clock: Callable[[], float], repeats: int
+                 ) -> tuple[list[tuple[str, str, float]], list[str]]:
+    """The rows (shape, mapping, median seconds per call) of every shape of the device, the
+    mappings timed in interleaved rounds, and the notes of the TVmax device solver's grids
+    left to the CPU."""
+    import torch
+
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    rows, notes = [], []
+    for batch, height, width in SHAPES[device.type]:
         shape = f"{batch}x{height}x{width}"
-        z = _scores(args.scores, (batch, height, width), args.device).requires_grad_()
-        grad = torch.randn(batch, height, width, device=args.device)
+        z = _scores(scores, (batch, height, width), device).requires_grad_()
+        grad = torch.randn(batch, height, width, device=device)
         for counts in fallbacks.values():
             counts[:] = [0, 0]
         timers = {name: _timer(fn, z, grad, clock, synchronize) for name, fn in mappings.items()}
         samples = {name: [] for name in mappings}
-        for _ in range(args.repeats):
+        for _ in range(repeats):
             for name, one_round in timers.items():
                 samples[name].append(one_round())
         rows += [(shape, name, statistics.median(s)) for name, s in samples.items()]
         notes += [f"{shape} {name}: {left} of {grids} grids left to the CPU solver"
                   for name, (grids, left) in fallbacks.items() if grids]
         print(f"done {shape}", file=sys.stderr, flush=True)  # progress, not the table
-    where = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "CPU"
-    settings = (f"forward+backward, float32, scores {SCORES[args.scores]}, {args.clock} clock, "
-                f"{threads}, median of {args.repeats} rounds")
-    print(f"{settings}, {where}, torch {torch.__version__}")
-    baselines = [b for b in ("softmax", "sparsemax", "entmax.sparsemax (pkg)") if b in mappings]
-    header, cells = _cells(rows, baselines)
-    print(_table(header, cells))
-    if notes:
-        notes.insert(0, f"TVmax device solver, same scores at every call ({SCORES[args.scores]}):")
-        print("\n".join(notes))
-    write_markdown(args.markdown, args.device, f"Settings: {settings}.",
-                   markdown_table(header, cells, text_columns=2),
-                   ["<br>\n".join(notes)] if notes else [])
-    return 0
+    return rows, notes

@@ -16,26 +16,27 @@ between steps), the model's own around the same calls (and the checks read back)
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from captioner import CONFIGS
 from captioner.benchmarks import (
     PhaseClock,
-    add_markdown_argument,
     markdown_table,
+    refuse_bad_seed,
+    refuse_below,
+    refuse_unknown,
     refuse_unwritable,
     torch_device,
     write_markdown,
 )
-from captioner.commands.options import at_least, command_parser, names, torch_seed
 from data_prep.machine import usable_cpus
 from data_prep.paths import check_output_dir, check_output_file
+from data_prep.wording import names
 
-PROG = "captioner bench fit"
 HELP = "time a real fit on generated COCO-shaped data against the model's own training step"
 
 COCO_TRAIN_PAIRS = 566_747  # Karpathy train + restval: 113,287 images, their captions
@@ -46,49 +47,40 @@ CHANNELS = 2048  # the paper configs' encoder: ResNet-101 up to layer4
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")  # Lightning's names of the CPU and of CUDA
 
 
-def _parser() -> argparse.ArgumentParser:
+PRELOADS = ("false", "true", "device")
+# The least value of each counted option.
+LEAST = {"images": 1, "grid": 1, "vocab_size": 1, "batch_size": 1, "steps": 1,
+         "warmup_steps": 0, "num_workers": 0}
+
+
+def check_options(**options) -> None:
+    """ValueError naming the first option of :func:`benchmark` that cannot run, before any
+    data are written."""
     from captioner.training.cli import MATMUL_PRECISIONS
 
-    precisions = _precisions()
-    parser = command_parser(PROG, __doc__)
-    parser.add_argument("--mappings", type=names("mapping", _check_config), default="softmax,tvmax",
-                        help="output attention mappings, each trained with configs/coco_<name>"
-                        ".yaml (default: %(default)s)")
-    for flag, default, what in (("--images", 8000, "training images"),
-                                ("--grid", 8, "feature grid side, as on COCO"),
-                                ("--vocab-size", 10000, "words in the captions"),
-                                ("--batch-size", 64, "captions per training batch"),
-                                ("--steps", 500, "training steps per fit")):
-        parser.add_argument(flag, type=at_least(1, int), default=default,
-                            help=f"{what} (default: %(default)s)")
-    parser.add_argument("--warmup-steps", type=at_least(0, int), default=50,
-                        help="untimed steps first, fewer than --steps (default: %(default)s)")
-    parser.add_argument("--num-workers", type=at_least(0, int), default=None,
-                        help="DataLoader workers (default: the config's, or where it leaves "
-                        "them null 4, none with --preload-features device; either at most "
-                        "the usable CPUs)")
-    parser.add_argument("--preload-features", nargs="?", const="true", default="false",
-                        choices=("false", "true", "device"),
-                        help="data.preload_features: hold the features in host memory (true, "
-                        "the value when none is given) or on the training device (device) "
-                        "(default: %(default)s)")
-    parser.add_argument("--precision", choices=precisions, default=None, metavar="P",
-                        help="--trainer.precision of the fit: " + ", ".join(precisions)
-                        + " (default: the config's)")
-    parser.add_argument("--float32-matmul-precision", default=MATMUL_PRECISIONS[0],
-                        choices=MATMUL_PRECISIONS,
-                        help="torch.set_float32_matmul_precision (default: %(default)s)")
-    parser.add_argument("--accelerator", type=_accelerator, default="auto",
-                        help="--trainer.accelerator of the fit: " + ", ".join(ACCELERATORS)
-                        + " (default: %(default)s)")
-    parser.add_argument("--data", type=Path, default=None,
-                        help="folder for the generated data, kept and reused (default: a "
-                        "temporary folder, deleted at the end)")
-    parser.add_argument("--seed", type=torch_seed, default=0,
-                        help="seed of the generated data and of the model step's batch "
-                        "(default: %(default)s)")
-    add_markdown_argument(parser)
-    return parser
+    for name, low in LEAST.items():
+        refuse_below(name.replace("_", "-"), options[name], low)
+    try:
+        names("mapping", _check_config)(options["mappings"])
+    except ValueError as exc:
+        raise ValueError(f"argument --mappings: {exc}") from None
+    refuse_unknown("preload-features", options["preload_features"], PRELOADS)
+    if options["precision"] is not None:
+        refuse_unknown("precision", options["precision"], _precisions())
+    refuse_unknown("float32-matmul-precision", options["float32_matmul_precision"],
+                   MATMUL_PRECISIONS)
+    _check_accelerator(options["accelerator"])
+    refuse_bad_seed(options["seed"])
+    steps, warmup, images, batch = (options[name] for name in ("steps", "warmup_steps",
+                                                               "images", "batch_size"))
+    if warmup >= steps:
+        raise ValueError(f"--warmup-steps {warmup} leaves no step of --steps {steps} to time")
+    if images < min_images(batch):
+        raise ValueError(f"--images {images} give {images * CAPTIONS_PER_IMAGE} training "
+                         f"captions, one batch of --batch-size {batch}; timing the loader "
+                         f"needs two: give --images {min_images(batch)} or more")
+    refuse_unwritable("--data", options["data"], check_output_dir)
+    refuse_unwritable("--markdown", options["markdown"], check_output_file)
 
 
 def _check_config(mapping: str) -> None:
@@ -113,34 +105,18 @@ def _precisions() -> tuple[str, ...]:
     return tuple(dict.fromkeys(str(v) for v in literals(hint) if not isinstance(v, type)))
 
 
-def _accelerator(name: str) -> str:
-    """An argparse ``type``: a Lightning accelerator that captioner runs on (the CPU or CUDA,
-    as :func:`captioner.inference.pipeline.resolve_device` says), present on this machine."""
+def _check_accelerator(name: str) -> None:
+    """ValueError for a Lightning accelerator that captioner does not run on (the CPU or CUDA,
+    as :func:`captioner.inference.pipeline.resolve_device` says) or that this machine lacks."""
     if name not in ACCELERATORS:
-        raise argparse.ArgumentTypeError(
-            f"{name!r}: captioner runs on the CPU or on CUDA ({', '.join(ACCELERATORS)})")
+        raise ValueError(f"argument --accelerator: {name!r}: captioner runs on the CPU or on "
+                         f"CUDA ({', '.join(ACCELERATORS)})")
     if name in ("gpu", "cuda"):
         try:
             torch_device("cuda")
-        except argparse.ArgumentTypeError as exc:
-            raise argparse.ArgumentTypeError(f"{name!r}: {exc}") from None
-    return name
-
-
-def _parse(argv: list[str]) -> argparse.Namespace:
-    """The options, each refused on one line (status 2) before any data are written."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.warmup_steps >= args.steps:
-        parser.error(f"--warmup-steps {args.warmup_steps} leaves no step of --steps "
-                     f"{args.steps} to time")
-    if args.images < min_images(args.batch_size):
-        parser.error(f"--images {args.images} give {args.images * CAPTIONS_PER_IMAGE} training "
-                     f"captions, one batch of --batch-size {args.batch_size}; timing the loader "
-                     f"needs two: give --images {min_images(args.batch_size)} or more")
-    refuse_unwritable(parser, "--data", args.data, check_output_dir)
-    refuse_unwritable(parser, "--markdown", args.markdown, check_output_file)
-    return args
+        except ValueError as exc:
+            reason = str(exc).removeprefix("argument --device: ")
+            raise ValueError(f"argument --accelerator: {name!r}: {reason}") from None
 
 
 def min_images(batch_size: int) -> int:
@@ -194,7 +170,7 @@ def _sentence(tokens: list[str]) -> dict:
     return {"tokens": tokens, "raw": " ".join(tokens)}
 
 
-def _fit_arguments(mapping: str, args: argparse.Namespace, karpathy: Path, cache: Path,
+def _fit_arguments(mapping: str, args: SimpleNamespace, karpathy: Path, cache: Path,
                    runs: Path) -> list[str]:
     arguments = [
         "--config", str(CONFIGS / f"coco_{mapping}.yaml"), "--run_name", f"bench_{mapping}",
@@ -293,7 +269,7 @@ def time_loader(datamodule, batches: int) -> tuple[float, float]:
     return 1000.0 * elapsed / batches, 1000.0 * thread / batches
 
 
-def time_fit(mapping: str, args: argparse.Namespace, karpathy: Path, cache: Path,
+def time_fit(mapping: str, args: SimpleNamespace, karpathy: Path, cache: Path,
              runs: Path) -> dict:
     """Seconds per step of a real fit, and the model and vocabulary it trained."""
     from captioner.benchmarks import counting_device_solver
@@ -332,7 +308,7 @@ def _loader_workers(datamodule, given: int | None) -> str:
     return f"{usable} (the config's {workers}, capped at the usable CPUs)"
 
 
-def time_model_step(module, args: argparse.Namespace, steps: int) -> tuple[float, dict]:
+def time_model_step(module, args: SimpleNamespace, steps: int) -> tuple[float, dict]:
     """Milliseconds of the model's own training step on one resident batch of the fit's shape
     and precision: the step of ``captioner fit`` (forward from float16 features, loss,
     backward, the module's gradient clipping, Adam, one host sync for the deferred checks)
@@ -372,31 +348,66 @@ def time_model_step(module, args: argparse.Namespace, steps: int) -> tuple[float
     return 1000.0 * (time.perf_counter() - start) / steps, phases.milliseconds_per_step(steps)
 
 
-def main(argv: list[str]) -> int:
-    args = _parse(argv)
+def benchmark(mappings: str = "softmax,tvmax", images: int = 8000, grid: int = 8,
+              vocab_size: int = 10000, batch_size: int = 64, steps: int = 500,
+              warmup_steps: int = 50, num_workers: int | None = None,
+              preload_features: str = "false", precision: str | None = None,
+              float32_matmul_precision: str = "highest", accelerator: str = "auto",
+              data: Path | None = None, seed: int = 0, markdown: Path | None = None) -> int:
+    """Time a real fit of each mapping's paper config on generated COCO-shaped data, its input
+    pipeline alone and the model's own training step, and print the table; the exit status, 0.
+
+    Args:
+        mappings: output attention mappings, comma-separated, each trained with
+            configs/coco_<name>.yaml.
+        images: training images.
+        grid: feature grid side, as on COCO.
+        vocab_size: words in the captions.
+        batch_size: captions per training batch.
+        steps: training steps per fit.
+        warmup_steps: untimed steps first, fewer than steps.
+        num_workers: DataLoader workers (null: the config's, or where it leaves them null 4,
+            none with preload_features device; either at most the usable CPUs).
+        preload_features: data.preload_features: false, true (hold the features in host
+            memory) or device (on the training device).
+        precision: --trainer.precision of the fit, one that Lightning's Trainer takes
+            (null: the config's).
+        float32_matmul_precision: torch.set_float32_matmul_precision: highest, high or medium.
+        accelerator: --trainer.accelerator of the fit: auto, cpu, gpu or cuda.
+        data: folder for the generated data, kept and reused (null: a temporary folder,
+            deleted at the end).
+        seed: seed of the generated data and of the model step's batch.
+        markdown: also write the table as markdown to this file, under a line naming the
+            machine, the library versions and the date (checked before anything is timed).
+    """
+    args = SimpleNamespace(**locals())  # the options by name, as the steps below read them
     with tempfile.TemporaryDirectory(prefix="captioner-bench-fit-") as scratch:
-        data = args.data or Path(scratch) / "data"
         karpathy, cache = write_coco_shaped(
-            data, images=args.images, grid=args.grid, channels=CHANNELS,
-            vocab_size=args.vocab_size, seed=args.seed)
-        rows = {}
-        for mapping in args.mappings:
-            fit = time_fit(mapping, args, karpathy, cache, Path(scratch) / "runs")
-            model_ms, model_phases_ms = time_model_step(fit["module"].to(fit["device"]), args,
-                                                        fit["steps"])
-            rows[mapping] = {"fit_ms": fit["fit_ms"], "model_ms": model_ms,
-                             "fit_phases_ms": fit["fit_phases_ms"],
-                             "model_phases_ms": model_phases_ms,
-                             "loader_ms": fit["loader_ms"], "loop_ms": fit["loop_ms"],
-                             "device": str(fit["device"]), "steps": fit["steps"],
-                             "grids": fit["grids"], "fallback": fit["fallback"],
-                             "workers": fit["workers"], "precision": fit["precision"]}
+            data or Path(scratch) / "data", images=images, grid=grid, channels=CHANNELS,
+            vocab_size=vocab_size, seed=seed)
+        rows = {mapping: _time_mapping(mapping, args, karpathy, cache, Path(scratch) / "runs")
+                for mapping in names("mapping")(mappings)}
     print(_report(rows, args))
     first = next(iter(rows.values()))
-    write_markdown(args.markdown, torch_device(first["device"]),
+    write_markdown(markdown, torch_device(first["device"]),
                    f"Settings: {_settings(rows, args)}.",
                    markdown_table(COLUMNS, _cells(rows, args)), _notes(rows, args))
     return 0
+
+
+def _time_mapping(mapping: str, args: SimpleNamespace, karpathy: Path, cache: Path,
+                  runs: Path) -> dict:
+    """The row of ``mapping``: its fit's step and phases, and the model's own on the fit's
+    module."""
+    fit = time_fit(mapping, args, karpathy, cache, runs)
+    model_ms, model_phases_ms = time_model_step(fit["module"].to(fit["device"]), args,
+                                                fit["steps"])
+    return {"fit_ms": fit["fit_ms"], "model_ms": model_ms,
+            "fit_phases_ms": fit["fit_phases_ms"], "model_phases_ms": model_phases_ms,
+            "loader_ms": fit["loader_ms"], "loop_ms": fit["loop_ms"],
+            "device": str(fit["device"]), "steps": fit["steps"],
+            "grids": fit["grids"], "fallback": fit["fallback"],
+            "workers": fit["workers"], "precision": fit["precision"]}
 
 
 COLUMNS = ("mapping", "loader it/s", "loop ms", "fit it/s", "fit ms", "model ms", "fit/model",
@@ -405,7 +416,7 @@ COLUMNS = ("mapping", "loader it/s", "loop ms", "fit it/s", "fit ms", "model ms"
 WIDTHS = (10, 12, 9, 10, 9, 10, 11, 16, 13)
 
 
-def _settings(rows: dict[str, dict], args: argparse.Namespace) -> str:
+def _settings(rows: dict[str, dict], args: SimpleNamespace) -> str:
     first = next(iter(rows.values()))  # the mappings share the paper configs' settings
     precision = args.precision or f"{first['precision']} (the config's)"
     return (f"{args.images} images x {CAPTIONS_PER_IMAGE} captions, features {args.grid}x"
@@ -415,7 +426,7 @@ def _settings(rows: dict[str, dict], args: argparse.Namespace) -> str:
             f"steps {args.warmup_steps + 1}-{args.steps} timed")
 
 
-def _cells(rows: dict[str, dict], args: argparse.Namespace) -> list[list[str]]:
+def _cells(rows: dict[str, dict], args: SimpleNamespace) -> list[list[str]]:
     """One row of strings per mapping (see :data:`COLUMNS`)."""
     steps_per_epoch = -(-COCO_TRAIN_PAIRS // args.batch_size)
     cells = []
@@ -428,7 +439,7 @@ def _cells(rows: dict[str, dict], args: argparse.Namespace) -> list[list[str]]:
     return cells
 
 
-def _notes(rows: dict[str, dict], args: argparse.Namespace) -> list[str]:
+def _notes(rows: dict[str, dict], args: SimpleNamespace) -> list[str]:
     steps_per_epoch = -(-COCO_TRAIN_PAIRS // args.batch_size)
     notes = ["loop ms: the training thread's CPU time per loader batch (with workers, to "
              "receive it)",
@@ -445,7 +456,7 @@ def _notes(rows: dict[str, dict], args: argparse.Namespace) -> list[str]:
     return notes
 
 
-def _report(rows: dict[str, dict], args: argparse.Namespace) -> str:
+def _report(rows: dict[str, dict], args: SimpleNamespace) -> str:
     def line(cells) -> str:
         return "".join(f"{cell:<{width}}" if i == 0 else f"{cell:>{width}}"
                        for i, (cell, width) in enumerate(zip(cells, WIDTHS, strict=True)))

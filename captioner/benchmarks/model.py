@@ -24,28 +24,29 @@ An unknown mapping, like any other bad option, is refused before anything is tim
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 from captioner.benchmarks import (
-    add_markdown_argument,
     markdown_table,
+    refuse_bad_seed,
+    refuse_below,
     refuse_more_threads_than_numba_has,
+    refuse_unknown,
     refuse_unwritable,
     torch_device,
     use_threads,
     write_markdown,
 )
-from captioner.commands.options import at_least, command_parser, names, torch_seed
 from data_prep.atomic import write_json
 from data_prep.paths import check_output_file
+from data_prep.wording import names
 
-PROG = "captioner bench model"
 HELP = "time a training step and batched beam search per attention mapping, as ratios"
 
 DEFAULT_MAPPINGS = ("softmax", "sparsemax", "tvmax")
@@ -58,88 +59,36 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 STEP_PHASES = ("forward+loss", "backward", "optimizer", "checks")
 
 
-def _parser() -> argparse.ArgumentParser:
+# The options that size the batch, the model and the beam search, with their least values
+# (the vocabulary holds the 4 special tokens and a word to caption with, a caption its start
+# token and a word).
+LEAST = {"batch_size": 1, "grid": 1, "channels": 1, "vocab_size": 5, "caption_length": 2,
+         "beam_size": 1, "max_length": 1, "repeats": 1, "warmup": 0, "lam": 0}
+
+
+def check_options(**options) -> None:
+    """ValueError naming the first option of :func:`benchmark` that cannot run, the ``json``
+    path included: a run must not be lost to its output file after it has been timed."""
     from captioner.attention.registry import MAPPINGS, mapping_class
 
-    parser = command_parser(PROG, __doc__)
-    parser.add_argument(
-        "--mappings",
-        type=names("mapping", mapping_class),
-        default=",".join(DEFAULT_MAPPINGS),
-        help="comma-separated output attention mappings (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--input-attention",
-        choices=(*MAPPINGS, "same"),
-        default="softmax",
-        help="input attention mapping of every decoder; same: the output mapping "
-        "(default: %(default)s)",
-    )
-    parser.add_argument("--lam", type=at_least(0, float), default=0.01,
-                        help="TVmax lambda (default: %(default)s)")
-    parser.add_argument(
-        "--tvmax-overlap",
-        action="store_true",
-        help=f"also time the row {OVERLAP_ROW!r}: TVmax with the output attention solved in a "
-        "background thread during the teacher-forced loop (TVMax overlap=True); the row "
-        "'tvmax' is then timed without it",
-    )
-    _sizes(parser)
-    parser.add_argument("--repeats", type=at_least(1, int), default=5,
-                        help="timed runs per measurement (default: %(default)s)")
-    parser.add_argument("--warmup", type=at_least(0, int), default=1,
-                        help="untimed rounds first (default: %(default)s)")
-    parser.add_argument("--device", type=torch_device, default="cpu",
-                        help="torch device: cpu, cuda, cuda:1, ... (default: %(default)s)")
-    parser.add_argument("--threads", type=at_least(1, int), default=None,
-                        help="torch and numba threads (default: as is)")
-    parser.add_argument(
-        "--clock",
-        choices=sorted(CLOCKS),
-        default="wall",
-        help="wall: elapsed time; cpu: CPU time of this process (all its threads), steadier "
-        "than wall time on a machine shared with other work, CPU devices only "
-        "(default: %(default)s)",
-    )
-    parser.add_argument("--seed", type=torch_seed, default=0,
-                        help="seed of the batch and the decoders (default: %(default)s)")
-    parser.add_argument("--json", type=Path, default=None,
-                        help="also write the results here (checked before anything is timed)")
-    add_markdown_argument(parser)
-    return parser
-
-
-def _sizes(parser: argparse.ArgumentParser) -> None:
-    """The options that size the batch, the model and the beam search, each with its least
-    value (the vocabulary holds the 4 special tokens and a word to caption with, a caption its
-    start token and a word)."""
-    for flag, low, default, what in (
-        ("--batch-size", 1, 64, "images per batch"),
-        ("--grid", 1, 8, "feature grid side"),
-        ("--channels", 1, 2048, "feature channels, such as 2048 (ResNet-50/101/152) or 512 "
-         "(ResNet-18/34)"),
-        ("--vocab-size", 5, 10000, "words, the 4 special tokens and at least one word"),
-        ("--caption-length", 2, 16, "teacher-forced caption length, start token included"),
-        ("--beam-size", 1, 3, "beams per image"),
-        ("--max-length", 1, 16, "beam search max words"),
-    ):
-        parser.add_argument(flag, type=at_least(low, int), default=default,
-                            help=f"{what} (default: %(default)s)")
-
-
-def _parse(argv: list[str]) -> argparse.Namespace:
-    """The options, each refused on one line (status 2) before anything runs, the ``--json``
-    path included: a run must not be lost to its output file after it has been timed."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.clock == "cpu" and args.device.type != "cpu":
-        parser.error(f"--clock cpu only measures CPU devices, not --device {args.device}")
-    if args.tvmax_overlap and "tvmax" not in args.mappings:
-        parser.error("--tvmax-overlap times TVmax a second way: give --mappings with tvmax")
-    refuse_unwritable(parser, "--json", args.json, check_output_file)
-    refuse_unwritable(parser, "--markdown", args.markdown, check_output_file)
-    refuse_more_threads_than_numba_has(parser, args.threads)
-    return args
+    for name, low in LEAST.items():
+        refuse_below(name.replace("_", "-"), options[name], low)
+    try:
+        mappings = names("mapping", mapping_class)(options["mappings"])
+    except ValueError as exc:
+        raise ValueError(f"argument --mappings: {exc}") from None
+    refuse_unknown("input-attention", options["input_attention"], (*MAPPINGS, "same"))
+    refuse_unknown("clock", options["clock"], sorted(CLOCKS))
+    refuse_bad_seed(options["seed"])
+    device = torch_device(options["device"])  # cpu, cuda or cuda:N, present on this machine
+    if options["clock"] == "cpu" and device.type != "cpu":
+        raise ValueError(f"--clock cpu only measures CPU devices, not --device "
+                         f"{options['device']}")
+    if options["tvmax_overlap"] and "tvmax" not in mappings:
+        raise ValueError("--tvmax-overlap times TVmax a second way: give --mappings with tvmax")
+    refuse_unwritable("--json", options["json"], check_output_file)
+    refuse_unwritable("--markdown", options["markdown"], check_output_file)
+    refuse_more_threads_than_numba_has(options["threads"])
 
 
 def train_step(model, optimizer, inputs, captions, *, output_mapping: str = "softmax",
@@ -176,7 +125,7 @@ class _Runner:
     """One row: a decoder (output attention ``row``, or TVmax for :data:`OVERLAP_ROW`) with its
     optimizer and the two timed jobs."""
 
-    def __init__(self, row: str, args: argparse.Namespace, features, captions):
+    def __init__(self, row: str, args: SimpleNamespace, features, captions):
         import torch
 
         # With --tvmax-overlap, TVmax's rows are timed with the background solve off and on.
@@ -260,7 +209,7 @@ class _Runner:
 
 
 def _run_all(
-    mappings: list[str], args: argparse.Namespace, features, captions, synchronize
+    mappings: list[str], args: SimpleNamespace, features, captions, synchronize
 ) -> dict[str, dict]:
     """Warm up, then time the mappings in turn, round after round, so that a change of load
     on the machine affects all of them alike."""
@@ -357,42 +306,89 @@ def _markdown(rows: list[list[str]]) -> str:
     return markdown_table(COLUMNS, padded)
 
 
-def main(argv: list[str]) -> int:
-    args = _parse(argv)
+def benchmark(mappings: str = ",".join(DEFAULT_MAPPINGS), input_attention: str = "softmax",
+              lam: float = 0.01, tvmax_overlap: bool = False, batch_size: int = 64,
+              grid: int = 8, channels: int = 2048, vocab_size: int = 10000,
+              caption_length: int = 16, beam_size: int = 3, max_length: int = 16,
+              repeats: int = 5, warmup: int = 1, device: str = "cpu", threads: int | None = None,
+              clock: str = "wall", seed: int = 0, json: Path | None = None,
+              markdown: Path | None = None) -> int:
+    """Time a training step and a batched beam search of a decoder per output attention
+    mapping and print the table of their times and ratios to softmax; the exit status: 0, or
+    1 when a mapping failed (its error in its row).
 
+    Args:
+        mappings: comma-separated output attention mappings.
+        input_attention: input attention mapping of every decoder; same: the output mapping.
+        lam: TVmax lambda.
+        tvmax_overlap: also time the row 'tvmax overlap': TVmax with the output attention
+            solved in a background thread during the teacher-forced loop (TVMax
+            overlap=True); the row 'tvmax' is then timed without it.
+        batch_size: images per batch.
+        grid: feature grid side.
+        channels: feature channels, such as 2048 (ResNet-50/101/152) or 512 (ResNet-18/34).
+        vocab_size: words, the 4 special tokens and at least one word.
+        caption_length: teacher-forced caption length, start token included.
+        beam_size: beams per image.
+        max_length: beam search max words.
+        repeats: timed runs per measurement.
+        warmup: untimed rounds first.
+        device: torch device: cpu, cuda, cuda:1, ...
+        threads: torch and numba threads (null: as they are).
+        clock: wall: elapsed time; cpu: CPU time of this process (all its threads), steadier
+            than wall time on a machine shared with other work, CPU devices only.
+        seed: seed of the batch and the decoders.
+        json: also write the results to this file (checked before anything is timed).
+        markdown: also write the table as markdown to this file, under a line naming the
+            machine, the library versions and the date (checked before anything is timed).
+    """
+    # The options by name, as the runners read them, the device resolved.
+    args = SimpleNamespace(**{**locals(), "device": torch_device(device)})
+    threads_line = use_threads(threads)
+    features, captions = _batch(args)
+    settings = (
+        f"batch {batch_size}, grid {grid}x{grid}x{channels}, vocab {vocab_size}, caption "
+        f"length {caption_length}, beam {beam_size}, max length {max_length}, input attention "
+        f"{input_attention}, device {args.device}, {threads_line}; {clock} clock, fastest of "
+        f"{repeats} runs"
+    )
+    print(settings)
+    return _report(args, features, captions, settings)
+
+
+def _batch(args: SimpleNamespace) -> tuple:
+    """The random batch every mapping runs on: features (B, grid, grid, channels), float16
+    promoted to float32 as read from a feature cache, and captions (B, caption_length),
+    int64, each starting with the start token, on the benchmark's device."""
     import torch
 
-    threads = use_threads(args.threads)
-    device = args.device
-    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     generator = torch.Generator().manual_seed(args.seed)
     features = (
         torch.randn(args.batch_size, args.grid, args.grid, args.channels, generator=generator)
         .half()
-        .to(device)
+        .to(args.device)
         .float()
     )
     captions = torch.randint(
         4, args.vocab_size, (args.batch_size, args.caption_length), generator=generator
     )
     captions[:, 0] = START_ID
-    captions = captions.to(device)
+    return features, captions.to(args.device)
 
-    settings = (
-        f"batch {args.batch_size}, grid {args.grid}x{args.grid}x{args.channels}, vocab "
-        f"{args.vocab_size}, caption length {args.caption_length}, beam {args.beam_size}, "
-        f"max length {args.max_length}, input attention {args.input_attention}, device "
-        f"{device}, {threads}; {args.clock} clock, fastest of "
-        f"{args.repeats} runs"
-    )
-    print(settings)
+
+def _report(args: SimpleNamespace, features, captions, settings: str) -> int:
+    """Time every mapping, print the table and its notes, write the markdown and JSON files
+    asked for; the exit status: 1 when a mapping failed, else 0."""
+    import torch
+
+    synchronize = torch.cuda.synchronize if args.device.type == "cuda" else (lambda: None)
     tvmax_module = importlib.import_module("captioner.attention.tvmax")
     notes = list(NOTES)
     if tvmax_module.SOLVER_OVERRIDE is not None:
         notes.append(f"TVmax solver: {tvmax_module.SOLVER_OVERRIDE} (CAPTIONER_TVMAX_SOLVER "
                      "overrides the model's setting)")
         print(notes[-1])
-    rows = [*args.mappings, *([OVERLAP_ROW] if args.tvmax_overlap else [])]
+    rows = [*names("mapping")(args.mappings), *([OVERLAP_ROW] if args.tvmax_overlap else [])]
     results = _run_all(rows, args, features, captions, synchronize)
     cells = _cells(results)
     print(_table(cells))
@@ -401,7 +397,7 @@ def main(argv: list[str]) -> int:
         notes.append(f"TVmax device solver: {stats['fallback']} of {stats['grids']} grids left "
                      "to the CPU solver by its certificate")
         print(notes[-1])
-    write_markdown(args.markdown, device, f"Settings: {settings}.", _markdown(cells), notes)
+    write_markdown(args.markdown, args.device, f"Settings: {settings}.", _markdown(cells), notes)
     if args.json is not None:
         write_json(args.json, results, indent=2)
     failed = [name for name, row in results.items() if "error" in row]

@@ -6,8 +6,9 @@ A command is a jsonargparse parser over a library function (:func:`function_pars
 options are the function's parameters, their help the function's docstring, and every command
 takes ``--config FILE`` and ``--print_config`` as ``fit`` does. :class:`FunctionParser` reads
 the command line: options spelled with dashes (``--beam-size``) as with underscores, an option
-given twice refused, a usage error one line. ``runs`` and the benchmarks read theirs with
-:class:`CommandParser`, argparse's.
+given twice refused, a usage error one line; :meth:`FunctionParser.check` and
+:meth:`FunctionParser.check_option` make the ValueError of a check of options that are each
+valid but do not go together a usage error too.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import functools
 import inspect
-import math
 import re
 import sys
 import typing
@@ -28,24 +28,6 @@ import yaml
 from jsonargparse import ActionConfigFile, ActionYesNo
 
 from captioner.reporting import close_progress_bars
-
-
-class CommandParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line, ``prog: error: message``, and status 2:
-    argparse prints the whole usage first, which for a command of twenty options buries the
-    line that says what is wrong (``--help`` shows the usage). For ``runs`` and the
-    benchmarks, whose options are not a library function's."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def command_parser(prog: str, doc: str) -> argparse.ArgumentParser:
-    """The argparse parser of command ``prog`` with its module docstring ``doc`` as the
-    description, as plain text: the docstring's layout is kept, its reStructuredText markup
-    (``code``, :role:`target`) is not shown in the terminal."""
-    return CommandParser(prog=prog, description=_plain(doc),
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def _plain(doc: str) -> str:
@@ -119,8 +101,9 @@ class FunctionParser(jsonargparse.ArgumentParser):
             self.usage_error(str(exc))
 
     def check_option(self, name: str, check: Callable[[object], object], value: object) -> None:
-        """``check(value)`` for option ``--name``, an argparse ``type`` (:func:`names`,
-        :func:`at_least`) whose error is a usage error, worded as argparse words it."""
+        """``check(value)`` for option ``--name``, an argparse ``type`` or a reader such as
+        :func:`data_prep.wording.names`, whose error is a usage error, worded as argparse words
+        it."""
         try:
             check(value)
         except (argparse.ArgumentTypeError, ValueError) as exc:
@@ -255,28 +238,6 @@ def _refuse_repeats(argv: list[str], once: Sequence[str]) -> None:
         given[name] = value
 
 
-def at_least(low: float, kind: type, *, strictly: bool = False, at_most: float = math.inf):
-    """An argparse ``type``: finite ``kind`` values >= ``low`` (> with ``strictly``) and <=
-    ``at_most``; anything else (nan and inf too) is a usage error naming the value."""
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"not {'an integer' if kind is int else 'a number'}: {text!r}") from None
-        if not math.isfinite(value) or value < low or (strictly and value == low):
-            finite = "" if kind is int else "a finite number "
-            raise argparse.ArgumentTypeError(
-                f"must be {finite}{'>' if strictly else '>='} {low}, got {text}"
-            )
-        if value > at_most:
-            raise argparse.ArgumentTypeError(f"must be at most {at_most}, got {text}")
-        return value
-
-    return parse
-
-
 def any_float(text: str) -> float:
     """An argparse ``type``: ``float(text)``, nan and inf included (jsonargparse's float type,
     which reads YAML, takes neither), for a command that checks the values itself and names
@@ -285,43 +246,3 @@ def any_float(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-
-
-# The largest seed torch.Generator.manual_seed takes (a C long long).
-TORCH_MAX_SEED = 2**63 - 1
-
-
-def torch_seed(text: str) -> int:
-    """An argparse ``type``: a seed of torch's generators, 0 to TORCH_MAX_SEED."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not 0 <= value <= TORCH_MAX_SEED:
-        raise argparse.ArgumentTypeError(f"must be between 0 and {TORCH_MAX_SEED}, got {text}")
-    return value
-
-
-def names(what: str, check: Callable[[str], None] | None = None
-          ) -> Callable[[str], list[str]]:
-    """An argparse ``type``: a comma-separated list of at least one ``what`` ("split"),
-    each passed to ``check``, whose ValueError is the usage error (a benchmark's unknown
-    mapping is refused before the good ones are timed)."""
-
-    def parse(text: str) -> list[str]:
-        listed = [name.strip() for name in text.split(",")]
-        if not any(listed):
-            raise argparse.ArgumentTypeError(f"{text!r} names no {what}")
-        if not all(listed):  # a stray comma, or a name lost from the list
-            raise argparse.ArgumentTypeError(f"{text!r} holds an empty {what} name (a stray comma)")
-        twice = [name for name in dict.fromkeys(listed) if listed.count(name) > 1]
-        if twice:  # one row each would drop one silently
-            raise argparse.ArgumentTypeError(f"{text!r} names {what} {twice[0]!r} twice")
-        try:
-            for name in listed if check else ():
-                check(name)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-        return listed
-
-    return parse

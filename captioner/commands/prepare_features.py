@@ -24,8 +24,9 @@ Options may come from a YAML file (--config FILE; --print_config writes one).
 
 from __future__ import annotations
 
-from captioner.commands.options import FunctionParser, arguments_of, function_parser, names
+from captioner.commands.options import FunctionParser, arguments_of, function_parser
 from captioner.features.preparation import default_workers, prepare_feature_cache
+from data_prep.wording import names
 
 HELP = "cache frozen-encoder grid features (float16, HDF5) for the images of a Karpathy JSON"
 

@@ -4,16 +4,15 @@ torch is imported when the work starts, so that the commands' options are read a
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Literal
 
-from captioner.commands.options import names
 from captioner.reporting import report_error
 from data_prep.importers.dataset import DEFAULT_SPLIT
 from data_prep.importers.formats import FORMATS
 from data_prep.importers.records import ON_ERROR as IMPORT_ON_ERROR
+from data_prep.wording import names
 
 
 def render_synthetic(
@@ -108,6 +107,9 @@ def prepare_feature_cache(
     prog = "captioner prepare-features"
     try:
         split_names = tuple(names("split")(splits))
+    except ValueError as exc:
+        return report_error(prog, exc, "--splits")
+    try:
         config = extract_features(
             data, images, out, arch=arch, layer=layer,
             weights=None if weights.lower() == "none" else weights, image_size=image_size,
@@ -119,12 +121,10 @@ def prepare_feature_cache(
         print(f"{prog}: interrupted; run the same command again to continue from the images "
               "already encoded", file=sys.stderr)
         return 130
-    except argparse.ArgumentTypeError as exc:
-        return report_error(prog, ValueError(f"--splits: {exc}"))
     except (ValueError, OSError, EncoderWeightsError) as exc:
         return report_error(prog, exc)
     print(f"feature cache {out} (encoder: {config})")
-    from captioner.commands.next_steps import fit_command, machine_setup
+    from captioner.features.next_steps import fit_command, machine_setup
 
     print("next:")
     print(f"  {fit_command(machine_setup().config, data, images, out, config)}")
@@ -220,7 +220,7 @@ def _tell_import(report, sources: int, images: list[Path]) -> None:
 
 
 def _print_next_steps(out: Path, images: Path) -> None:
-    from captioner.commands.next_steps import (
+    from captioner.features.next_steps import (
         CPU_SETUP,
         cache_path,
         fit_command,
