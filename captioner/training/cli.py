@@ -195,6 +195,9 @@ for _message in (
     # out the batches, but the captions are gathered by image id (CaptioningModule._gather),
     # so each image counts once and the metrics equal one device's.
     r"Using `DistributedSampler` with the dataloaders. During `trainer\.(validate|test)\(\)`",
+    # On a small dataset: Lightning counts log_every_n_steps in steps of the whole fit, not of
+    # an epoch, so train/loss is still logged every N steps; the scores, every epoch.
+    r"The number of training batches \(\d+\) is smaller than the logging interval",
 ):
     warnings.filterwarnings("ignore", message=_message)
 

@@ -37,9 +37,10 @@ import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 
-from captioner.checkpointing import AtomicCheckpointIO, CheckpointError, load_safely
+from captioner.checkpointing import CheckpointError, load_safely, save_atomically
 from captioner.training.folders import (
     LAST_NAME,
     PROGRESS_NAME,
@@ -54,11 +55,47 @@ from data_prep.locks import hold_exclusively, let_go
 _LOCK_TRIES, _LOCK_WAIT_S = 10, 0.05
 
 
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning CheckpointIO plugin: atomic writes, the optimizer's state in ``last.ckpt``
+    only (the one checkpoint a fit resumes from), ``weights_only=True`` reads, and removals
+    held until :meth:`remove_now` (a best checkpoint that a better one supersedes goes once
+    ``last.ckpt`` names the new one: :class:`BestCheckpoint`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.superseded: list[str] = []  # the checkpoints Lightning asked to remove
+
+    def remove_checkpoint(self, path) -> None:
+        self.superseded.append(str(path))
+
+    def remove_now(self, path) -> None:
+        super().remove_checkpoint(path)
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path, storage_options: Any | None = None
+    ) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} does not take storage_options")
+        if Path(path).name != LAST_NAME:
+            # Only last.ckpt resumes a fit; the best checkpoints, which a sweep keeps one or
+            # more of per run, are two thirds smaller without Adam's two moments per weight.
+            checkpoint = {key: value for key, value in checkpoint.items()
+                          if key != "optimizer_states"}
+        save_atomically(checkpoint, path)
+
+    def load_checkpoint(self, path, map_location: Any = None, weights_only: bool | None = None):
+        if weights_only is False:
+            raise ValueError(
+                f"{type(self).__name__} only loads checkpoints with weights_only=True"
+            )
+        return load_safely(path, map_location="cpu" if map_location is None else map_location)
+
+
 class BestCheckpoint(ModelCheckpoint):
     """Lightning's ModelCheckpoint (``--checkpoint.*``: the best checkpoints), but a checkpoint
     it supersedes is removed only once :class:`LastCheckpoint`, which runs after it, has
     written ``last.ckpt`` and ``progress.json`` naming the new one (the checkpoint plugin,
-    :class:`captioner.checkpointing.AtomicCheckpointIO`, holds the removals Lightning asks for
+    :class:`AtomicCheckpointIO`, holds the removals Lightning asks for
     until then): a run killed between the two writes resumes from a ``last.ckpt`` whose best
     checkpoint still exists, and ``captioner runs`` and ``--ckpt_path best`` name a file that
     exists.
