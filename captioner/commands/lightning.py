@@ -3,23 +3,12 @@
     captioner fit --config configs/coco_tvmax.yaml
     captioner fit --config configs/coco_tvmax.yaml --ckpt_path last       # resume
     captioner test --config configs/coco_tvmax.yaml --ckpt_path best     # the newest run's best
-    captioner fit --config configs/coco_tvmax.yaml --print_config
+    captioner test --run_name coco_tvmax --ckpt_path best                # the same, by its name
 
-Runs are written to runs/NAME/version_N/ (NAME: the config file's stem, or --run_name), with
-the checkpoints in its checkpoints/ folder (see captioner.training.runs). "--ckpt_path last"
-resumes the newest version of NAME that has a last.ckpt (or, with a run's own config.yaml as
---config, that run), in the same folder; validate and test need --ckpt_path (best, last or a
-file). Give the --config files first: an option before a config that sets its key is refused.
-The vocabulary
-size and the image size are linked from the data to the model. The best checkpoint is chosen
-on val/CIDEr (the checkpoint.* options), last.ckpt is written every epoch (and every
---last.every_n_train_steps steps when set). Several GPUs or nodes: --trainer.strategy ddp
---trainer.devices N --trainer.num_nodes M (Lightning's DDP).
-
-User errors (missing files, malformed data, bad checkpoints, bad settings) print one line and
-exit with status 2; set CAPTIONER_DEBUG=1 for the traceback. Ctrl-C stops a run after Lightning's
-graceful shutdown with status 130 and one line giving the command that resumes the run; so
-does a DDP run whose other process went away, with status 1.
+What the CLI adds to Lightning's is in :mod:`captioner.training.cli`. Errors in the command
+line, a config or a checkpoint print one line and exit with status 2 (CAPTIONER_DEBUG=1 shows
+the traceback); Ctrl-C, and a DDP run whose other process went away, end with the line that
+resumes the run (status 130, 1).
 """
 
 from __future__ import annotations
@@ -197,16 +186,12 @@ def _from_config_files(message: str, argv: list[str]) -> bool:
 def _unreadable(configs: list[str]) -> list[str]:
     """The config files a parse error is in: those that are not readable YAML (all of them
     when each reads)."""
-    return [config for config in configs if not _reads_as_yaml(config)] or configs
-
-
-def _reads_as_yaml(path: str) -> bool:
-    """Whether the config file ``path`` is readable YAML."""
     import yaml
 
-    try:
-        with open(path, encoding="utf-8") as handle:
-            yaml.safe_load(handle)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return False
-    return True
+    unreadable = []
+    for config in configs:
+        try:
+            yaml.safe_load(Path(config).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            unreadable.append(config)
+    return unreadable or configs

@@ -1,20 +1,8 @@
 """Run folders of ``captioner fit`` and the state that makes a resume exact.
 
-A run lives in ``ROOT/NAME/version_N/`` (ROOT ``runs`` by default, NAME the config file's stem
-or ``--run_name``): ``metrics.csv`` and ``hparams.yaml`` of the CSV logger, and
-``checkpoints/`` with the best checkpoint(s) on ``val/CIDEr``, ``last.ckpt`` and
-``progress.json`` (epoch, step, best score and paths of the last save; what ``captioner runs``
-lists).
-
-:class:`LastCheckpoint` writes ``last.ckpt`` at the end of every training epoch, after the
-epoch's validation (so it holds the updated best-score tracking), whatever the score did, and
-every ``every_n_train_steps`` optimizer steps when that is > 0. It also stores the random
-number generators' states (torch, CUDA, numpy, Python) of every process and restores each
-process's own on resume, so that a run resumed from an end-of-epoch checkpoint draws the same
-shuffles and dropout masks as an uninterrupted run and ends with the same weights (under DDP the
-processes' states differ: their batches differ in shape, so their dropout draws differ too).
-A resume from a mid-epoch checkpoint continues at its step, but the rest of that epoch draws
-a new shuffle.
+A run lives in ``ROOT/NAME/version_N/`` (:mod:`captioner.training.folders`): the CSV logger's
+files and ``checkpoints/`` with the best checkpoint(s) (:class:`BestCheckpoint`), ``last.ckpt``
+with every process's random number generators (:class:`LastCheckpoint`) and ``progress.json``.
 """
 
 from __future__ import annotations
@@ -193,7 +181,11 @@ class BestCheckpoint(ModelCheckpoint):
 
 
 class LastCheckpoint(Checkpoint):
-    """``last.ckpt`` every epoch (and every N steps), with the RNG states for exact resumes.
+    """``last.ckpt`` at the end of every training epoch, after its validation, and every
+    ``every_n_train_steps`` steps, with the random number generators' states of every process:
+    a run resumed from an end-of-epoch checkpoint draws the same shuffles and dropout masks as
+    an uninterrupted run and ends with the same weights (a mid-epoch one continues at its
+    step, with a new shuffle for the rest of that epoch).
 
     A :class:`~lightning.pytorch.callbacks.Checkpoint`, so that Lightning runs it after the
     callbacks that are not and, among checkpoint callbacks, in the order given: after the
