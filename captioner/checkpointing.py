@@ -1,18 +1,8 @@
-"""Checkpoint files: written atomically, read as untrusted data.
-
-A checkpoint is written through :func:`data_prep.atomic.atomic_write` (temporary file in the
-destination folder, fsync, the user's file mode, ``os.replace``): an interrupted run leaves
-either the previous checkpoint or the new one, never a truncated file that a resume would
-choke on.
-
-Reading treats every checkpoint as untrusted. :func:`load_safely` checks the CRC-32 that the
-zip archive holds for every member (torch.load does not: a damaged tensor would load), uses
-``torch.load(weights_only=True)`` (tensors and plain containers only; no pickled code runs) and
-:func:`constructor_arguments` checks the stored hyperparameters as plain data against the
-model's constructor before anything is built from them: numbers, strings, booleans, None and
-lists / dicts of those, no ``class_path`` / ``init_args`` (which jsonargparse would resolve
-into an import), and only the constructor's own parameter names, apart from the bookkeeping
-keys that LightningCLI adds (``_instantiator``, ``_class_path``), which are dropped.
+"""Checkpoint files: written atomically (an interrupted run leaves the previous checkpoint or
+the new one, never a truncated file), read as untrusted data: :func:`load_safely` checks every
+member's CRC-32 and loads tensors and plain data only (``weights_only=True``), and
+:func:`constructor_arguments` checks the stored hyperparameters against the model's constructor
+before anything is built from them (no ``class_path`` that jsonargparse would import).
 """
 
 from __future__ import annotations

@@ -101,12 +101,14 @@ def test_runs_lists_without_torch_or_lightning(tmp_path):
     assert str(folder / "checkpoints" / "last.ckpt") in out
 
 
-def test_checkpoint_files_are_read_and_written_without_lightning():
-    # caption and prepare-features read and write checkpoints; Lightning's checkpoint plugin,
-    # which run folders' config.yaml still name as captioner.checkpointing.AtomicCheckpointIO,
-    # is imported only when that name is asked for.
+def test_checkpoint_files_and_devices_need_no_lightning():
+    # caption and prepare-features read and write checkpoints and pick their device; Lightning's
+    # checkpoint plugin, which run folders' config.yaml still name as
+    # captioner.checkpointing.AtomicCheckpointIO, is imported only when that name is asked for.
     code = ("import sys\n"
             "import captioner.checkpointing as checkpointing\n"
+            "from captioner.inference.devices import resolve_device\n"
+            "resolve_device('cpu')\n"
             "print('lightning' in sys.modules)\n"
             "plugin = checkpointing.AtomicCheckpointIO\n"
             "print('lightning' in sys.modules, plugin.__name__)\n")

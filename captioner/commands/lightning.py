@@ -25,71 +25,85 @@ HELP = {
 NEEDS_COMMAND_NAME = True
 
 def main(argv: list[str]) -> int:
-    from argparse import ArgumentError
-
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
-
-    from captioner.model.encoder import EncoderWeightsError
     from captioner.reporting import close_progress_bars, report_error
-    from captioner.training.cli import (
-        Interrupted,
-        PeerLost,
-        UserError,
-        build_cli,
-        config_files,
-        end_distributed,
-    )
-    from data_prep.settings_files import SettingsLimitError, read_settings
+    from captioner.training.cli import Interrupted, PeerLost, build_cli, end_distributed
 
+    command = f"captioner {argv[0]}"
     argv = _with_the_runs_config(argv)
-    for config in config_files(argv):
-        try:
-            document = read_settings(config, "config")
-        except SettingsLimitError as exc:
-            return report_error(f"captioner {argv[0]}", ValueError(f"--config {exc}"))
-        except (OSError, ValueError):
-            continue  # a config that cannot be read: the parser says why, naming the option
-        if document is None:  # jsonargparse says "Unexpected config:" and nothing more
-            return report_error(f"captioner {argv[0]}", ValueError(
-                f"--config {config}: holds no settings (an empty YAML document)"))
+    problem = _config_problem(argv)
+    if problem is not None:
+        return report_error(command, ValueError(problem))
     # LightningCLI warns when it is handed args while sys.argv also holds some; from the console
     # script they are the same words, so let it read sys.argv itself.
     args = None if list(argv) == sys.argv[1:] else list(argv)
     try:
-        cli = build_cli(args, on_lost_process=_end_told(f"captioner {argv[0]}"))
-    except Interrupted as exc:
-        if _first_process():
+        cli = build_cli(args, on_lost_process=_end_told(command))
+    except (Interrupted, PeerLost) as exc:
+        # A lost peer is said by every process that is left: the first may be the one that went.
+        if isinstance(exc, PeerLost) or _first_process():
             close_progress_bars()
-            print(f"captioner {argv[0]}: {exc}", file=sys.stderr)
-        return 130
-    except PeerLost as exc:
-        # Said by every process that is left: the first may be the one that went.
-        close_progress_bars()
-        print(f"captioner {argv[0]}: {exc}", file=sys.stderr)
-        return 1
-    except (UserError, OSError, ValueError, ArgumentError, MisconfigurationException,
-            EncoderWeightsError) as exc:
-        if not _first_process():
-            return 2  # the first process, which met the same error, says it
-        message, configs = str(exc), config_files(argv)
-        if isinstance(exc, UnicodeDecodeError) and configs:  # a config file that is not text
-            return report_error(f"captioner {argv[0]}", ValueError(
-                f"not UTF-8 text ({exc.reason} at byte {exc.start})"),
-                f"--config {', '.join(_unreadable(configs))}")
-        if _from_config_files(message, argv) and configs:
-            if "Problems parsing config" in message:
-                configs = _unreadable(configs)
-            return report_error(f"captioner {argv[0]}", ValueError(_tidy(message, configs)),
-                                f"--config {', '.join(configs)}")
-        options = _as_options(message, argv[0])
-        return report_error(f"captioner {argv[0]}", exc if options == message else
-                            ValueError(options))
+            print(f"{command}: {exc}", file=sys.stderr)
+        return 130 if isinstance(exc, Interrupted) else 1
+    except _user_errors() as exc:
+        # Under DDP the first process, which met the same error, says it.
+        return _report_refusal(exc, argv) if _first_process() else 2
     # Every rank: trainer.log_dir is a collective under DDP.
     summary = cli.run_summary() if argv[0] == "fit" else cli.evaluation_summary()
     if cli.trainer.is_global_zero and summary:
         print(summary)
     end_distributed()
     return 0
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """The errors that the command line, a config or a file the user named cause."""
+    from argparse import ArgumentError
+
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    from captioner.model.encoder import EncoderWeightsError
+    from captioner.training.cli import UserError
+
+    return (UserError, OSError, ValueError, ArgumentError, MisconfigurationException,
+            EncoderWeightsError)
+
+
+def _config_problem(argv: list[str]) -> str | None:
+    """What makes a ``--config`` of ``argv`` unusable that jsonargparse would not say in one
+    line: a file over the limits of every settings file, or one holding no settings."""
+    from captioner.training.cli import config_files
+    from data_prep.settings_files import SettingsLimitError, read_settings
+
+    for config in config_files(argv):
+        try:
+            document = read_settings(config, "config")
+        except SettingsLimitError as exc:
+            return f"--config {exc}"
+        except (OSError, ValueError):
+            continue  # a config that cannot be read: the parser says why, naming the option
+        if document is None:  # jsonargparse says "Unexpected config:" and nothing more
+            return f"--config {config}: holds no settings (an empty YAML document)"
+    return None
+
+
+def _report_refusal(exc: Exception, argv: list[str]) -> int:
+    """Report a user error of the command line ``argv`` in one line, naming the config file
+    it is in where it is in one; status 2."""
+    from captioner.reporting import report_error
+    from captioner.training.cli import config_files
+
+    command, message, configs = f"captioner {argv[0]}", str(exc), config_files(argv)
+    if isinstance(exc, UnicodeDecodeError) and configs:  # a config file that is not text
+        return report_error(command, ValueError(
+            f"not UTF-8 text ({exc.reason} at byte {exc.start})"),
+            f"--config {', '.join(_unreadable(configs))}")
+    if _from_config_files(message, argv) and configs:
+        if "Problems parsing config" in message:
+            configs = _unreadable(configs)
+        return report_error(command, ValueError(_tidy(message, configs)),
+                            f"--config {', '.join(configs)}")
+    options = _as_options(message, argv[0])
+    return report_error(command, exc if options == message else ValueError(options))
 
 
 def _with_the_runs_config(argv: list[str]) -> list[str]:

@@ -208,7 +208,6 @@ class CaptionerCLI(LightningCLI):
         self._first_config = _first_config(self._args)
         self._resume_version: int | str | None = None  # the version --ckpt_path last picks
         self._ckpt_path: str | None = None  # --ckpt_path, resolved and checked
-        self._given_decoding: dict[str, object] = {}  # model.decoding* given with a checkpoint
         self._checkpoint_step = 0  # global step of the --ckpt_path checkpoint
         self._resumed_run: Path | None = None  # the run folder fit resumes into
         self._new_root: Path | None = None  # the runs folder, when this command makes it

@@ -355,12 +355,8 @@ def write_progress(folder: Path, trainer: L.Trainer, last: Path, *, epochs_done:
 
 def new_version(root: Path, name: str) -> int:
     """Make the folder of a new run version, ``ROOT/NAME/version_N`` with N one more than the
-    largest version there (or the next one free), and return N.
-
-    Lightning's loggers pick N from the folders they list and make it later, so two runs of
-    one NAME started together could both pick it and write into one folder. Here picking is
-    making: ``mkdir`` fails for all but one process, and the others go on to N + 1.
-    """
+    largest version there (or the next one free), and return N. Picking is making: of two
+    runs started together, ``mkdir`` fails for one, which goes on to N + 1."""
     (root / name).mkdir(parents=True, exist_ok=True)
     version = max((version for version, _ in version_folders(root, name)), default=-1) + 1
     while True:
@@ -397,14 +393,10 @@ class RunInUse(ValueError):
 
 class RunLock:
     """Holds a run's version folder while a fit trains in it, so that no other fit resumes
-    into it or names its version (both would write ``last.ckpt``, ``metrics.csv`` and
-    ``config.yaml`` there).
-
-    An exclusive ``flock`` on the folder itself: no file is added to the run, and the kernel
-    drops the lock when the process ends, also when it is killed, so a killed run resumes.
-    The fit lets go with :meth:`release` once it has ended, also on an exception (one process
-    may train several runs); forked processes (loader workers) let go of it at once. Where
-    the file system cannot lock a folder (NFS), it warns and holds nothing.
+    into it or names its version: an exclusive ``flock`` on the folder itself, which the
+    kernel drops when the process ends (a killed run resumes) and forked loader workers let go
+    of at once; :meth:`release` once the fit has ended. Where the file system cannot lock a
+    folder (NFS), it warns and holds nothing.
 
     Raises:
         RunInUse: another process holds ``folder``.
@@ -440,16 +432,13 @@ class RunLock:
 
 def claim_evaluation_folder(run: Path, subcommand: str) -> tuple[str, int | None]:
     """The folder beside the run ``run`` (``ROOT/NAME/version_N``) that ``validate`` or
-    ``test`` of one of its checkpoints logs into, made and held: the first of
-    ``<subcommand>``, ``<subcommand>_2``, ... that holds no ``metrics.csv`` of an earlier one
-    (the CSV logger would delete it) and that no other evaluation holds now, so that two
-    started together write into two folders. The hold is an exclusive ``flock`` on the
-    folder, which the kernel drops when the process ends.
+    ``test`` of one of its checkpoints logs into, made and held as :class:`RunLock` holds a
+    run: the first of ``<subcommand>``, ``<subcommand>_2``, ... that holds no ``metrics.csv``
+    (the CSV logger would delete it) and that no other evaluation holds now.
 
     Returns:
-        The folder's name and the descriptor of the hold, for :func:`let_go` once the
-        evaluation ends (None where the file system cannot lock a folder, NFS: there two
-        evaluations started together may still share one).
+        The folder's name and the descriptor of the hold, for :func:`let_go` (None where the
+        file system cannot lock a folder).
     """
     for k in itertools.count(1):
         name = subcommand if k == 1 else f"{subcommand}_{k}"
@@ -549,19 +538,12 @@ def _put_back_held_metrics(folder: Path) -> bool:
 
 class FitStartGuard(Callback):
     """Undoes what ``fit`` wrote into the run folders when it stops before its first training
-    step is done (``on_train_batch_end``): a refused checkpoint, unreadable data (also in the
-    first batch), a failure in the sanity check, in making the loaders or in the first step.
-
-    A new run's version folder is removed, unless a checkpoint is in it, and then its
-    ``ROOT/NAME`` folder if no other version is left there, and ``ROOT`` if this fit made it
-    and left it empty: ``captioner runs`` lists nothing of it. A version folder that held
-    files before this fit (one named with ``--trainer.logger.init_args.version``) is kept.
-
-    A resume stopped before ``on_fit_start`` (its checkpoint refused) gets back what
-    :func:`hold_metrics_for_resume` held, and its run is as it was. From ``on_fit_start`` on,
-    the resume has begun, also if it stops before training: its earlier rows are in
-    ``metrics.partK.csv`` (:func:`set_aside_metrics`), and ``config.yaml`` and
-    ``hparams.yaml`` are the resume's (:class:`SaveConfigOnceRestored`).
+    step is done (a refused checkpoint, unreadable data, a failure in the sanity check or the
+    first step): a new run's version folder without a checkpoint is removed, then ``ROOT/NAME``
+    and ``ROOT`` where this left them empty (a version folder that held files before is
+    kept); a resume stopped before ``on_fit_start`` gets back the metrics.csv that
+    :func:`hold_metrics_for_resume` held. From ``on_fit_start`` on the resume has begun: its
+    earlier rows are in ``metrics.partK.csv`` (:func:`set_aside_metrics`).
 
     Args:
         resumed: a resume's run folder and the global step of the checkpoint it continues
@@ -609,10 +591,8 @@ class FitStartGuard(Callback):
 
 
 class EvaluationGuard(FitStartGuard):
-    """:class:`FitStartGuard` for ``validate`` and ``test``: the log folder they made (a new
-    ``ROOT/NAME/version_N``, or ``version_N/test_K/`` beside the run of the checkpoint) is
-    removed when they stop before their scores are made (a checkpoint refused while it is
-    restored, unreadable data, Ctrl-C), so that ``captioner runs`` lists no run that never was.
+    """:class:`FitStartGuard` for ``validate`` and ``test``: the log folder they made is
+    removed when they stop before their scores are made.
 
     Args:
         new_root: ``ROOT`` when it did not exist before this command, else None.
