@@ -1,18 +1,8 @@
-"""Checkpoint files: written atomically, read as untrusted data.
-
-A checkpoint is written through :func:`data_prep.atomic.atomic_write` (temporary file in the
-destination folder, fsync, the user's file mode, ``os.replace``): an interrupted run leaves
-either the previous checkpoint or the new one, never a truncated file that a resume would
-choke on.
-
-Reading treats every checkpoint as untrusted. :func:`load_safely` checks the CRC-32 that the
-zip archive holds for every member (torch.load does not: a damaged tensor would load), uses
-``torch.load(weights_only=True)`` (tensors and plain containers only; no pickled code runs) and
-:func:`constructor_arguments` checks the stored hyperparameters as plain data against the
-model's constructor before anything is built from them: numbers, strings, booleans, None and
-lists / dicts of those, no ``class_path`` / ``init_args`` (which jsonargparse would resolve
-into an import), and only the constructor's own parameter names, apart from the bookkeeping
-keys that LightningCLI adds (``_instantiator``, ``_class_path``), which are dropped.
+"""Checkpoint files: written atomically (an interrupted run leaves the previous checkpoint or
+the new one, never a truncated file), read as untrusted data: :func:`load_safely` checks every
+member's CRC-32 and loads tensors and plain data only (``weights_only=True``), and
+:func:`constructor_arguments` checks the stored hyperparameters against the model's constructor
+before anything is built from them (no ``class_path`` that jsonargparse would import).
 """
 
 from __future__ import annotations
@@ -26,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.plugins import TorchCheckpointIO
 
 from captioner.training.folders import LAST_NAME
 from data_prep.atomic import atomic_write
@@ -340,37 +329,12 @@ def _shape(value: Any) -> tuple[int, ...] | str:
     return tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
 
 
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning CheckpointIO plugin: atomic writes, the optimizer's state in ``last.ckpt``
-    only (the one checkpoint a fit resumes from), ``weights_only=True`` reads, and removals
-    held until :meth:`remove_now` (a best checkpoint that a better one supersedes goes once
-    ``last.ckpt`` names the new one: :class:`captioner.training.runs.BestCheckpoint`)."""
+def __getattr__(name: str) -> Any:
+    # AtomicCheckpointIO is Lightning's plugin: imported on demand, so that reading or writing
+    # a checkpoint (caption, prepare-features) does not import Lightning. Run folders'
+    # config.yaml files name it here by class_path.
+    if name == "AtomicCheckpointIO":
+        from captioner.training.runs import AtomicCheckpointIO
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.superseded: list[str] = []  # the checkpoints Lightning asked to remove
-
-    def remove_checkpoint(self, path) -> None:
-        self.superseded.append(str(path))
-
-    def remove_now(self, path) -> None:
-        super().remove_checkpoint(path)
-
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], path, storage_options: Any | None = None
-    ) -> None:
-        if storage_options is not None:
-            raise TypeError(f"{type(self).__name__} does not take storage_options")
-        if Path(path).name != LAST_NAME:
-            # Only last.ckpt resumes a fit; the best checkpoints, which a sweep keeps one or
-            # more of per run, are two thirds smaller without Adam's two moments per weight.
-            checkpoint = {key: value for key, value in checkpoint.items()
-                          if key != "optimizer_states"}
-        save_atomically(checkpoint, path)
-
-    def load_checkpoint(self, path, map_location: Any = None, weights_only: bool | None = None):
-        if weights_only is False:
-            raise ValueError(
-                f"{type(self).__name__} only loads checkpoints with weights_only=True"
-            )
-        return load_safely(path, map_location="cpu" if map_location is None else map_location)
+        return AtomicCheckpointIO
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -55,3 +55,31 @@ def test_other_warnings_of_the_same_kind_are_still_shown():
     # Raised here, not by Lightning: shown.
     assert "LeafSpec" in stderr
     assert "a future change" in stderr
+
+
+def test_a_fit_of_fewer_batches_than_the_logging_interval_is_not_warned_of(tmp_path):
+    # Lightning counts log_every_n_steps over the whole fit (train/loss is still logged every N
+    # steps); its warning that an epoch has fewer batches is only noise on a small dataset.
+    fit = (
+        "import torch, lightning.pytorch as pl\n"
+        "class Tiny(pl.LightningModule):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.layer = torch.nn.Linear(2, 1)\n"
+        "    def training_step(self, batch, batch_idx):\n"
+        "        return self.layer(batch).sum()\n"
+        "    def train_dataloader(self):\n"
+        "        return torch.utils.data.DataLoader(torch.ones(4, 2), batch_size=2)\n"
+        "    def configure_optimizers(self):\n"
+        "        return torch.optim.SGD(self.parameters(), lr=0.1)\n"
+        "pl.Trainer(accelerator='cpu', max_epochs=1, log_every_n_steps=10,\n"
+        "           default_root_dir={root!r}, enable_progress_bar=False,\n"
+        "           enable_checkpointing=False, enable_model_summary=False).fit(Tiny())\n"
+    )
+    fit = fit.format(root=str(tmp_path))
+    as_lightning_says = _stderr_of(fit)
+    as_captioner_says = _stderr_of("import captioner.training.cli\n" + fit)
+    message = "is smaller than the logging interval"
+    assert message in as_lightning_says  # the test sees Lightning's real warning
+    assert message not in as_captioner_says
+    assert "max_epochs=1` reached" in as_captioner_says  # Lightning's other lines are kept

@@ -99,3 +99,21 @@ def test_runs_lists_without_torch_or_lightning(tmp_path):
     assert row[:6] == ["cpu_small_tvmax", "version_0", "softmax/tvmax", "3", "30", "CIDEr"]
     assert row[6] == "0.2500"
     assert str(folder / "checkpoints" / "last.ckpt") in out
+
+
+def test_checkpoint_files_and_devices_need_no_lightning():
+    # caption and prepare-features read and write checkpoints and pick their device; Lightning's
+    # checkpoint plugin, which run folders' config.yaml still name as
+    # captioner.checkpointing.AtomicCheckpointIO, is imported only when that name is asked for.
+    code = ("import sys\n"
+            "import captioner.checkpointing as checkpointing\n"
+            "from captioner.inference.devices import resolve_device\n"
+            "resolve_device('cpu')\n"
+            "print('lightning' in sys.modules)\n"
+            "plugin = checkpointing.AtomicCheckpointIO\n"
+            "print('lightning' in sys.modules, plugin.__name__)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=120, check=True)
+    assert done.stdout.split() == ["False", "True", "AtomicCheckpointIO"]

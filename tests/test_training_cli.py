@@ -2203,3 +2203,21 @@ def test_a_resume_removes_no_file_outside_the_run_that_its_checkpoint_names(
     save_atomically(checkpoint, folder / "last.ckpt")
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "2", "--ckpt_path", "last"]) == 0
     assert all(victim.read_bytes() == b"keep me" for victim in victims)
+
+
+def test_a_batch_limit_of_1_is_one_batch_and_1_0_all_of_them():
+    # Lightning reads an int limit as a number of batches and a float as a fraction of them.
+    from jsonargparse import ArgumentParser
+
+    from captioner.training.cli import Trainer
+
+    parser = ArgumentParser()
+    parser.add_class_arguments(Trainer, "trainer")
+    for given, meant in (("1", 1), ("1.0", 1.0), ("0.5", 0.5), ("3", 3)):
+        limits = parser.parse_args([f"--trainer.limit_{stage}_batches={given}"
+                                    for stage in ("train", "val", "test")]).trainer
+        for limit in (limits.limit_train_batches, limits.limit_val_batches,
+                      limits.limit_test_batches):
+            assert limit == meant and type(limit) is type(meant)
+    config = parser.parse_string("trainer: {limit_train_batches: 1}")
+    assert type(config.trainer.limit_train_batches) is int

@@ -3,23 +3,12 @@
     captioner fit --config configs/coco_tvmax.yaml
     captioner fit --config configs/coco_tvmax.yaml --ckpt_path last       # resume
     captioner test --config configs/coco_tvmax.yaml --ckpt_path best     # the newest run's best
-    captioner fit --config configs/coco_tvmax.yaml --print_config
+    captioner test --run_name coco_tvmax --ckpt_path best                # the same, by its name
 
-Runs are written to runs/NAME/version_N/ (NAME: the config file's stem, or --run_name), with
-the checkpoints in its checkpoints/ folder (see captioner.training.runs). "--ckpt_path last"
-resumes the newest version of NAME that has a last.ckpt (or, with a run's own config.yaml as
---config, that run), in the same folder; validate and test need --ckpt_path (best, last or a
-file). Give the --config files first: an option before a config that sets its key is refused.
-The vocabulary
-size and the image size are linked from the data to the model. The best checkpoint is chosen
-on val/CIDEr (the checkpoint.* options), last.ckpt is written every epoch (and every
---last.every_n_train_steps steps when set). Several GPUs or nodes: --trainer.strategy ddp
---trainer.devices N --trainer.num_nodes M (Lightning's DDP).
-
-User errors (missing files, malformed data, bad checkpoints, bad settings) print one line and
-exit with status 2; set CAPTIONER_DEBUG=1 for the traceback. Ctrl-C stops a run after Lightning's
-graceful shutdown with status 130 and one line giving the command that resumes the run; so
-does a DDP run whose other process went away, with status 1.
+What the CLI adds to Lightning's is in :mod:`captioner.training.cli`. Errors in the command
+line, a config or a checkpoint print one line and exit with status 2 (CAPTIONER_DEBUG=1 shows
+the traceback); Ctrl-C, and a DDP run whose other process went away, end with the line that
+resumes the run (status 130, 1).
 """
 
 from __future__ import annotations
@@ -36,71 +25,85 @@ HELP = {
 NEEDS_COMMAND_NAME = True
 
 def main(argv: list[str]) -> int:
-    from argparse import ArgumentError
-
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
-
-    from captioner.model.encoder import EncoderWeightsError
     from captioner.reporting import close_progress_bars, report_error
-    from captioner.training.cli import (
-        Interrupted,
-        PeerLost,
-        UserError,
-        build_cli,
-        config_files,
-        end_distributed,
-    )
-    from data_prep.settings_files import SettingsLimitError, read_settings
+    from captioner.training.cli import Interrupted, PeerLost, build_cli, end_distributed
 
+    command = f"captioner {argv[0]}"
     argv = _with_the_runs_config(argv)
-    for config in config_files(argv):
-        try:
-            document = read_settings(config, "config")
-        except SettingsLimitError as exc:
-            return report_error(f"captioner {argv[0]}", ValueError(f"--config {exc}"))
-        except (OSError, ValueError):
-            continue  # a config that cannot be read: the parser says why, naming the option
-        if document is None:  # jsonargparse says "Unexpected config:" and nothing more
-            return report_error(f"captioner {argv[0]}", ValueError(
-                f"--config {config}: holds no settings (an empty YAML document)"))
+    problem = _config_problem(argv)
+    if problem is not None:
+        return report_error(command, ValueError(problem))
     # LightningCLI warns when it is handed args while sys.argv also holds some; from the console
     # script they are the same words, so let it read sys.argv itself.
     args = None if list(argv) == sys.argv[1:] else list(argv)
     try:
-        cli = build_cli(args, on_lost_process=_end_told(f"captioner {argv[0]}"))
-    except Interrupted as exc:
-        if _first_process():
+        cli = build_cli(args, on_lost_process=_end_told(command))
+    except (Interrupted, PeerLost) as exc:
+        # A lost peer is said by every process that is left: the first may be the one that went.
+        if isinstance(exc, PeerLost) or _first_process():
             close_progress_bars()
-            print(f"captioner {argv[0]}: {exc}", file=sys.stderr)
-        return 130
-    except PeerLost as exc:
-        # Said by every process that is left: the first may be the one that went.
-        close_progress_bars()
-        print(f"captioner {argv[0]}: {exc}", file=sys.stderr)
-        return 1
-    except (UserError, OSError, ValueError, ArgumentError, MisconfigurationException,
-            EncoderWeightsError) as exc:
-        if not _first_process():
-            return 2  # the first process, which met the same error, says it
-        message, configs = str(exc), config_files(argv)
-        if isinstance(exc, UnicodeDecodeError) and configs:  # a config file that is not text
-            return report_error(f"captioner {argv[0]}", ValueError(
-                f"not UTF-8 text ({exc.reason} at byte {exc.start})"),
-                f"--config {', '.join(_unreadable(configs))}")
-        if _from_config_files(message, argv) and configs:
-            if "Problems parsing config" in message:
-                configs = _unreadable(configs)
-            return report_error(f"captioner {argv[0]}", ValueError(_tidy(message, configs)),
-                                f"--config {', '.join(configs)}")
-        options = _as_options(message, argv[0])
-        return report_error(f"captioner {argv[0]}", exc if options == message else
-                            ValueError(options))
+            print(f"{command}: {exc}", file=sys.stderr)
+        return 130 if isinstance(exc, Interrupted) else 1
+    except _user_errors() as exc:
+        # Under DDP the first process, which met the same error, says it.
+        return _report_refusal(exc, argv) if _first_process() else 2
     # Every rank: trainer.log_dir is a collective under DDP.
     summary = cli.run_summary() if argv[0] == "fit" else cli.evaluation_summary()
     if cli.trainer.is_global_zero and summary:
         print(summary)
     end_distributed()
     return 0
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """The errors that the command line, a config or a file the user named cause."""
+    from argparse import ArgumentError
+
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    from captioner.model.encoder import EncoderWeightsError
+    from captioner.training.cli import UserError
+
+    return (UserError, OSError, ValueError, ArgumentError, MisconfigurationException,
+            EncoderWeightsError)
+
+
+def _config_problem(argv: list[str]) -> str | None:
+    """What makes a ``--config`` of ``argv`` unusable that jsonargparse would not say in one
+    line: a file over the limits of every settings file, or one holding no settings."""
+    from captioner.training.cli import config_files
+    from data_prep.settings_files import SettingsLimitError, read_settings
+
+    for config in config_files(argv):
+        try:
+            document = read_settings(config, "config")
+        except SettingsLimitError as exc:
+            return f"--config {exc}"
+        except (OSError, ValueError):
+            continue  # a config that cannot be read: the parser says why, naming the option
+        if document is None:  # jsonargparse says "Unexpected config:" and nothing more
+            return f"--config {config}: holds no settings (an empty YAML document)"
+    return None
+
+
+def _report_refusal(exc: Exception, argv: list[str]) -> int:
+    """Report a user error of the command line ``argv`` in one line, naming the config file
+    it is in where it is in one; status 2."""
+    from captioner.reporting import report_error
+    from captioner.training.cli import config_files
+
+    command, message, configs = f"captioner {argv[0]}", str(exc), config_files(argv)
+    if isinstance(exc, UnicodeDecodeError) and configs:  # a config file that is not text
+        return report_error(command, ValueError(
+            f"not UTF-8 text ({exc.reason} at byte {exc.start})"),
+            f"--config {', '.join(_unreadable(configs))}")
+    if _from_config_files(message, argv) and configs:
+        if "Problems parsing config" in message:
+            configs = _unreadable(configs)
+        return report_error(command, ValueError(_tidy(message, configs)),
+                            f"--config {', '.join(configs)}")
+    options = _as_options(message, argv[0])
+    return report_error(command, exc if options == message else ValueError(options))
 
 
 def _with_the_runs_config(argv: list[str]) -> list[str]:
@@ -197,16 +200,12 @@ def _from_config_files(message: str, argv: list[str]) -> bool:
 def _unreadable(configs: list[str]) -> list[str]:
     """The config files a parse error is in: those that are not readable YAML (all of them
     when each reads)."""
-    return [config for config in configs if not _reads_as_yaml(config)] or configs
-
-
-def _reads_as_yaml(path: str) -> bool:
-    """Whether the config file ``path`` is readable YAML."""
     import yaml
 
-    try:
-        with open(path, encoding="utf-8") as handle:
-            yaml.safe_load(handle)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return False
-    return True
+    unreadable = []
+    for config in configs:
+        try:
+            yaml.safe_load(Path(config).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            unreadable.append(config)
+    return unreadable or configs

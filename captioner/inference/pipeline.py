@@ -32,6 +32,7 @@ from captioner.checkpointing import (
     nonfinite_weights,
     weights_mismatch,
 )
+from captioner.inference.devices import resolve_device
 from captioner.inference.image_files import ImageResult, load_images
 from captioner.model.decoding_options import DecodingOptions
 from captioner.model.encoder import EncoderWeightsError
@@ -49,32 +50,6 @@ if TYPE_CHECKING:
     from data_prep.features import FeatureCache
 
 _HPARAMS_KEY = CaptioningModule.CHECKPOINT_HYPER_PARAMS_KEY
-
-
-def resolve_device(name: str | None = None) -> torch.device:
-    """The torch device ``name``, or CUDA when available (else the CPU) for None.
-
-    Raises:
-        ValueError: an unknown device name, a device other than the CPU and CUDA (the ones
-            captioner is built and tested for), or a CUDA device on a machine without one.
-    """
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise ValueError(f"unknown device {name!r}: {exc}") from exc
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device {name!r}: captioner runs on the CPU or on CUDA devices "
-                         "(cpu, cuda, cuda:N)")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {name!r}: CUDA is not available on this machine")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(
-                f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
-            )
-    return device
 
 
 class IncompatibleCheckpointError(CheckpointError):

@@ -1,20 +1,9 @@
 """The LightningCLI of ``captioner fit|validate|test`` (and of the demo's training).
 
-On top of Lightning's CLI over :class:`CaptioningModule` and :class:`CaptionDataModule`:
-
-* runs are named: the CSV logger writes ``runs/NAME/version_N`` with NAME the first config
-  file's stem or ``--run_name`` (see :mod:`captioner.training.runs`);
-* ``--ckpt_path last`` (fit) resumes the newest version of NAME that has a ``last.ckpt``, in
-  the same folder, or the run whose own ``config.yaml`` is the config; ``--ckpt_path best``
-  or ``last`` (validate, test) use that version's best or last checkpoint;
-* a checkpoint given to ``--ckpt_path`` is read as untrusted data: tensors only, and its
-  hyperparameters are checked as plain data against the model's constructor before they reach
-  jsonargparse (which would import any ``class_path`` they named);
-* :class:`captioner.training.runs.LastCheckpoint` (options ``--last.*``) writes ``last.ckpt``
-  every epoch; the best checkpoint on ``val/CIDEr`` is Lightning's ModelCheckpoint
-  (``--checkpoint.*``), as :class:`captioner.training.runs.BestCheckpoint`, which removes a
-  superseded best checkpoint only once ``last.ckpt`` names the new one;
-* ``--trainer.limit_*_batches 1`` is one batch, as Lightning documents, not 1.0 (:class:`Trainer`).
+Lightning's CLI over :class:`CaptioningModule` and :class:`CaptionDataModule`, with named run
+folders (``runs/NAME/version_N``, :mod:`captioner.training.runs`), ``--ckpt_path last|best``
+of a run, checkpoints read as untrusted data before jsonargparse sees their hyperparameters,
+and one-line errors (:class:`UserError`).
 """
 
 from __future__ import annotations
@@ -95,31 +84,11 @@ _DEFAULT_LOGGER_NAME = "lightning_logs"
 
 
 class Trainer(LightningTrainer):
-    """Lightning's Trainer, its batch limits typed ``int | float``, int first.
+    """Lightning's Trainer, whose signals are handled by
+    :class:`~captioner.training.stops.KeepStopSignals` (SIGTERM stops a run as Ctrl-C does)."""
 
-    Lightning reads an int limit as a number of batches and a float as a fraction of them, and
-    types the limits ``float | int``; jsonargparse gives a value the first type that holds it,
-    so ``--trainer.limit_train_batches 1`` (or ``limit_train_batches: 1`` in a config) became
-    1.0, every batch. Its signals are handled by
-    :class:`~captioner.training.stops.KeepStopSignals` (SIGTERM stops a run as Ctrl-C does).
-
-    Args:
-        limit_train_batches: training batches per epoch: an int counts batches, a float is a
-            fraction of them (default: all).
-        limit_val_batches: validation batches, as limit_train_batches.
-        limit_test_batches: test batches, as limit_train_batches.
-        limit_predict_batches: prediction batches, as limit_train_batches.
-        **kwargs: Lightning's other Trainer arguments.
-    """
-
-    def __init__(self, *, limit_train_batches: int | float | None = None,
-                 limit_val_batches: int | float | None = None,
-                 limit_test_batches: int | float | None = None,
-                 limit_predict_batches: int | float | None = None, **kwargs) -> None:
-        super().__init__(limit_train_batches=limit_train_batches,
-                         limit_val_batches=limit_val_batches,
-                         limit_test_batches=limit_test_batches,
-                         limit_predict_batches=limit_predict_batches, **kwargs)
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
         # Added here, not through the callbacks argument, which stays Lightning's own option
         # (--trainer.callbacks) of the parser that reads this signature.
         self.callbacks.append(KeepStopSignals())
@@ -167,14 +136,6 @@ class Trainer(LightningTrainer):
         return super().test(model, dataloaders, ckpt_path, verbose, datamodule, weights_only)
 
 
-class _NoAdvertising(logging.Filter):
-    """Drops Lightning's product tip ("Tip: ... try installing litmodels") from every fit."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Tip:" not in str(record.msg)
-
-
-logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdvertising())
 for _message in (
     # The frozen encoder stays in eval mode on purpose (fixed batch-norm statistics, as in the
     # paper); Lightning warns about it at the start of every fit.
@@ -195,6 +156,9 @@ for _message in (
     # out the batches, but the captions are gathered by image id (CaptioningModule._gather),
     # so each image counts once and the metrics equal one device's.
     r"Using `DistributedSampler` with the dataloaders. During `trainer\.(validate|test)\(\)`",
+    # On a small dataset: Lightning counts log_every_n_steps in steps of the whole fit, not of
+    # an epoch, so train/loss is still logged every N steps; the scores, every epoch.
+    r"The number of training batches \(\d+\) is smaller than the logging interval",
 ):
     warnings.filterwarnings("ignore", message=_message)
 
@@ -244,7 +208,6 @@ class CaptionerCLI(LightningCLI):
         self._first_config = _first_config(self._args)
         self._resume_version: int | str | None = None  # the version --ckpt_path last picks
         self._ckpt_path: str | None = None  # --ckpt_path, resolved and checked
-        self._given_decoding: dict[str, object] = {}  # model.decoding* given with a checkpoint
         self._checkpoint_step = 0  # global step of the --ckpt_path checkpoint
         self._resumed_run: Path | None = None  # the run folder fit resumes into
         self._new_root: Path | None = None  # the runs folder, when this command makes it
@@ -465,7 +428,8 @@ class CaptionerCLI(LightningCLI):
     def _run_last_of(self, subcommand: str, config, which: str) -> Path:
         """The last.ckpt of the run that ``--ckpt_path last|best`` names (see
         :meth:`_resolve_named`); for fit, the version it resumes into is kept."""
-        root, name = self._run_root(config), self._run_folder_name(config)
+        root = Path(_logger_args(config).get("save_dir") or "runs")
+        name = self._run_folder_name(config)
         own = self._own_run()
         init_args = getattr(config.trainer.get("logger"), "init_args", None)
         if own is not None and init_args is not None:
@@ -475,7 +439,7 @@ class CaptionerCLI(LightningCLI):
             init_args["save_dir"], init_args["name"] = str(root), name
             version = version_number(own)
             found = (own.name if version is None else version), _run_last(own, which)
-        elif (version := _logger_version(config)) is not None:
+        elif (version := _logger_args(config).get("version")) is not None:
             found = _version_run(root, name, version, which)
         else:
             found = latest_resumable(root, name)
@@ -595,7 +559,8 @@ class CaptionerCLI(LightningCLI):
         if self.trainer.is_global_zero:
             if self._checkpoints_outside_the_run():
                 self._hold_checkpoint_folder()
-            if self._starts_afresh() and self._checkpoints_outside_the_run():
+            if (not self._subcommand_config().get("ckpt_path")
+                    and self._checkpoints_outside_the_run()):
                 # Before a version folder is made for a fit that will not start.
                 _refuse_earlier_checkpoints(self._checkpoint_folder())
             if self.trainer.logger is None and not self._resumes_its_folder():
@@ -637,11 +602,6 @@ class CaptionerCLI(LightningCLI):
                             "(--checkpoint.dirpath); give this one another folder, or wait for "
                             "it to end") from None
 
-    def _starts_afresh(self) -> bool:
-        """Whether this fit starts from no checkpoint (no --ckpt_path)."""
-        config = self._subcommand_config()
-        return not config.get("ckpt_path")
-
     def _resumes_its_folder(self) -> bool:
         """Whether this fit resumes from a checkpoint of the folder it writes its checkpoints
         to (:meth:`_checkpoint_folder`): the run there goes on."""
@@ -673,8 +633,7 @@ class CaptionerCLI(LightningCLI):
         # the logger's new folder still empty to know it is this command's.
         self.trainer.callbacks.insert(0, EvaluationGuard(self._new_root))
 
-    def before_test(self) -> None:
-        self.before_validate()
+    before_test = before_validate
 
     def _claim_evaluation_folder(self, init_args) -> None:
         """Give validate / test of a run's checkpoint the first folder beside the run that no
@@ -706,29 +665,17 @@ class CaptionerCLI(LightningCLI):
         folder.mkdir(parents=True, exist_ok=True)
         return folder
 
-    def run_name(self, config) -> str:
-        return config.get("run_name") or self._default_run_name()
-
     def _default_run_name(self) -> str:
         return Path(self._first_config).stem if self._first_config else "captioner"
 
     def _run_folder_name(self, config) -> str:
         """NAME of runs/NAME/version_N, the same for training and for ``--ckpt_path last``:
         ``--run_name``, else the logger's own name when a config sets one (a run's saved
-        config.yaml does), else the first config file's stem (:meth:`run_name`)."""
-        logger = config.trainer.get("logger")
-        init_args = getattr(logger, "init_args", None)
-        name = init_args.get("name") if init_args is not None else None
+        config.yaml does), else the first config file's stem."""
+        name = _logger_args(config).get("name")
         if config.get("run_name") or name in (None, _DEFAULT_LOGGER_NAME):
-            return self.run_name(config)
+            return config.get("run_name") or self._default_run_name()
         return name
-
-    @staticmethod
-    def _run_root(config) -> Path:
-        logger = config.trainer.get("logger")
-        init_args = getattr(logger, "init_args", None)
-        save_dir = init_args.get("save_dir") if init_args is not None else None
-        return Path(save_dir or "runs")
 
     @property
     def best_callback(self) -> ModelCheckpoint:
@@ -811,10 +758,9 @@ def _refuse_earlier_checkpoints(folder: Path) -> None:
             f"{quote(str(folder / LAST_NAME))}, or give the new run another checkpoint folder")
 
 
-def _logger_version(config) -> int | str | None:
-    """The run version the command names (``--trainer.logger.init_args.version``), if any."""
-    init_args = getattr(config.trainer.get("logger"), "init_args", None)
-    return init_args.get("version") if init_args is not None else None
+def _logger_args(config) -> dict:
+    """The init_args of the logger of ``config`` ({} without a logger)."""
+    return getattr(config.trainer.get("logger"), "init_args", None) or {}
 
 
 def _version_run(root: Path, name: str, version: int | str, which: str) -> tuple[int | str, Path]:

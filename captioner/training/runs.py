@@ -1,20 +1,8 @@
 """Run folders of ``captioner fit`` and the state that makes a resume exact.
 
-A run lives in ``ROOT/NAME/version_N/`` (ROOT ``runs`` by default, NAME the config file's stem
-or ``--run_name``): ``metrics.csv`` and ``hparams.yaml`` of the CSV logger, and
-``checkpoints/`` with the best checkpoint(s) on ``val/CIDEr``, ``last.ckpt`` and
-``progress.json`` (epoch, step, best score and paths of the last save; what ``captioner runs``
-lists).
-
-:class:`LastCheckpoint` writes ``last.ckpt`` at the end of every training epoch, after the
-epoch's validation (so it holds the updated best-score tracking), whatever the score did, and
-every ``every_n_train_steps`` optimizer steps when that is > 0. It also stores the random
-number generators' states (torch, CUDA, numpy, Python) of every process and restores each
-process's own on resume, so that a run resumed from an end-of-epoch checkpoint draws the same
-shuffles and dropout masks as an uninterrupted run and ends with the same weights (under DDP the
-processes' states differ: their batches differ in shape, so their dropout draws differ too).
-A resume from a mid-epoch checkpoint continues at its step, but the rest of that epoch draws
-a new shuffle.
+A run lives in ``ROOT/NAME/version_N/`` (:mod:`captioner.training.folders`): the CSV logger's
+files and ``checkpoints/`` with the best checkpoint(s) (:class:`BestCheckpoint`), ``last.ckpt``
+with every process's random number generators (:class:`LastCheckpoint`) and ``progress.json``.
 """
 
 from __future__ import annotations
@@ -37,9 +25,10 @@ import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 
-from captioner.checkpointing import AtomicCheckpointIO, CheckpointError, load_safely
+from captioner.checkpointing import CheckpointError, load_safely, save_atomically
 from captioner.training.folders import (
     LAST_NAME,
     PROGRESS_NAME,
@@ -54,11 +43,47 @@ from data_prep.locks import hold_exclusively, let_go
 _LOCK_TRIES, _LOCK_WAIT_S = 10, 0.05
 
 
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning CheckpointIO plugin: atomic writes, the optimizer's state in ``last.ckpt``
+    only (the one checkpoint a fit resumes from), ``weights_only=True`` reads, and removals
+    held until :meth:`remove_now` (a best checkpoint that a better one supersedes goes once
+    ``last.ckpt`` names the new one: :class:`BestCheckpoint`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.superseded: list[str] = []  # the checkpoints Lightning asked to remove
+
+    def remove_checkpoint(self, path) -> None:
+        self.superseded.append(str(path))
+
+    def remove_now(self, path) -> None:
+        super().remove_checkpoint(path)
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path, storage_options: Any | None = None
+    ) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} does not take storage_options")
+        if Path(path).name != LAST_NAME:
+            # Only last.ckpt resumes a fit; the best checkpoints, which a sweep keeps one or
+            # more of per run, are two thirds smaller without Adam's two moments per weight.
+            checkpoint = {key: value for key, value in checkpoint.items()
+                          if key != "optimizer_states"}
+        save_atomically(checkpoint, path)
+
+    def load_checkpoint(self, path, map_location: Any = None, weights_only: bool | None = None):
+        if weights_only is False:
+            raise ValueError(
+                f"{type(self).__name__} only loads checkpoints with weights_only=True"
+            )
+        return load_safely(path, map_location="cpu" if map_location is None else map_location)
+
+
 class BestCheckpoint(ModelCheckpoint):
     """Lightning's ModelCheckpoint (``--checkpoint.*``: the best checkpoints), but a checkpoint
     it supersedes is removed only once :class:`LastCheckpoint`, which runs after it, has
     written ``last.ckpt`` and ``progress.json`` naming the new one (the checkpoint plugin,
-    :class:`captioner.checkpointing.AtomicCheckpointIO`, holds the removals Lightning asks for
+    :class:`AtomicCheckpointIO`, holds the removals Lightning asks for
     until then): a run killed between the two writes resumes from a ``last.ckpt`` whose best
     checkpoint still exists, and ``captioner runs`` and ``--ckpt_path best`` name a file that
     exists.
@@ -156,7 +181,11 @@ class BestCheckpoint(ModelCheckpoint):
 
 
 class LastCheckpoint(Checkpoint):
-    """``last.ckpt`` every epoch (and every N steps), with the RNG states for exact resumes.
+    """``last.ckpt`` at the end of every training epoch, after its validation, and every
+    ``every_n_train_steps`` steps, with the random number generators' states of every process:
+    a run resumed from an end-of-epoch checkpoint draws the same shuffles and dropout masks as
+    an uninterrupted run and ends with the same weights (a mid-epoch one continues at its
+    step, with a new shuffle for the rest of that epoch).
 
     A :class:`~lightning.pytorch.callbacks.Checkpoint`, so that Lightning runs it after the
     callbacks that are not and, among checkpoint callbacks, in the order given: after the
@@ -326,12 +355,8 @@ def write_progress(folder: Path, trainer: L.Trainer, last: Path, *, epochs_done:
 
 def new_version(root: Path, name: str) -> int:
     """Make the folder of a new run version, ``ROOT/NAME/version_N`` with N one more than the
-    largest version there (or the next one free), and return N.
-
-    Lightning's loggers pick N from the folders they list and make it later, so two runs of
-    one NAME started together could both pick it and write into one folder. Here picking is
-    making: ``mkdir`` fails for all but one process, and the others go on to N + 1.
-    """
+    largest version there (or the next one free), and return N. Picking is making: of two
+    runs started together, ``mkdir`` fails for one, which goes on to N + 1."""
     (root / name).mkdir(parents=True, exist_ok=True)
     version = max((version for version, _ in version_folders(root, name)), default=-1) + 1
     while True:
@@ -368,14 +393,10 @@ class RunInUse(ValueError):
 
 class RunLock:
     """Holds a run's version folder while a fit trains in it, so that no other fit resumes
-    into it or names its version (both would write ``last.ckpt``, ``metrics.csv`` and
-    ``config.yaml`` there).
-
-    An exclusive ``flock`` on the folder itself: no file is added to the run, and the kernel
-    drops the lock when the process ends, also when it is killed, so a killed run resumes.
-    The fit lets go with :meth:`release` once it has ended, also on an exception (one process
-    may train several runs); forked processes (loader workers) let go of it at once. Where
-    the file system cannot lock a folder (NFS), it warns and holds nothing.
+    into it or names its version: an exclusive ``flock`` on the folder itself, which the
+    kernel drops when the process ends (a killed run resumes) and forked loader workers let go
+    of at once; :meth:`release` once the fit has ended. Where the file system cannot lock a
+    folder (NFS), it warns and holds nothing.
 
     Raises:
         RunInUse: another process holds ``folder``.
@@ -411,16 +432,13 @@ class RunLock:
 
 def claim_evaluation_folder(run: Path, subcommand: str) -> tuple[str, int | None]:
     """The folder beside the run ``run`` (``ROOT/NAME/version_N``) that ``validate`` or
-    ``test`` of one of its checkpoints logs into, made and held: the first of
-    ``<subcommand>``, ``<subcommand>_2``, ... that holds no ``metrics.csv`` of an earlier one
-    (the CSV logger would delete it) and that no other evaluation holds now, so that two
-    started together write into two folders. The hold is an exclusive ``flock`` on the
-    folder, which the kernel drops when the process ends.
+    ``test`` of one of its checkpoints logs into, made and held as :class:`RunLock` holds a
+    run: the first of ``<subcommand>``, ``<subcommand>_2``, ... that holds no ``metrics.csv``
+    (the CSV logger would delete it) and that no other evaluation holds now.
 
     Returns:
-        The folder's name and the descriptor of the hold, for :func:`let_go` once the
-        evaluation ends (None where the file system cannot lock a folder, NFS: there two
-        evaluations started together may still share one).
+        The folder's name and the descriptor of the hold, for :func:`let_go` (None where the
+        file system cannot lock a folder).
     """
     for k in itertools.count(1):
         name = subcommand if k == 1 else f"{subcommand}_{k}"
@@ -520,19 +538,12 @@ def _put_back_held_metrics(folder: Path) -> bool:
 
 class FitStartGuard(Callback):
     """Undoes what ``fit`` wrote into the run folders when it stops before its first training
-    step is done (``on_train_batch_end``): a refused checkpoint, unreadable data (also in the
-    first batch), a failure in the sanity check, in making the loaders or in the first step.
-
-    A new run's version folder is removed, unless a checkpoint is in it, and then its
-    ``ROOT/NAME`` folder if no other version is left there, and ``ROOT`` if this fit made it
-    and left it empty: ``captioner runs`` lists nothing of it. A version folder that held
-    files before this fit (one named with ``--trainer.logger.init_args.version``) is kept.
-
-    A resume stopped before ``on_fit_start`` (its checkpoint refused) gets back what
-    :func:`hold_metrics_for_resume` held, and its run is as it was. From ``on_fit_start`` on,
-    the resume has begun, also if it stops before training: its earlier rows are in
-    ``metrics.partK.csv`` (:func:`set_aside_metrics`), and ``config.yaml`` and
-    ``hparams.yaml`` are the resume's (:class:`SaveConfigOnceRestored`).
+    step is done (a refused checkpoint, unreadable data, a failure in the sanity check or the
+    first step): a new run's version folder without a checkpoint is removed, then ``ROOT/NAME``
+    and ``ROOT`` where this left them empty (a version folder that held files before is
+    kept); a resume stopped before ``on_fit_start`` gets back the metrics.csv that
+    :func:`hold_metrics_for_resume` held. From ``on_fit_start`` on the resume has begun: its
+    earlier rows are in ``metrics.partK.csv`` (:func:`set_aside_metrics`).
 
     Args:
         resumed: a resume's run folder and the global step of the checkpoint it continues
@@ -580,10 +591,8 @@ class FitStartGuard(Callback):
 
 
 class EvaluationGuard(FitStartGuard):
-    """:class:`FitStartGuard` for ``validate`` and ``test``: the log folder they made (a new
-    ``ROOT/NAME/version_N``, or ``version_N/test_K/`` beside the run of the checkpoint) is
-    removed when they stop before their scores are made (a checkpoint refused while it is
-    restored, unreadable data, Ctrl-C), so that ``captioner runs`` lists no run that never was.
+    """:class:`FitStartGuard` for ``validate`` and ``test``: the log folder they made is
+    removed when they stop before their scores are made.
 
     Args:
         new_root: ``ROOT`` when it did not exist before this command, else None.

@@ -35,13 +35,10 @@ logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoStopNote
 class KeepStopSignals(Callback):
     """Keeps SIGTERM what the command made it, a Ctrl-C (``captioner.cli``), in every run.
 
-    Lightning composes its own SIGTERM handler with the command's once a run's modules are
-    restored, and its handler broadcasts a tensor from the first process, from inside the
-    handler, wherever the signal lands: a collective that waits for ever when another process
-    is in another one (DDP's all-reduce in backward). One of eight SIGTERMs to the first
-    process of a two-process CPU fit hung so; a Ctrl-C there, which every process handles as its
-    own stop, never did. The first hook of each stage that runs after Lightning set its
-    handlers puts the command's back; Lightning's teardown then restores the command's too."""
+    Lightning's own SIGTERM handler, set once a run's modules are restored, broadcasts a
+    tensor from the first process inside the handler: a collective that can wait for ever
+    while another process is in another one (DDP's all-reduce in backward). The first hook of
+    each stage puts the command's handler back; Lightning's teardown restores it too."""
 
     def __init__(self) -> None:
         self._kept = None
