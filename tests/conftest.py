@@ -26,9 +26,15 @@ def pytest_configure(config) -> None:
     drivers."""
     import os
 
+    import signal
+
     import numba
     import torch
 
+    # The tests send Ctrl-C (SIGINT) and check what a command does with it; started as a
+    # shell's background job (`pytest &`), this process would have it ignored.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     torch.set_num_threads(1)
     numba.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -116,8 +122,7 @@ def ctrl_c_inside_torch_save(monkeypatch):
 
     armed = [0]
     handler = signal.getsignal(signal.SIGINT)
-    # Python's own Ctrl-C handler, also where the tests were started with SIGINT ignored (a
-    # shell's background job, `pytest &`), which would ignore the Ctrl-C raised here too.
+    # Python's own Ctrl-C handler, also after a test whose fit left SIGINT ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     monkeypatch.setattr(torch, "save", interrupted)
     yield lambda n: armed.__setitem__(0, n)
