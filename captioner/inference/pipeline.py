@@ -10,7 +10,8 @@ vocabulary maps ids back to words. Every checkpoint that captioner writes loads 
 wrote it: ``captioner fit`` (LightningCLI adds bookkeeping keys to the hyperparameters, which
 are dropped), the demo, and earlier versions (whose ``beam_size`` / ``max_length``
 hyperparameters become the decoding options). It is read as untrusted data
-(:mod:`captioner.checkpointing`).
+(:mod:`captioner.checkpointing`), and its model is built in plain torch
+(:mod:`captioner.inference.checkpoint_model`): captioning imports no Lightning.
 """
 
 from __future__ import annotations
