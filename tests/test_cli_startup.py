@@ -132,6 +132,7 @@ def _lightning_modules_after(code: str) -> tuple[str, list[str]]:
     return printed, json.loads(modules.replace("'", '"'))
 
 
+@pytest.mark.subprocess  # a child that imports torch and captions
 def test_captioning_with_a_checkpoint_imports_no_lightning(tiny_checkpoint, synthetic_data):
     # caption, heatmaps, gallery, rating-kit and evaluate load a trained model: plain torch,
     # as the LightningModule that trained it builds and decodes it.
@@ -146,6 +147,7 @@ def test_captioning_with_a_checkpoint_imports_no_lightning(tiny_checkpoint, synt
     assert int(words) >= 1 and grid == "(4, 4)"
 
 
+@pytest.mark.subprocess
 def test_the_caption_command_imports_no_lightning(tiny_checkpoint, synthetic_data):
     image = sorted((synthetic_data.image_root / "test").glob("*.png"))[0]
     code, out, heavy = _imported_after(["caption", str(image), "--ckpt", str(tiny_checkpoint),
