@@ -21,8 +21,14 @@ from captioner.training.folders import LAST_NAME
 from data_prep.atomic import atomic_write
 from data_prep.paths import check_input_file
 from data_prep.stop_signals import stops_held
+from data_prep.vocab import Vocabulary
 from data_prep.wording import counted, first_names, shown
 
+# Where Lightning stores a module's hyperparameters (LightningModule.CHECKPOINT_HYPER_PARAMS_KEY),
+# named here so that reading a checkpoint needs no Lightning.
+HYPERPARAMETERS_KEY = "hyper_parameters"
+# The checkpoint's entry that holds the vocabulary, so that a checkpoint is self-contained.
+VOCABULARY_KEY = "vocabulary"
 # Keys that LightningCLI stores beside a module's own hyperparameters (Lightning >= 2.3).
 LIGHTNING_HPARAM_KEYS = frozenset({"_instantiator", "_class_path"})
 # Keys of jsonargparse's class specification: a checkpoint holding them could import anything.
@@ -224,6 +230,27 @@ def check_plain_data(value: Any, where: str, depth: int = 0) -> None:
             check_plain_data(item, f"{where}[{key!r}]", depth + 1)
         return
     raise CheckpointError(f"{where}: a {type(value).__name__} is not plain data")
+
+
+def stored_vocabulary(checkpoint: Mapping[str, Any], hparams: Mapping[str, Any],
+                      path: Path | str) -> Vocabulary:
+    """The vocabulary that ``checkpoint`` (read from ``path``) stores, which must have the
+    ``vocab_size`` of its hyperparameters ``hparams``.
+
+    Raises:
+        CheckpointError: none stored, not a vocabulary, or of another size (one line).
+    """
+    if VOCABULARY_KEY not in checkpoint:
+        raise CheckpointError(f"{path}: no {VOCABULARY_KEY!r} entry; not a checkpoint written "
+                              "by captioner training")
+    try:
+        vocabulary = Vocabulary.from_dict(checkpoint[VOCABULARY_KEY])
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: its {exc}") from None
+    if len(vocabulary) != hparams.get("vocab_size"):
+        raise CheckpointError(f"{path}: vocabulary has {len(vocabulary)} words but vocab_size "
+                              f"is {hparams.get('vocab_size')}")
+    return vocabulary
 
 
 def weights_mismatch(model: Mapping[str, Any], stored: Mapping[str, Any], shown: int = 3

@@ -117,3 +117,41 @@ def test_checkpoint_files_and_devices_need_no_lightning():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=120, check=True)
     assert done.stdout.split() == ["False", "True", "AtomicCheckpointIO"]
+
+
+def _lightning_modules_after(code: str) -> tuple[str, list[str]]:
+    """Run ``code`` (which prints one line) in a fresh interpreter: (that line, the modules
+    named ``lightning*`` it left imported)."""
+    code += ("import sys\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0].startswith('lightning')))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=300, check=True)
+    *_, printed, modules = done.stdout.splitlines()
+    return printed, json.loads(modules.replace("'", '"'))
+
+
+@pytest.mark.subprocess  # a child that imports torch and captions
+def test_captioning_with_a_checkpoint_imports_no_lightning(tiny_checkpoint, synthetic_data):
+    # caption, heatmaps, gallery, rating-kit and evaluate load a trained model: plain torch,
+    # as the LightningModule that trained it builds and decodes it.
+    image = sorted((synthetic_data.image_root / "test").glob("*.png"))[0]
+    code = ("from captioner.inference.pipeline import open_captioner\n"
+            f"captioner = open_captioner({str(tiny_checkpoint)!r}, 'cpu')\n"
+            f"[caption] = captioner.caption([{str(image)!r}])\n"
+            "print(len(caption.tokens), tuple(caption.attention.shape[1:]))\n")
+    printed, modules = _lightning_modules_after(code)
+    assert modules == []
+    words, grid = printed.split(" ", 1)
+    assert int(words) >= 1 and grid == "(4, 4)"
+
+
+@pytest.mark.subprocess
+def test_the_caption_command_imports_no_lightning(tiny_checkpoint, synthetic_data):
+    image = sorted((synthetic_data.image_root / "test").glob("*.png"))[0]
+    code, out, heavy = _imported_after(["caption", str(image), "--ckpt", str(tiny_checkpoint),
+                                        "--device", "cpu"])
+    assert code == 0
+    assert image.name in out
+    assert "torch" in heavy and "lightning" not in heavy

@@ -14,8 +14,8 @@ import yaml
 from captioner import CONFIGS
 from captioner.cli import main as cli_main
 from captioner.commands.prepare_features import build_parser as prepare_features_parser
+from captioner.features.cache_check import CACHE_SETTINGS, check_feature_cache
 from captioner.features.next_steps import CPU_SETUP, GPU_SETUP, machine_setup
-from captioner.training.module import CACHE_SETTINGS, check_feature_cache
 from data_prep.features import FeatureCache
 
 

@@ -1558,7 +1558,7 @@ def test_a_cache_moved_with_its_encoder_file_trains(synthetic_data, tiny_cache, 
 def test_a_cache_of_other_weights_than_a_checkpoints_asks_for_another_cache(tiny_cache):
     # The model of a --ckpt_path checkpoint keeps its encoder_weights: setting them to the
     # cache's would be refused in turn, so the advice is another cache.
-    from captioner.training.module import CACHE_SETTINGS, check_feature_cache
+    from captioner.features.cache_check import CACHE_SETTINGS, check_feature_cache
 
     cache = FeatureCache(tiny_cache)
     settings = {option: cache.encoder.get(key, "layer4") for key, option in CACHE_SETTINGS.items()}
@@ -1578,7 +1578,7 @@ def test_a_moved_caches_advice_names_its_encoder_file_where_it_now_lies(tiny_cac
     # the advice must name the file beside the cache, not the recorded path that is gone.
     from types import SimpleNamespace
 
-    from captioner.training.module import CACHE_SETTINGS, check_feature_cache
+    from captioner.features.cache_check import CACHE_SETTINGS, check_feature_cache
     from data_prep.hashes import file_sha256
 
     cache = FeatureCache(tiny_cache)
@@ -1602,7 +1602,7 @@ def test_a_moved_caches_advice_names_its_encoder_file_where_it_now_lies(tiny_cac
 def test_a_cache_of_another_encoder_names_every_setting_that_differs(tiny_cache):
     # Set one by one, the paper config's defaults (resnet101, layer4, 256 px, ImageNet weights)
     # took four refused runs to fit a cache of --arch resnet18 --layer layer3.
-    from captioner.training.module import CACHE_SETTINGS, check_feature_cache
+    from captioner.features.cache_check import CACHE_SETTINGS, check_feature_cache
 
     cache = FeatureCache(tiny_cache)
     needed = {option: cache.encoder.get(key, "layer4") for key, option in CACHE_SETTINGS.items()}

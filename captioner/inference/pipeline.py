@@ -10,7 +10,8 @@ vocabulary maps ids back to words. Every checkpoint that captioner writes loads 
 wrote it: ``captioner fit`` (LightningCLI adds bookkeeping keys to the hyperparameters, which
 are dropped), the demo, and earlier versions (whose ``beam_size`` / ``max_length``
 hyperparameters become the decoding options). It is read as untrusted data
-(:mod:`captioner.checkpointing`).
+(:mod:`captioner.checkpointing`), and its model is built in plain torch
+(:mod:`captioner.inference.checkpoint_model`): captioning imports no Lightning.
 """
 
 from __future__ import annotations
@@ -27,11 +28,16 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from captioner.checkpointing import (
+    HYPERPARAMETERS_KEY,
+    VOCABULARY_KEY,
     CheckpointError,
     load_safely,
     nonfinite_weights,
+    stored_vocabulary,
     weights_mismatch,
 )
+from captioner.features.cache_check import check_feature_cache
+from captioner.inference.checkpoint_model import CheckpointModel
 from captioner.inference.devices import resolve_device
 from captioner.inference.image_files import ImageResult, load_images
 from captioner.model.decoding_options import DecodingOptions
@@ -41,7 +47,7 @@ from captioner.model.frozen_encoder import (
     put_back_encoder,
     recorded_weights,
 )
-from captioner.training.module import VOCABULARY_KEY, CaptioningModule, stored_vocabulary
+from captioner.training.hyperparameters import hparams_from_checkpoint
 from data_prep.images import imagenet_transform, load_image
 from data_prep.vocab import Vocabulary
 from data_prep.wording import first_names
@@ -49,7 +55,6 @@ from data_prep.wording import first_names
 if TYPE_CHECKING:
     from data_prep.features import FeatureCache
 
-_HPARAMS_KEY = CaptioningModule.CHECKPOINT_HYPER_PARAMS_KEY
 
 
 class IncompatibleCheckpointError(CheckpointError):
@@ -78,7 +83,7 @@ class Captioner:
     """A trained captioner ready for inference (eval mode, no gradients)."""
 
     def __init__(
-        self, module: CaptioningModule, vocabulary: Vocabulary, checkpoint: Path | None = None
+        self, module: CheckpointModel, vocabulary: Vocabulary, checkpoint: Path | None = None
     ) -> None:
         self.module = module.eval()
         self.vocabulary = vocabulary
@@ -101,7 +106,8 @@ class Captioner:
 
     @classmethod
     def load(cls, checkpoint_path: str | Path, map_location: str | torch.device = "cpu"):
-        """Rebuild the model of a ``CaptioningModule`` checkpoint.
+        """Rebuild the model of a ``CaptioningModule`` checkpoint, in plain torch
+        (:class:`captioner.inference.checkpoint_model.CheckpointModel`).
 
         Raises:
             FileNotFoundError: no such file.
@@ -112,13 +118,13 @@ class Captioner:
         """
         path = Path(checkpoint_path)
         checkpoint = load_safely(path, map_location=map_location)
-        for key in (_HPARAMS_KEY, "state_dict", VOCABULARY_KEY):
+        for key in (HYPERPARAMETERS_KEY, "state_dict", VOCABULARY_KEY):
             if key not in checkpoint:
                 raise IncompatibleCheckpointError(
                     f"{path}: no {key!r} entry; not a checkpoint written by captioner training"
                 )
         try:
-            hparams = CaptioningModule.hparams_from_checkpoint(checkpoint[_HPARAMS_KEY], path)
+            hparams = hparams_from_checkpoint(checkpoint[HYPERPARAMETERS_KEY], path)
             vocabulary = stored_vocabulary(checkpoint, hparams, path)
         except CheckpointError as exc:
             raise IncompatibleCheckpointError(str(exc)) from None
@@ -131,7 +137,7 @@ class Captioner:
             raise IncompatibleCheckpointError(problem)
         hparams["encoder_weights"] = recorded_weights(checkpoint, path)
         try:
-            module = CaptioningModule(**hparams)
+            module = CheckpointModel(hparams, vocabulary)
         except EncoderWeightsError as exc:
             raise IncompatibleCheckpointError(f"{path}: its frozen encoder: {exc}") from None
         except (TypeError, ValueError) as exc:
@@ -149,7 +155,6 @@ class Captioner:
             raise IncompatibleCheckpointError(
                 f"{path}: its weights hold NaN or inf ({first_names(nonfinite, 3)})")
         module.load_state_dict(checkpoint["state_dict"], strict=True)
-        module.vocabulary = vocabulary
         return cls(module.to(map_location), vocabulary, path)
 
     def _batch(self, images: Sequence) -> Tensor:
@@ -234,10 +239,8 @@ class Captioner:
     def cache_problem(self, cache: FeatureCache, image_ids: Sequence[int]) -> str | None:
         """Why ``cache`` cannot stand in for this checkpoint's encoder on ``image_ids``, in
         one line, or None: the encoder must be the frozen one that wrote it (architecture,
-        weights, layer, image size: :func:`captioner.training.module.check_feature_cache`)
+        weights, layer, image size: :func:`captioner.features.cache_check.check_feature_cache`)
         and every image must be in it."""
-        from captioner.training.module import check_feature_cache
-
         hp = self.module.hparams
         encoder = self.module.model.encoder
         settings = {"model.encoder_arch": hp.encoder_arch,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 from torch import Tensor, nn
 
 from captioner.model.decoder import AttentionDecoder, DecoderOutput
-from captioner.model.encoder import GridEncoder
+from captioner.model.encoder import GridEncoder, build_encoder
 
 
 class CaptionModel(nn.Module):
@@ -55,3 +58,51 @@ class CaptionModel(nn.Module):
     def forward(self, inputs: Tensor, captions: Tensor) -> DecoderOutput:
         """Teacher-forced decoding of ``captions`` ``(B, L)`` long; see AttentionDecoder.forward."""
         return self.decoder(self.features(inputs), captions)
+
+
+def build_caption_model(
+    vocab_size: int, *, encoder_arch: str, encoder_weights: str | None, encoder_trainable: bool,
+    encoder_layer: str, input_attention: str, input_attention_kwargs: dict[str, Any] | None,
+    output_attention: str, output_attention_kwargs: dict[str, Any] | None, feature_dim: int,
+    embed_dim: int, hidden_dim: int, attention_dim: int, dropout: float,
+) -> CaptionModel:
+    """The captioner of these settings (see
+    :class:`captioner.training.module.CaptioningModule`): :func:`build_encoder`'s ResNet and an
+    :class:`AttentionDecoder` over its channels.
+
+    Raises:
+        EncoderWeightsError: the encoder weights cannot be read. ValueError: a setting that
+            builds no model (an unknown attention mapping, ...).
+    """
+    encoder = build_encoder(
+        encoder_arch, weights=encoder_weights, trainable=encoder_trainable, layer=encoder_layer
+    )
+    decoder = AttentionDecoder(
+        vocab_size,
+        encoder.channels,
+        feature_dim=feature_dim,
+        embed_dim=embed_dim,
+        hidden_dim=hidden_dim,
+        attention_dim=attention_dim,
+        input_attention=input_attention,
+        input_attention_kwargs=input_attention_kwargs,
+        output_attention=output_attention,
+        output_attention_kwargs=output_attention_kwargs,
+        dropout=dropout,
+    )
+    return CaptionModel(encoder, decoder)
+
+
+def attention_grid(encoder: GridEncoder, image_size: int, device: torch.device | str
+                   ) -> tuple[int, int]:
+    """(h, w) of the attention maps of ``encoder`` for square images of ``image_size``."""
+    probe = torch.zeros(1, 3, image_size, image_size, device=device)
+    training = encoder.training
+    # In eval mode: a trainable encoder in train mode would fold the probe into its
+    # batch-norm statistics.
+    encoder.eval()
+    try:
+        with torch.no_grad():
+            return tuple(encoder(probe).shape[1:3])
+    finally:
+        encoder.train(training)

@@ -45,10 +45,12 @@ from captioner.attention import DeferredChecks
 from captioner.model.decoder import AttentionDecoder, EncodedImages
 from captioner.model.decoding_options import (
     DEFAULT_LENGTH_NORMALIZATION,
+    DecodingOptions,
     check_length_normalization,
 )
 from captioner.model.losses import word_log_probs
 from data_prep.machine import available_memory
+from data_prep.vocab import Vocabulary
 from data_prep.wording import counted
 
 
@@ -409,3 +411,25 @@ def beam_search(
         history.shape[1],
     )
     return pool.best()
+
+
+def decode_captions(decoder: AttentionDecoder, features: Tensor, options: DecodingOptions,
+                    output_mapping: str) -> list[Hypothesis]:
+    """Beam-search one caption per image of ``features`` (B, h, w, C) with ``options``, the
+    words' distribution given by ``output_mapping``. ``<pad>`` and ``<start>`` are never
+    generated, ``<unk>`` only when the options allow it."""
+    banned = (Vocabulary.PAD_ID, Vocabulary.START_ID)
+    if not options.allow_unk:
+        banned += (Vocabulary.UNK_ID,)
+    return beam_search(
+        decoder,
+        features,
+        start_id=Vocabulary.START_ID,
+        end_id=Vocabulary.END_ID,
+        beam_size=options.beam_size,
+        max_length=options.max_length,
+        length_normalization=options.length_normalization,
+        block_trigrams=options.block_trigrams,
+        banned_ids=banned,
+        output_mapping=output_mapping,
+    )

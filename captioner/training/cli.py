@@ -26,16 +26,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
-from captioner.checkpointing import load_safely, restore_problem
+from captioner.checkpointing import load_safely, restore_problem, stored_vocabulary
+from captioner.features.cache_check import CACHE_SETTINGS, check_feature_cache
 from captioner.training.datamodule import CaptionDataModule
 from captioner.training.folders import version_number
-from captioner.training.module import (
-    CACHE_SETTINGS,
-    LOGGED_METRICS,
-    CaptioningModule,
-    check_feature_cache,
-    stored_vocabulary,
-)
+from captioner.training.module import LOGGED_METRICS, CaptioningModule
 from captioner.training.runs import (
     LAST_NAME,
     PROGRESS_NAME,

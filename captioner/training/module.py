@@ -14,8 +14,6 @@ rate x0.99 per epoch after the 10th epoch, d = 512, word embeddings of 256, g = 
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -28,64 +26,32 @@ from torch import Tensor
 
 from captioner.attention import DeferredChecks
 from captioner.checkpointing import (
-    CheckpointError,
-    constructor_arguments,
+    VOCABULARY_KEY,
     optimizer_state_problem,
+    stored_vocabulary,
     weights_mismatch,
 )
 from captioner.cider import cider_d
-from captioner.model.caption_model import CaptionModel
-from captioner.model.decoder import AttentionDecoder
-from captioner.model.decoding import Hypothesis, beam_search, check_search_memory
+from captioner.features.cache_check import check_feature_cache
+from captioner.model.caption_model import attention_grid, build_caption_model
+from captioner.model.decoding import Hypothesis, check_search_memory, decode_captions
 from captioner.model.decoding_options import DecodingOptions
-from captioner.model.encoder import build_encoder
 from captioner.model.frozen_encoder import leave_out_encoder, put_back_encoder
 from captioner.model.losses import check_output_mapping, teacher_forced_loss
-from captioner.training.optimizer import PAPER_BETAS, PAPER_LR, adam
-from data_prep.features import FeatureCache
-from data_prep.hashes import file_sha256
-from data_prep.images import MAX_IMAGE_SIZE
-from data_prep.settings_files import check_integers
+from captioner.training import hyperparameters
+from captioner.training.hyperparameters import DEFAULTS, check_settings, model_arguments
+from captioner.training.optimizer import adam
 from data_prep.vocab import Vocabulary
 
-VOCABULARY_KEY = "vocabulary"
 # The metrics a fit logs, which its best checkpoint can be chosen by (--checkpoint.monitor):
 # the training loss every step, and corpus_scores' BLEU-4 and CIDEr-D of every validation.
 LOGGED_METRICS = ("train/loss", "val/Bleu_4", "val/CIDEr")
-# Hyperparameters of earlier versions that became fields of ``decoding``.
-_LEGACY_DECODING_KEYS = ("beam_size", "max_length")
 
 
 def lr_decay_factor(epoch: int, *, decay: float, decay_after: int) -> float:
     """Learning-rate factor of 0-based ``epoch``: 1 for the first ``decay_after`` epochs, then
     ``decay`` per further epoch (paper: after the 10th epoch, x0.99 per epoch)."""
     return decay ** max(0, epoch - decay_after + 1)
-
-
-def _check_settings(image_size: int, lr: float, betas: Any, lr_decay: float,
-                    lr_decay_after: int, clip_norm: float | None) -> None:
-    """ValueError naming a setting that cannot train: torch would say so only once the fit has
-    begun, in its own words, or (an image_size from a checkpoint) take all memory."""
-
-    def finite(value: Any) -> bool:
-        return (isinstance(value, int | float) and not isinstance(value, bool)
-                and math.isfinite(value))
-
-    for name, value, ok, rule in (
-        ("image_size", image_size, isinstance(image_size, int) and not isinstance(
-            image_size, bool) and 1 <= image_size <= MAX_IMAGE_SIZE,
-         f"an integer in [1, {MAX_IMAGE_SIZE}]"),
-        ("lr", lr, finite(lr) and lr >= 0, "a number >= 0"),  # 0: weights kept, as torch
-        ("betas", betas, isinstance(betas, list | tuple) and len(betas) == 2
-         and all(finite(b) and 0 <= b < 1 for b in betas), "two numbers in [0, 1)"),
-        ("lr_decay", lr_decay, finite(lr_decay) and lr_decay > 0, "a number > 0"),
-        ("lr_decay_after", lr_decay_after, isinstance(lr_decay_after, int)
-         and not isinstance(lr_decay_after, bool) and lr_decay_after >= 0, "an integer >= 0"),
-        ("gradient_clip_norm", clip_norm, clip_norm is None
-         or (finite(clip_norm) and clip_norm > 0), "a number > 0, or null"),
-    ):
-        if not ok:
-            raise ValueError(f"model.{name} must be {rule}, got {value!r}")
 
 
 class CaptioningModule(L.LightningModule):
@@ -121,54 +87,38 @@ class CaptioningModule(L.LightningModule):
     def __init__(
         self,
         vocab_size: int,
-        encoder_arch: str = "resnet101",
-        encoder_weights: str | None = "IMAGENET1K_V2",
-        encoder_trainable: bool = False,
-        encoder_layer: str = "layer4",
-        image_size: int = 256,
-        input_attention: str = "softmax",
-        input_attention_kwargs: dict[str, Any] | None = None,
-        output_attention: str = "softmax",
-        output_attention_kwargs: dict[str, Any] | None = None,
-        output_mapping: str = "softmax",
-        feature_dim: int = 512,
-        embed_dim: int = 256,
-        hidden_dim: int = 512,
-        attention_dim: int = 512,
-        dropout: float = 0.5,
-        lr: float = PAPER_LR,
-        betas: tuple[float, float] = PAPER_BETAS,
-        lr_decay: float = 0.99,
-        lr_decay_after: int = 10,
-        gradient_clip_norm: float | None = 5.0,
-        decoding: DecodingOptions = DecodingOptions(),  # noqa: B008 (frozen, never mutated)
+        encoder_arch: str = DEFAULTS["encoder_arch"],
+        encoder_weights: str | None = DEFAULTS["encoder_weights"],
+        encoder_trainable: bool = DEFAULTS["encoder_trainable"],
+        encoder_layer: str = DEFAULTS["encoder_layer"],
+        image_size: int = DEFAULTS["image_size"],
+        input_attention: str = DEFAULTS["input_attention"],
+        input_attention_kwargs: dict[str, Any] | None = DEFAULTS["input_attention_kwargs"],
+        output_attention: str = DEFAULTS["output_attention"],
+        output_attention_kwargs: dict[str, Any] | None = DEFAULTS["output_attention_kwargs"],
+        output_mapping: str = DEFAULTS["output_mapping"],
+        feature_dim: int = DEFAULTS["feature_dim"],
+        embed_dim: int = DEFAULTS["embed_dim"],
+        hidden_dim: int = DEFAULTS["hidden_dim"],
+        attention_dim: int = DEFAULTS["attention_dim"],
+        dropout: float = DEFAULTS["dropout"],
+        lr: float = DEFAULTS["lr"],
+        betas: tuple[float, float] = DEFAULTS["betas"],
+        lr_decay: float = DEFAULTS["lr_decay"],
+        lr_decay_after: int = DEFAULTS["lr_decay_after"],
+        gradient_clip_norm: float | None = DEFAULTS["gradient_clip_norm"],
+        decoding: DecodingOptions = DEFAULTS["decoding"],
     ) -> None:
         super().__init__()
         check_output_mapping(output_mapping)  # before anything is built or read
-        _check_settings(image_size, lr, betas, lr_decay, lr_decay_after, gradient_clip_norm)
+        check_settings(image_size, lr, betas, lr_decay, lr_decay_after, gradient_clip_norm)
         self.save_hyperparameters()
         # The step's checks of attention scores and targets, read back once it has ended.
         self._step_checks = DeferredChecks()
         self.decoding = DecodingOptions.coerce(decoding)
         # A dict in the hyperparameters keeps checkpoints loadable with weights_only=True.
         self.hparams["decoding"] = asdict(self.decoding)
-        encoder = build_encoder(
-            encoder_arch, weights=encoder_weights, trainable=encoder_trainable, layer=encoder_layer
-        )
-        decoder = AttentionDecoder(
-            vocab_size,
-            encoder.channels,
-            feature_dim=feature_dim,
-            embed_dim=embed_dim,
-            hidden_dim=hidden_dim,
-            attention_dim=attention_dim,
-            input_attention=input_attention,
-            input_attention_kwargs=input_attention_kwargs,
-            output_attention=output_attention,
-            output_attention_kwargs=output_attention_kwargs,
-            dropout=dropout,
-        )
-        self.model = CaptionModel(encoder, decoder)
+        self.model = build_caption_model(**model_arguments(self.hparams))
         self.vocabulary: Vocabulary | None = None
         self._decoded: dict[int, str] = {}
         self._references: dict[int, list[str]] = {}
@@ -182,12 +132,7 @@ class CaptioningModule(L.LightningModule):
         Raises:
             CheckpointError: an unknown key or a value that is not plain data.
         """
-        if isinstance(stored, dict) and any(key in stored for key in _LEGACY_DECODING_KEYS):
-            stored = dict(stored)
-            legacy = {key: stored.pop(key) for key in _LEGACY_DECODING_KEYS if key in stored}
-            decoding = stored.get("decoding")
-            stored["decoding"] = {**legacy, **decoding} if isinstance(decoding, dict) else legacy
-        return constructor_arguments(stored, cls.__init__, source)
+        return hyperparameters.hparams_from_checkpoint(stored, source)
 
     # ---------------------------------------------------------------- data and vocabulary
 
@@ -254,37 +199,12 @@ class CaptioningModule(L.LightningModule):
         """Beam-search one caption per image of ``features`` (B, h, w, C) with ``options``
         (default: the model's own :attr:`decoding`). ``<pad>`` and ``<start>`` are never
         generated, ``<unk>`` only when the options allow it."""
-        options = options or self.decoding
-        banned = (Vocabulary.PAD_ID, Vocabulary.START_ID)
-        if not options.allow_unk:
-            banned += (Vocabulary.UNK_ID,)
-        return beam_search(
-            self.model.decoder,
-            features,
-            start_id=Vocabulary.START_ID,
-            end_id=Vocabulary.END_ID,
-            beam_size=options.beam_size,
-            max_length=options.max_length,
-            length_normalization=options.length_normalization,
-            block_trigrams=options.block_trigrams,
-            banned_ids=banned,
-            output_mapping=self.hparams.output_mapping,
-        )
+        return decode_captions(self.model.decoder, features, options or self.decoding,
+                               self.hparams.output_mapping)
 
     def grid(self) -> tuple[int, int]:
         """(h, w) of the attention maps at the training image size."""
-        size = self.hparams.image_size
-        probe = torch.zeros(1, 3, size, size, device=self.device)
-        encoder = self.model.encoder
-        training = encoder.training
-        # In eval mode: a trainable encoder in train mode would fold the probe into its
-        # batch-norm statistics.
-        encoder.eval()
-        try:
-            with torch.no_grad():
-                return tuple(encoder(probe).shape[1:3])
-        finally:
-            encoder.train(training)
+        return attention_grid(self.model.encoder, self.hparams.image_size, self.device)
 
     def on_fit_start(self) -> None:
         # Validation decodes with beam search after the first epoch's training: a beam that
@@ -393,92 +313,6 @@ class CaptioningModule(L.LightningModule):
         self._score_decoded("test")
 
 
-# The encoder settings a feature cache records, and the option that sets each.
-CACHE_SETTINGS = {"arch": "model.encoder_arch", "weights": "model.encoder_weights",
-                  "image_size": "data.image_size", "layer": "model.encoder_layer"}
-
-
-def check_feature_cache(settings: Mapping[str, Any], cache: FeatureCache, *,
-                        checkpoint: str | None = None, advice: bool = True) -> None:
-    """Refuse a feature cache written by another encoder than the one configured: cached
-    features are only valid for the frozen encoder that produced them. A weights file counts
-    as the cache's when it is the same path or holds the same bytes (a copy, or the cache and
-    its ``NAME.encoder.pt`` moved together).
-
-    Args:
-        settings: the configured values by option name: CACHE_SETTINGS' options and
-            ``model.encoder_trainable``.
-        cache: the feature cache, with the encoder settings it recorded.
-        checkpoint: the checkpoint whose model the settings are (``--ckpt_path``), which
-            keeps them: the advice is then another cache, not another setting.
-        advice: end the message with what a fit should change (False: the mismatch alone,
-            for a caller that does not train).
-
-    Raises:
-        ValueError: naming the option to set and the value the cache needs.
-    """
-    path = cache.path
-    # A setting that is wrong in itself is named as such, not as a mismatch with the cache.
-    check_integers([("data.image_size", settings["data.image_size"], 1)])
-    if settings["model.encoder_trainable"]:
-        raise ValueError(
-            f"data.feature_cache={path} holds features of a frozen encoder, but "
-            "model.encoder_trainable is true; drop the cache to fine-tune the encoder"
-        )
-    # Caches written before the layer was configurable hold layer4 features.
-    cached = {"layer": "layer4", **cache.encoder}
-    # Every differing setting at once: a cache of another encoder usually differs in several
-    # (arch, layer, image size, weights), and one refusal per command would take as many runs.
-    differing = [
-        (key, option) for key, option in CACHE_SETTINGS.items()
-        if not _same_setting(cached.get(key), settings[option],
-                             cache.weights_sha256 if key == "weights" else None)
-    ]
-    if not differing:
-        return
-    written = ", ".join(f"{key}={cached.get(key)!r}" for key, _ in differing)
-    configured = ", ".join(f"{key}={settings[option]!r}" for key, option in differing)
-    mismatch = (f"feature cache {path} was written with encoder {written}, but the model has "
-                f"{configured}")
-    if not advice:
-        raise ValueError(mismatch)
-    if checkpoint is None:
-        told = "to use this cache, set " + ", ".join(
-            f"{option} to {_value_to_set(key, cached.get(key), cache)}"
-            for key, option in differing)
-    else:
-        kept = ", ".join(f"{option}={settings[option]}" for _, option in differing)
-        told = (f"the model of {checkpoint} keeps {kept}: give a feature cache written with "
-                "that encoder, or --data.feature_cache null to read the images")
-    raise ValueError(f"{mismatch}; {told}")
-
-
-def _value_to_set(key: str, cached: Any, cache: FeatureCache) -> Any:
-    """The value that the cache's setting ``key`` (recorded as ``cached``) asks for: the
-    recorded one, but for weights no longer at the recorded path, the file beside the cache
-    that holds them (the cache and its ``NAME.encoder.pt`` moved together), if any."""
-    if key != "weights" or not isinstance(cached, str) or Path(cached).exists():
-        return cached
-    from captioner.features.random_encoder import encoder_weights_path
-
-    beside = encoder_weights_path(cache.path)
-    if beside.is_file() and file_sha256(beside) == cache.weights_sha256:
-        return str(beside)
-    return f"{cached} (no longer there: a copy of it)"
-
-
-def _same_setting(cached: Any, configured: Any, sha256: str | None = None) -> bool:
-    """Equal values, or one weights file: two spellings of its path (relative vs absolute), or
-    a configured file holding the bytes whose SHA-256 the cache recorded (``sha256``)."""
-    if cached == configured:
-        return True
-    if not (isinstance(cached, str) and isinstance(configured, str)):
-        return False
-    if Path(cached).exists() and Path(cached).resolve() == Path(configured).resolve():
-        return True
-    return sha256 is not None and Path(configured).is_file() and file_sha256(configured) == sha256
-
-
 def corpus_scores(decoded: dict[int, str], references: dict[int, list[str]]) -> dict[str, float]:
     """BLEU-4 and CIDEr-D of whitespace-tokenized captions, by pycocoevalcap's scorers (CIDEr
     through :func:`captioner.cider.cider_d`: NaN for a single image).
@@ -493,27 +327,6 @@ def corpus_scores(decoded: dict[int, str], references: dict[int, list[str]]) -> 
     bleu, _ = Bleu(4).compute_score(refs, hypotheses, verbose=0)
     cider, _ = cider_d(refs, hypotheses)
     return {"Bleu_4": float(bleu[3]), "CIDEr": float(cider)}
-
-
-def stored_vocabulary(checkpoint: Mapping[str, Any], hparams: Mapping[str, Any],
-                      path: Path | str) -> Vocabulary:
-    """The vocabulary that ``checkpoint`` (read from ``path``) stores, which must have the
-    ``vocab_size`` of its hyperparameters ``hparams``.
-
-    Raises:
-        CheckpointError: none stored, not a vocabulary, or of another size (one line).
-    """
-    if VOCABULARY_KEY not in checkpoint:
-        raise CheckpointError(f"{path}: no {VOCABULARY_KEY!r} entry; not a checkpoint written "
-                              "by captioner training")
-    try:
-        vocabulary = Vocabulary.from_dict(checkpoint[VOCABULARY_KEY])
-    except ValueError as exc:
-        raise CheckpointError(f"{path}: its {exc}") from None
-    if len(vocabulary) != hparams.get("vocab_size"):
-        raise CheckpointError(f"{path}: vocabulary has {len(vocabulary)} words but vocab_size "
-                              f"is {hparams.get('vocab_size')}")
-    return vocabulary
 
 
 def _vocabulary_difference(stored: Vocabulary, built: Vocabulary) -> str:
