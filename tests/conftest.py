@@ -25,7 +25,6 @@ def pytest_configure(config) -> None:
     already keeps a core busy; numba's count is left to them, for the tests of its parallel
     drivers."""
     import os
-
     import signal
 
     import numba
