@@ -170,6 +170,15 @@ def _lone_surrogate(value: Any) -> str | None:
     return None
 
 
+def check_options_at_least(options: Iterable[tuple[str, int | None, int]]) -> None:
+    """ValueError ``--NAME must be >= LEAST, got VALUE`` for the first of the command-line
+    ``options`` (name, value, least) whose value is below its least; None (not given)
+    passes."""
+    for name, value, least in options:
+        if value is not None and value < least:
+            raise ValueError(f"--{name} must be >= {least}, got {value}")
+
+
 def check_integers(settings: Iterable[tuple[str, Any, int]],
                    error: type[Exception] = ValueError) -> None:
     """Raise ``error`` naming the first of ``settings`` (name, value, least) whose value is not

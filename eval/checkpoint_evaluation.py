@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from captioner.model.decoding_options import DecodingOverrides
+from data_prep.settings_files import check_options_at_least
 from eval.evaluation import evaluate_captioner
 from eval.metrics.scoring import ALL_METRICS
 
@@ -95,8 +96,7 @@ class _Evaluation:
         from data_prep.paths import OutputPathError, check_output_dir, check_output_file
         from eval.metrics.scoring import parse_metrics
 
-        if batch_size < 1:
-            raise ValueError(f"--batch_size must be >= 1, got {batch_size}")
+        check_options_at_least([("batch_size", batch_size, 1)])
         if self.spice_timeout is not None and not 0 < self.spice_timeout < math.inf:
             raise ValueError(f"--spice_timeout must be a finite number > 0, got "
                              f"{self.spice_timeout}")

@@ -14,6 +14,7 @@ from typing import Literal, NamedTuple
 from captioner.inference.heatmap_folder import FigureStyle, check_figure_options
 from captioner.model.decoding_options import DecodingOverrides, apply_overrides
 from captioner.reporting import report_error
+from data_prep.settings_files import check_options_at_least
 from data_prep.wording import counted
 from eval.rating.kit import check_image_source
 
@@ -105,11 +106,8 @@ def make_gallery(
 def _check_numbers(figure: FigureStyle, n: int | None, seed: int, batch_size: int) -> None:
     """ValueError naming the first number out of range."""
     check_figure_options(figure.size, figure.vmax)
-    for name, value in (("n", n), ("batch_size", batch_size)):
-        if value is not None and value < 1:
-            raise ValueError(f"--{name} must be >= 1, got {value}")
-    if seed < 0:  # numpy's generators take no negative seed
-        raise ValueError(f"--seed must be >= 0, got {seed}")
+    # numpy's generators take no negative seed.
+    check_options_at_least([("n", n, 1), ("batch_size", batch_size, 1), ("seed", seed, 0)])
 
 
 def _open(ckpt, out, overwrite, source: _Source, device, claim):

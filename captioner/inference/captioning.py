@@ -13,6 +13,7 @@ from typing import Literal, TextIO
 
 from captioner.model.decoding_options import DecodingOverrides, apply_overrides
 from captioner.reporting import report_error
+from data_prep.settings_files import check_options_at_least
 from data_prep.text import check_utf8_names, printable
 from data_prep.wording import counted
 
@@ -51,8 +52,7 @@ def caption_images(
     """
     with contextlib.ExitStack() as claim:  # the --out file, held until the work ends
         try:
-            if batch_size < 1:
-                raise ValueError(f"--batch_size must be >= 1, got {batch_size}")
+            check_options_at_least([("batch_size", batch_size, 1)])
             job = _CaptionJob.open(inputs, ckpt, format, out, overwrite, decoding, device, claim)
         except (OSError, ValueError) as exc:
             return report_error(PROG, exc)

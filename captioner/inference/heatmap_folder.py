@@ -17,6 +17,7 @@ from typing import Literal, NamedTuple
 
 from captioner.model.decoding_options import DecodingOverrides, apply_overrides
 from captioner.reporting import report_error
+from data_prep.settings_files import check_options_at_least
 from data_prep.wording import counted
 
 PROG = "captioner heatmaps"
@@ -99,8 +100,7 @@ def draw_heatmaps(
     with contextlib.ExitStack() as claim:  # the --out folder, held until the work ends
         try:
             check_figure_options(figure.size, figure.vmax)
-            if batch_size < 1:
-                raise ValueError(f"--batch_size must be >= 1, got {batch_size}")
+            check_options_at_least([("batch_size", batch_size, 1)])
             earlier, paths, models = _open(inputs, ckpt, Path(out), overwrite, decoding,
                                            device, claim)
         except (OSError, ValueError) as exc:

@@ -14,6 +14,7 @@ from typing import Literal, NamedTuple
 from captioner.inference.heatmap_folder import DEFAULT_SIZE, Upsample, check_figure_options
 from captioner.model.decoding_options import DecodingOverrides, apply_overrides
 from captioner.reporting import report_error
+from data_prep.settings_files import check_options_at_least
 from data_prep.wording import counted
 from eval.rating.kit import check_image_source
 
@@ -90,11 +91,8 @@ def make_rating_kit(
     with contextlib.ExitStack() as claim:  # the --out folder, held until the work ends
         try:
             check_figure_options(size)
-            for name, value in (("n", n), ("batch_size", batch_size)):
-                if value < 1:
-                    raise ValueError(f"--{name} must be >= 1, got {value}")
-            if seed < 0:  # numpy's generators take no negative seed
-                raise ValueError(f"--seed must be >= 0, got {seed}")
+            # numpy's generators take no negative seed.
+            check_options_at_least([("n", n, 1), ("batch_size", batch_size, 1), ("seed", seed, 0)])
             check_image_source("IMAGE_DIR", image_dir is not None, data, images)
             key_path = key_path_of(out, key)
             source = _Source(image_dir, data, images, split)
