@@ -17,6 +17,16 @@ CACHE_SETTINGS = {"arch": "model.encoder_arch", "weights": "model.encoder_weight
                   "image_size": "data.image_size", "layer": "model.encoder_layer"}
 
 
+def model_settings(hparams: Any, weights: str | None = None) -> dict[str, Any]:
+    """The settings :func:`check_feature_cache` compares, of a model's hyperparameters
+    ``hparams`` (a checkpoint's, or a LightningModule's ``hparams``); ``weights``: the file
+    its encoder was built from, where that is known (default: ``hparams.encoder_weights``)."""
+    return {"model.encoder_arch": hparams.encoder_arch,
+            "model.encoder_weights": weights or hparams.encoder_weights,
+            "data.image_size": hparams.image_size, "model.encoder_layer": hparams.encoder_layer,
+            "model.encoder_trainable": hparams.encoder_trainable}
+
+
 def check_feature_cache(settings: Mapping[str, Any], cache: FeatureCache, *,
                         checkpoint: str | None = None, advice: bool = True) -> None:
     """Refuse a feature cache written by another encoder than the one configured: cached

@@ -36,7 +36,7 @@ from captioner.checkpointing import (
     stored_vocabulary,
     weights_mismatch,
 )
-from captioner.features.cache_check import check_feature_cache
+from captioner.features.cache_check import check_feature_cache, model_settings
 from captioner.inference.checkpoint_model import CheckpointModel
 from captioner.inference.devices import resolve_device
 from captioner.inference.image_files import ImageResult, load_images
@@ -241,12 +241,7 @@ class Captioner:
         one line, or None: the encoder must be the frozen one that wrote it (architecture,
         weights, layer, image size: :func:`captioner.features.cache_check.check_feature_cache`)
         and every image must be in it."""
-        hp = self.module.hparams
-        encoder = self.module.model.encoder
-        settings = {"model.encoder_arch": hp.encoder_arch,
-                    "model.encoder_weights": encoder.weights_source or hp.encoder_weights,
-                    "data.image_size": hp.image_size, "model.encoder_layer": hp.encoder_layer,
-                    "model.encoder_trainable": hp.encoder_trainable}
+        settings = model_settings(self.module.hparams, self.module.model.encoder.weights_source)
         try:
             check_feature_cache(settings, cache, advice=False)
         except ValueError as exc:

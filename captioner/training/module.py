@@ -32,7 +32,7 @@ from captioner.checkpointing import (
     weights_mismatch,
 )
 from captioner.cider import cider_d
-from captioner.features.cache_check import check_feature_cache
+from captioner.features.cache_check import check_feature_cache, model_settings
 from captioner.model.caption_model import attention_grid, build_caption_model
 from captioner.model.decoding import Hypothesis, check_search_memory, decode_captions
 from captioner.model.decoding_options import DecodingOptions
@@ -149,12 +149,7 @@ class CaptioningModule(L.LightningModule):
         self.vocabulary = vocabulary
         cache = datamodule.cached_features
         if cache is not None:
-            hp = self.hparams
-            settings = {"model.encoder_arch": hp.encoder_arch,
-                        "model.encoder_weights": hp.encoder_weights,
-                        "data.image_size": hp.image_size, "model.encoder_layer": hp.encoder_layer,
-                        "model.encoder_trainable": hp.encoder_trainable}
-            check_feature_cache(settings, cache)
+            check_feature_cache(model_settings(self.hparams), cache)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.vocabulary is None:
