@@ -8,12 +8,14 @@ of the LightningModule takes its defaults from here (LightningCLI reads that sig
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from captioner.checkpointing import constructor_arguments
+from captioner.model.caption_model import build_caption_model
 from captioner.model.decoding_options import DecodingOptions
 from captioner.training.optimizer import PAPER_BETAS, PAPER_LR
 from data_prep.images import MAX_IMAGE_SIZE
@@ -58,12 +60,10 @@ DEFAULTS = {item.name: item.default for item in fields(Hyperparameters)
 
 def model_arguments(hparams: Any) -> dict[str, Any]:
     """The arguments of :func:`captioner.model.caption_model.build_caption_model` among
-    ``hparams`` (a :class:`Hyperparameters` or a LightningModule's ``hparams``)."""
-    return {name: getattr(hparams, name) for name in (
-        "vocab_size", "encoder_arch", "encoder_weights", "encoder_trainable", "encoder_layer",
-        "input_attention", "input_attention_kwargs", "output_attention",
-        "output_attention_kwargs", "feature_dim", "embed_dim", "hidden_dim", "attention_dim",
-        "dropout")}
+    ``hparams`` (a :class:`Hyperparameters` or a LightningModule's ``hparams``), by the
+    builder's own parameter names."""
+    return {name: getattr(hparams, name)
+            for name in inspect.signature(build_caption_model).parameters}
 
 
 def check_settings(image_size: int, lr: float, betas: Any, lr_decay: float,
