@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from captioner.training.folders import LAST_NAME
 from data_prep.atomic import atomic_write
 from data_prep.paths import check_input_file
 from data_prep.stop_signals import stops_held
@@ -316,39 +315,6 @@ def optimizer_state_problem(state: Any, parameters: list[tuple[str, torch.Tensor
                         f"{_shape(parameter)}")
             if value.is_floating_point() and not bool(torch.isfinite(value).all()):
                 return f"{key!r} of {name} holds NaN or inf"
-    return None
-
-
-# What Lightning reads from a checkpoint it restores: always, and to resume a fit.
-_LIGHTNING_KEYS = ("pytorch-lightning_version", "state_dict", "epoch", "global_step")
-_RESUME_KEYS = ("loops", "optimizer_states", "lr_schedulers")
-
-
-def restore_problem(checkpoint: Mapping[str, Any], *, resume: bool) -> str | None:
-    """Why Lightning cannot restore ``checkpoint`` (for ``fit`` to resume when ``resume``),
-    in one line, or None: an entry it reads is missing or malformed (it would fail with a
-    KeyError, or resume with a fresh optimizer or from epoch 0), or weights are not finite."""
-    missing = [key for key in _LIGHTNING_KEYS + (_RESUME_KEYS if resume else ())
-               if key not in checkpoint]
-    if missing == ["optimizer_states"]:
-        return ("it holds the model without the optimizer's state, as a best checkpoint does; "
-                f"a fit goes on from its run's {LAST_NAME} (--ckpt_path last)")
-    if missing:
-        names = first_names([repr(key) for key in missing])
-        return (f"no {names} {'entry' if len(missing) == 1 else 'entries'}; not "
-                f"a checkpoint written by captioner fit")
-    if resume:
-        for key, what in (("optimizer_states", "optimizer"),
-                          ("lr_schedulers", "learning-rate schedule")):
-            value = checkpoint[key]
-            if not (isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict)
-                    and value[0]):
-                return f"entry {key!r} does not hold the state of one {what}"
-        if not isinstance(checkpoint["loops"], dict):
-            return "entry 'loops' does not hold the training loops' progress"
-    nonfinite = nonfinite_weights(checkpoint["state_dict"])
-    if nonfinite:
-        return f"its weights hold NaN or inf ({first_names(nonfinite, 3)})"
     return None
 
 

@@ -34,3 +34,16 @@ def stops_held() -> Iterator[None]:
             signal.signal(number, handler)
         for number in dict.fromkeys(received):
             signal.raise_signal(number)
+
+
+@contextmanager
+def stops_as_keyboard_interrupt(trainer) -> Iterator[None]:
+    """Inside, a run of a Lightning ``trainer`` (fit, validate, test) that Lightning ends with
+    ``exit(1)`` after a Ctrl-C (its graceful shutdown) raises KeyboardInterrupt instead, which
+    each command answers with its one line and status 130; any other exit goes on as it was."""
+    try:
+        yield
+    except SystemExit:
+        if trainer.interrupted:
+            raise KeyboardInterrupt from None
+        raise

@@ -107,7 +107,7 @@ def test_checkpoint_files_and_devices_need_no_lightning():
     # captioner.checkpointing.AtomicCheckpointIO, is imported only when that name is asked for.
     code = ("import sys\n"
             "import captioner.checkpointing as checkpointing\n"
-            "from captioner.inference.devices import resolve_device\n"
+            "from captioner.model.devices import resolve_device\n"
             "resolve_device('cpu')\n"
             "print('lightning' in sys.modules)\n"
             "plugin = checkpointing.AtomicCheckpointIO\n"

@@ -12,7 +12,7 @@ import torch
 from captioner.checkpointing import HYPERPARAMETERS_KEY
 from captioner.inference.checkpoint_model import CheckpointModel
 from captioner.model.decoding_options import DecodingOptions
-from captioner.training.hyperparameters import Hyperparameters, hparams_from_checkpoint
+from captioner.model.hyperparameters import Hyperparameters, hparams_from_checkpoint
 from data_prep.vocab import Vocabulary
 
 

@@ -1,5 +1,7 @@
 """The package's architecture, checked: data flows one way (data_prep -> captioner -> eval),
-``captioner.attention`` stands alone (the import-linter contracts of ``pyproject.toml``), no
+inside ``captioner`` each role imports only those below it (commands -> benchmarks ->
+inference -> training -> features -> model -> attention), ``captioner.attention`` stands alone
+(the import-linter contracts of ``pyproject.toml``), no
 library module imports a command module (a command parses its options and calls the library),
 and no module imports a private name of the libraries it builds on, whose next release may
 change it without notice."""
@@ -7,6 +9,10 @@ change it without notice."""
 from __future__ import annotations
 
 import ast
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +29,7 @@ def test_import_contracts_hold(capsys, monkeypatch):
     code = lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True)
     told = capsys.readouterr().out
     assert code == 0, told[-3000:]
-    assert "2 kept, 0 broken" in told
+    assert "3 kept, 0 broken" in told
 
 
 def _private_imports(source: str) -> list[str]:
@@ -103,3 +109,19 @@ def test_no_library_module_imports_a_command_module():
         and (modules := _command_imports(path.read_text(encoding="utf-8")))
     }
     assert found == {}
+
+
+def test_an_upward_import_between_captioner_roles_breaks_a_contract(tmp_path):
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    with (tmp_path / "captioner" / "model" / "devices.py").open("a") as handle:
+        handle.write("\nfrom captioner.training import module  # noqa: E402\n")
+    command = "from importlinter.cli import lint_imports_command; lint_imports_command()"
+    done = subprocess.run([sys.executable, "-c", command, "--no-cache"], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "captioner's roles, each importing only those below it BROKEN" in done.stdout
+    assert "captioner.model.devices -> captioner.training.module" in done.stdout

@@ -133,7 +133,8 @@ class _Runner:
         self.overlap = row == OVERLAP_ROW if args.tvmax_overlap and mapping == "tvmax" else None
 
         from captioner.model.decoder import AttentionDecoder
-        from captioner.training.optimizer import PAPER_BETAS, PAPER_LR, adam
+        from captioner.model.hyperparameters import PAPER_BETAS, PAPER_LR
+        from captioner.training.optimizer import adam
 
         input_attention = mapping if args.input_attention == "same" else args.input_attention
         torch.manual_seed(args.seed)

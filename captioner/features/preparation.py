@@ -101,7 +101,7 @@ def prepare_feature_cache(
         progress: show progress bars.
     """
     from captioner.features.extraction import extract_features
-    from captioner.inference.devices import resolve_device
+    from captioner.model.devices import resolve_device
     from captioner.model.encoder import EncoderWeightsError
 
     prog = "captioner prepare-features"

@@ -38,20 +38,15 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms.functional import pil_to_tensor
 
 from captioner.checkpointing import save_atomically
-from captioner.features.pretraining_settings import (
-    STRIDES,
-    PretrainingSettings,
-    pretraining_report_path,
-)
-from captioner.model.encoder import GridEncoder, later_stages
-from captioner.training.stops import stops_as_keyboard_interrupt
+from captioner.features.pretraining_settings import STRIDES, PretrainingSettings
+from captioner.model.encoder import GridEncoder, later_stages, pretraining_report_path
 from data_prep.atomic import write_json
 from data_prep.cell_labels import CellLabeller
 from data_prep.images import IMAGENET_MEAN, IMAGENET_STD, load_image
 from data_prep.karpathy import ImageEntry, load_karpathy
 from data_prep.machine import available_memory
 from data_prep.paths import check_output_file
-from data_prep.stop_signals import stops_held
+from data_prep.stop_signals import stops_as_keyboard_interrupt, stops_held
 
 
 class CellLabelledImages(Dataset):

@@ -64,12 +64,6 @@ class PretrainingSettings:
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
 
 
-def pretraining_report_path(weights_path: str | Path) -> Path:
-    """Where ``pretrain-encoder`` writes the report of the weights it writes to
-    ``weights_path`` (its settings, classes and accuracy)."""
-    return Path(weights_path).with_suffix(".json")
-
-
 def describe_accuracy(report: dict) -> str:
     """The report's per-cell validation accuracy, one line per attribute, in %."""
     accuracy = report["val_cell_accuracy"]
@@ -116,6 +110,7 @@ def pretrain_encoder_file(
     import sys
 
     from captioner.features.pretraining import pretrain_encoder
+    from captioner.model.encoder import pretraining_report_path
     from data_prep.paths import OutputPathError, check_output_file
 
     out, images = Path(out), Path(images)

@@ -13,8 +13,8 @@ from torch import Tensor, nn
 from captioner.model.caption_model import attention_grid, build_caption_model
 from captioner.model.decoding import Hypothesis, decode_captions
 from captioner.model.decoding_options import DecodingOptions
+from captioner.model.hyperparameters import Hyperparameters, check_settings, model_arguments
 from captioner.model.losses import check_output_mapping
-from captioner.training.hyperparameters import Hyperparameters, check_settings, model_arguments
 from data_prep.vocab import Vocabulary
 
 
@@ -26,7 +26,7 @@ class CheckpointModel(nn.Module):
 
     Args:
         hparams: constructor arguments of ``CaptioningModule``, as
-            :func:`captioner.training.hyperparameters.hparams_from_checkpoint` gives them.
+            :func:`captioner.model.hyperparameters.hparams_from_checkpoint` gives them.
         vocabulary: the checkpoint's vocabulary (maps decoded ids to words).
 
     Raises:

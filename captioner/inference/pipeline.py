@@ -38,16 +38,16 @@ from captioner.checkpointing import (
 )
 from captioner.features.cache_check import check_feature_cache, model_settings
 from captioner.inference.checkpoint_model import CheckpointModel
-from captioner.inference.devices import resolve_device
 from captioner.inference.image_files import ImageResult, load_images
 from captioner.model.decoding_options import DecodingOptions
+from captioner.model.devices import resolve_device
 from captioner.model.encoder import EncoderWeightsError
 from captioner.model.frozen_encoder import (
     missing_weights_problem,
     put_back_encoder,
     recorded_weights,
 )
-from captioner.training.hyperparameters import hparams_from_checkpoint
+from captioner.model.hyperparameters import hparams_from_checkpoint
 from data_prep.images import imagenet_transform, load_image
 from data_prep.vocab import Vocabulary
 from data_prep.wording import first_names

@@ -21,7 +21,6 @@ import torch
 import torchvision
 from torch import Tensor, nn
 
-from captioner.features.pretraining_settings import pretraining_report_path
 from data_prep.hashes import file_sha256
 from data_prep.paths import require_file
 from data_prep.wording import first_names
@@ -173,10 +172,16 @@ def _read_state_dict(path: Path) -> dict[str, Tensor]:
     return state_dict
 
 
+def pretraining_report_path(weights_path: str | Path) -> Path:
+    """Where ``pretrain-encoder`` writes the report of the weights it writes to
+    ``weights_path`` (its settings, classes and accuracy), which the encoder reads back."""
+    return Path(weights_path).with_suffix(".json")
+
+
 def _check_pretrained_layer(path: Path, layer: str) -> None:
     """Refuse weights that ``pretrain-encoder`` trained up to an earlier stage than ``layer``,
-    as its report beside them says. Files written before d815c3e hold the stages after that
-    one too, untrained: their keys fit, and the features would come from random weights.
+    as its report beside them says. Files that earlier versions of it wrote hold the stages
+    after that one too, untrained: their keys fit, and the features would come from random weights.
     A file beside them that is not such a report is not read as one."""
     report = pretraining_report_path(path)
     try:

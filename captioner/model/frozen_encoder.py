@@ -94,8 +94,9 @@ def export_self_contained(checkpoint_path: str | Path, out: str | Path) -> bool:
         CheckpointError: unreadable checkpoint, or weights that differ from the recorded ones.
         EncoderWeightsError: the recorded weights cannot be read.
     """
-    from captioner.checkpointing import load_safely, save_atomically
-    from captioner.training.module import CaptioningModule
+    from captioner.checkpointing import HYPERPARAMETERS_KEY, load_safely, save_atomically
+    from captioner.model.encoder import build_encoder
+    from captioner.model.hyperparameters import Hyperparameters, hparams_from_checkpoint
 
     checkpoint = load_safely(Path(checkpoint_path))
     weights = recorded_weights(checkpoint, checkpoint_path)
@@ -103,10 +104,11 @@ def export_self_contained(checkpoint_path: str | Path, out: str | Path) -> bool:
         problem = missing_weights_problem(checkpoint, checkpoint_path)
         if problem is not None:
             raise CheckpointError(problem)
-        hparams = CaptioningModule.hparams_from_checkpoint(
-            checkpoint.get(CaptioningModule.CHECKPOINT_HYPER_PARAMS_KEY, {}), checkpoint_path)
-        # The model of the checkpoint's settings, whose encoder is built from those weights.
-        module = CaptioningModule(**{**hparams, "encoder_weights": weights})
-        put_back_encoder(checkpoint, module.model.encoder, checkpoint_path)
+        settings = Hyperparameters(**hparams_from_checkpoint(
+            checkpoint.get(HYPERPARAMETERS_KEY, {}), checkpoint_path))
+        # The encoder of the checkpoint's settings, built from those weights.
+        encoder = build_encoder(settings.encoder_arch, weights=weights,
+                                trainable=settings.encoder_trainable, layer=settings.encoder_layer)
+        put_back_encoder(checkpoint, encoder, checkpoint_path)
     save_atomically(checkpoint, Path(out))
     return weights is not None

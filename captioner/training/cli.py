@@ -26,7 +26,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
-from captioner.checkpointing import load_safely, restore_problem, stored_vocabulary
+from captioner.checkpointing import load_safely, stored_vocabulary
 from captioner.features.cache_check import CACHE_SETTINGS, check_feature_cache
 from captioner.training.datamodule import CaptionDataModule
 from captioner.training.folders import version_number
@@ -49,6 +49,7 @@ from captioner.training.runs import (
     recorded_checkpoint,
     remove_if_empty,
     remove_interrupted_writes,
+    restore_problem,
 )
 from captioner.training.stops import KeepStopSignals, TellLostProcesses
 from data_prep.features import FeatureCache

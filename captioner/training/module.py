@@ -33,13 +33,13 @@ from captioner.checkpointing import (
 )
 from captioner.cider import cider_d
 from captioner.features.cache_check import check_feature_cache, model_settings
+from captioner.model import hyperparameters
 from captioner.model.caption_model import attention_grid, build_caption_model
 from captioner.model.decoding import Hypothesis, check_search_memory, decode_captions
 from captioner.model.decoding_options import DecodingOptions
 from captioner.model.frozen_encoder import leave_out_encoder, put_back_encoder
+from captioner.model.hyperparameters import DEFAULTS, check_settings, model_arguments
 from captioner.model.losses import check_output_mapping, teacher_forced_loss
-from captioner.training import hyperparameters
-from captioner.training.hyperparameters import DEFAULTS, check_settings, model_arguments
 from captioner.training.optimizer import adam
 from data_prep.vocab import Vocabulary
 

@@ -7,10 +7,6 @@ from collections.abc import Iterable
 
 import torch
 
-# The paper's Adam settings (Sec. 4): the defaults of CaptioningModule and the benchmarks' model.
-PAPER_LR = 1e-4
-PAPER_BETAS = (0.8, 0.999)
-
 
 def adam(parameters: Iterable[torch.nn.Parameter], *, lr: float,
          betas: tuple[float, float]) -> torch.optim.Adam:

@@ -15,7 +15,7 @@ import random
 import shutil
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,12 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 
-from captioner.checkpointing import CheckpointError, load_safely, save_atomically
+from captioner.checkpointing import (
+    CheckpointError,
+    load_safely,
+    nonfinite_weights,
+    save_atomically,
+)
 from captioner.training.folders import (
     LAST_NAME,
     PROGRESS_NAME,
@@ -38,9 +43,44 @@ from captioner.training.folders import (
 )
 from data_prep.atomic import atomic_temporaries, atomic_write
 from data_prep.locks import hold_exclusively, let_go
+from data_prep.wording import first_names
 
 # RunLock tries a held run this many times, so long apart, before it tells of another fit.
 _LOCK_TRIES, _LOCK_WAIT_S = 10, 0.05
+
+
+# What Lightning reads from a checkpoint it restores: always, and to resume a fit.
+_LIGHTNING_KEYS = ("pytorch-lightning_version", "state_dict", "epoch", "global_step")
+_RESUME_KEYS = ("loops", "optimizer_states", "lr_schedulers")
+
+
+def restore_problem(checkpoint: Mapping[str, Any], *, resume: bool) -> str | None:
+    """Why Lightning cannot restore ``checkpoint`` (for ``fit`` to resume when ``resume``),
+    in one line, or None: an entry it reads is missing or malformed (it would fail with a
+    KeyError, or resume with a fresh optimizer or from epoch 0), or weights are not finite."""
+    missing = [key for key in _LIGHTNING_KEYS + (_RESUME_KEYS if resume else ())
+               if key not in checkpoint]
+    if missing == ["optimizer_states"]:
+        return ("it holds the model without the optimizer's state, as a best checkpoint does; "
+                f"a fit goes on from its run's {LAST_NAME} (--ckpt_path last)")
+    if missing:
+        names = first_names([repr(key) for key in missing])
+        return (f"no {names} {'entry' if len(missing) == 1 else 'entries'}; not "
+                f"a checkpoint written by captioner fit")
+    if resume:
+        for key, what in (("optimizer_states", "optimizer"),
+                          ("lr_schedulers", "learning-rate schedule")):
+            value = checkpoint[key]
+            if not (isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict)
+                    and value[0]):
+                return f"entry {key!r} does not hold the state of one {what}"
+        if not isinstance(checkpoint["loops"], dict):
+            return "entry 'loops' does not hold the training loops' progress"
+    nonfinite = nonfinite_weights(checkpoint["state_dict"])
+    if nonfinite:
+        return f"its weights hold NaN or inf ({first_names(nonfinite, 3)})"
+    return None
+
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -1,6 +1,7 @@
 """How a Lightning run stopped by Ctrl-C (or by SIGTERM / SIGHUP, which ``captioner.cli``
-turns into Ctrl-C) ends in captioner's commands: as :class:`KeyboardInterrupt`, which each
-command answers with its one line and status 130; and how a DDP run ends whose process
+turns into Ctrl-C) ends in captioner's commands: as :class:`KeyboardInterrupt`
+(:func:`data_prep.stop_signals.stops_as_keyboard_interrupt`, :class:`Interrupted` of the CLI),
+which each command answers with its one line and status 130; and how a DDP run ends whose process
 started here is lost (:class:`TellLostProcesses`). Lightning's own SIGTERM handler is left
 out of the runs (:class:`KeepStopSignals`).
 
@@ -15,8 +16,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
@@ -54,18 +54,6 @@ class KeepStopSignals(Callback):
 
     on_sanity_check_start = on_train_start = on_validation_start = _put_back
     on_test_start = on_predict_start = _put_back
-
-
-@contextmanager
-def stops_as_keyboard_interrupt(trainer: L.Trainer) -> Iterator[None]:
-    """Inside, a run of ``trainer`` (fit, validate, test) that Lightning ends with ``exit(1)``
-    after a Ctrl-C raises KeyboardInterrupt instead; any other exit goes on as it was."""
-    try:
-        yield
-    except SystemExit:
-        if trainer.interrupted:
-            raise KeyboardInterrupt from None
-        raise
 
 
 class TellLostProcesses(Callback):

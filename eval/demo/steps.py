@@ -101,8 +101,7 @@ def prepare_data(out: Path, settings: DemoSettings) -> DemoData:
     """
     from captioner.features.extraction import extract_features
     from captioner.features.pretraining import pretrain_encoder
-    from captioner.features.pretraining_settings import pretraining_report_path
-    from captioner.model.encoder import EncoderWeightsError, build_encoder
+    from captioner.model.encoder import EncoderWeightsError, build_encoder, pretraining_report_path
     from data_prep.features import partial_cache_path
     from data_prep.karpathy import KarpathyFormatError, load_karpathy
     from data_prep.synthetic import generate
@@ -182,7 +181,7 @@ def train(mapping: str, data: DemoData, settings: DemoSettings, out: Path, seed:
     run's :class:`~eval.demo.trainings.TrainingRecord` holds a finished training of the same
     resolved config and encoder; returns its best checkpoint and that checkpoint's val/CIDEr."""
     from captioner.training.cli import build_cli
-    from captioner.training.stops import stops_as_keyboard_interrupt
+    from data_prep.stop_signals import stops_as_keyboard_interrupt
     from eval.demo.trainings import Training, TrainingRecord
 
     cli = build_cli(fit_arguments(mapping, data, settings, out, seed, extra), run=False)

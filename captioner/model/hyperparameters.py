@@ -17,8 +17,11 @@ from typing import Any
 from captioner.checkpointing import constructor_arguments
 from captioner.model.caption_model import build_caption_model
 from captioner.model.decoding_options import DecodingOptions
-from captioner.training.optimizer import PAPER_BETAS, PAPER_LR
 from data_prep.images import MAX_IMAGE_SIZE
+
+# The paper's Adam settings (Sec. 4): the defaults of CaptioningModule and the benchmarks' model.
+PAPER_LR = 1e-4
+PAPER_BETAS = (0.8, 0.999)
 
 # Hyperparameters of earlier versions that became fields of ``decoding``.
 _LEGACY_DECODING_KEYS = ("beam_size", "max_length")
