@@ -35,20 +35,20 @@ from captioner.training.runs import (
     LAST_NAME,
     PROGRESS_NAME,
     BestCheckpoint,
-    EvaluationGuard,
-    FitStartGuard,
     LastCheckpoint,
     RunInUse,
     RunLock,
     SaveConfigOnceRestored,
+    WorkBegun,
     claim_evaluation_folder,
     hold_metrics_for_resume,
     last_checkpoint,
     latest_resumable,
+    put_back_held_metrics,
     read_progress,
     recorded_checkpoint,
-    remove_if_empty,
     remove_interrupted_writes,
+    remove_unbegun_run,
     restore_problem,
 )
 from captioner.training.stops import KeepStopSignals, TellLostProcesses
@@ -208,6 +208,7 @@ class CaptionerCLI(LightningCLI):
         self._resumed_run: Path | None = None  # the run folder fit resumes into
         self._new_root: Path | None = None  # the runs folder, when this command makes it
         self._made_folder: Path | None = None  # the log folder this command made (rank 0)
+        self._work = WorkBegun()  # whether the command's work has begun (before_fit, _validate)
         self._version_given = False  # the logger's version is named (a resume, an option)
         self._logger_class: str | None = None  # the CSVLogger class_path RunLogger replaces
         self._run_lock: RunLock | None = None  # fit's hold on its run folder (before_fit)
@@ -246,7 +247,7 @@ class CaptionerCLI(LightningCLI):
         finally:
             self._seed_log.disabled = told
             if not ended:
-                self._remove_unused_folder()
+                self._undo_unbegun()
             self._let_go()
 
     def _let_go(self) -> None:
@@ -262,16 +263,15 @@ class CaptionerCLI(LightningCLI):
         if self._evaluation_hold is not None:
             let_go(self._evaluation_hold)
 
-    def _remove_unused_folder(self) -> None:
-        """Remove the log folder this command made when it stopped before writing into it
-        (refused before training), then its run's and the runs folder if it left them empty."""
-        made = self._made_folder
-        if made is None or not made.is_dir() or any(made.iterdir()):
+    def _undo_unbegun(self) -> None:
+        """When the command stopped before its work began (refused, or failed before its
+        first training step or its scores), remove the log folder it made, and give a
+        refused resume back its metrics.csv (first process: the one that wrote them)."""
+        if rank_zero_only.rank != 0 or self._work.begun:
             return
-        made.rmdir()
-        remove_if_empty(made.parent)
-        if self._new_root is not None:
-            remove_if_empty(self._new_root)
+        if self._resumed_run is not None:
+            put_back_held_metrics(self._resumed_run)
+        remove_unbegun_run(self._made_folder, self._new_root)
 
     # LightningCLI hook: the model, the data and the trainer stand.
     def after_instantiate_classes(self) -> None:
@@ -549,9 +549,9 @@ class CaptionerCLI(LightningCLI):
             raise UserError("--trainer.limit_train_batches 0 trains on no batch, so the fit "
                             "would save no checkpoint; give 1 or more batches, or a fraction "
                             "above 0")
-        resumed = None
         if self._resumed_run is not None:
-            resumed = (self._resumed_run, self._checkpoint_step)
+            self._work.resumed = (self._resumed_run, self._checkpoint_step)
+        self.trainer.callbacks.append(self._work)
         if self.trainer.is_global_zero:
             if self._checkpoints_outside_the_run():
                 self._hold_checkpoint_folder()
@@ -573,6 +573,8 @@ class CaptionerCLI(LightningCLI):
                     raise UserError(str(exc)) from None  # names the run, however it was given
             if named is not None:  # after the lock, which names a fit training there now
                 _refuse_an_earlier_run(named)
+                if not any(named.iterdir()):
+                    self._made_folder = named  # made now, or left empty: this fit's
             if self._resumed_run is not None:
                 hold_metrics_for_resume(self._resumed_run)
                 removed = remove_interrupted_writes(
@@ -581,7 +583,6 @@ class CaptionerCLI(LightningCLI):
                     print(f"captioner fit: removed {counted(len(removed), 'file')} of a write "
                           f"that was interrupted: {first_names([p.name for p in removed], 3)}",
                           file=sys.stderr)
-        self.trainer.callbacks.append(FitStartGuard(resumed, self._new_root))
 
     def _hold_checkpoint_folder(self) -> None:
         """Hold the checkpoint folder outside the run (--checkpoint.dirpath) while the fit
@@ -625,9 +626,7 @@ class CaptionerCLI(LightningCLI):
     def before_validate(self) -> None:
         if self.trainer.is_global_zero and self._evaluated_run is None:
             self._new_version()
-        # First: SaveConfigOnceRestored writes config.yaml at setup, and the guard must see
-        # the logger's new folder still empty to know it is this command's.
-        self.trainer.callbacks.insert(0, EvaluationGuard(self._new_root))
+        self.trainer.callbacks.append(self._work)
 
     before_test = before_validate
 
@@ -639,7 +638,9 @@ class CaptionerCLI(LightningCLI):
         name, self._evaluation_hold = claim_evaluation_folder(self._evaluated_run,
                                                               self.config.subcommand)
         init_args["version"] = f"{self._evaluated_run.name}/{name}"
-        self._made_folder = self._evaluated_run / name
+        folder = self._evaluated_run / name
+        if not any(folder.iterdir()):  # made now, or left empty: this command's
+            self._made_folder = folder
 
     def _new_version(self) -> Path | None:
         """The folder of the new version the logger picks (and makes: :class:`RunLogger`),

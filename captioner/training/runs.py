@@ -560,14 +560,14 @@ def remove_interrupted_writes(folders: Iterable[Path]) -> list[Path]:
 def hold_metrics_for_resume(folder: Path) -> None:
     """Before a resume into ``folder``: move ``metrics.csv`` out of the way of Lightning's CSV
     logger, which deletes it when the trainer sets up (before the checkpoint is checked);
-    :class:`FitStartGuard` then sets its rows aside, or puts it back if the resume is refused.
+    :class:`WorkBegun` then sets its rows aside, or the CLI puts it back if the resume is refused.
     A file held by an earlier resume that never started is kept."""
     metrics, held = folder / "metrics.csv", folder / _HELD_METRICS
     if metrics.is_file() and not held.exists():
         metrics.rename(held)
 
 
-def _put_back_held_metrics(folder: Path) -> bool:
+def put_back_held_metrics(folder: Path) -> bool:
     """Move what :func:`hold_metrics_for_resume` held back to ``metrics.csv``; False if none."""
     held = folder / _HELD_METRICS
     if not held.is_file():
@@ -576,94 +576,51 @@ def _put_back_held_metrics(folder: Path) -> bool:
     return True
 
 
-class FitStartGuard(Callback):
-    """Undoes what ``fit`` wrote into the run folders when it stops before its first training
-    step is done (a refused checkpoint, unreadable data, a failure in the sanity check or the
-    first step): a new run's version folder without a checkpoint is removed, then ``ROOT/NAME``
-    and ``ROOT`` where this left them empty (a version folder that held files before is
-    kept); a resume stopped before ``on_fit_start`` gets back the metrics.csv that
-    :func:`hold_metrics_for_resume` held. From ``on_fit_start`` on the resume has begun: its
-    earlier rows are in ``metrics.partK.csv`` (:func:`set_aside_metrics`).
+class WorkBegun(Callback):
+    """Tells whether a command's work has begun (``begun``): a training step done (fit), the
+    scores made (validate, test). A command that stops before then leaves nothing of its own
+    behind (:func:`remove_unbegun_run`). A resume's earlier ``metrics.csv``, held back from
+    Lightning's CSV logger (:func:`hold_metrics_for_resume`), has its rows set aside as
+    ``metrics.partK.csv`` (:func:`set_aside_metrics`) once the fit starts.
 
     Args:
         resumed: a resume's run folder and the global step of the checkpoint it continues
-            from; None for a new run.
-        new_root: ``ROOT`` when it did not exist before this fit, else None.
+            from; None otherwise.
     """
 
-    def __init__(self, resumed: tuple[Path, int] | None, new_root: Path | None = None) -> None:
+    def __init__(self, resumed: tuple[Path, int] | None = None) -> None:
         self.resumed = resumed
-        self.new_root = new_root
-        self.started = False
-        self._new_folder: Path | None = None
-
-    def setup(self, trainer: L.Trainer, pl_module, stage: str) -> None:
-        # The logger makes its version folder just before the first setup hook (the data
-        # module's, then the callbacks'), and nothing writes into it before this one: a folder
-        # that holds files here is an earlier run's.
-        if self.resumed is None and trainer.is_global_zero:
-            self._new_folder = _empty_log_dir(trainer)
+        self.begun = False
 
     def on_fit_start(self, trainer: L.Trainer, pl_module) -> None:
-        if self.resumed is None or not trainer.is_global_zero:
-            return
-        folder, step = self.resumed
-        if _put_back_held_metrics(folder):
-            set_aside_metrics(folder, step)
+        if self.resumed is not None and trainer.is_global_zero:
+            folder, step = self.resumed
+            if put_back_held_metrics(folder):
+                set_aside_metrics(folder, step)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch,
                            batch_idx) -> None:
-        self.started = True
+        self.begun = True
 
-    def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
-        if self.started or not trainer.is_global_zero:
-            return
-        if self.resumed is not None:
-            _put_back_held_metrics(self.resumed[0])  # none is held after on_fit_start
-            return
-        # None from setup: an earlier run's folder (it still holds files), or fit stopped
-        # before setup, in the data module's, and the logger's new folder is still empty.
-        folder = self._new_folder or _empty_log_dir(trainer)
-        if folder is not None:
-            _remove_unstarted_run(folder)
-        if self.new_root is not None:
-            remove_if_empty(self.new_root)
-
-
-class EvaluationGuard(FitStartGuard):
-    """:class:`FitStartGuard` for ``validate`` and ``test``: the log folder they made is
-    removed when they stop before their scores are made.
-
-    Args:
-        new_root: ``ROOT`` when it did not exist before this command, else None.
-    """
-
-    def __init__(self, new_root: Path | None = None) -> None:
-        super().__init__(None, new_root)
-
-    # After on_*_epoch_end, where the module logs its scores.
+    # After on_*_epoch_end, where the module logs its scores; a fit's validation comes after
+    # its first training step.
     def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
-        self.started = True
+        self.begun = self.begun or not trainer.sanity_checking
 
     def on_test_end(self, trainer: L.Trainer, pl_module) -> None:
-        self.started = True
+        self.begun = True
 
 
-def _empty_log_dir(trainer: L.Trainer) -> Path | None:
-    """The logger's version folder when it exists and is empty; else None (no logger too)."""
-    log_dir = getattr(trainer.logger, "log_dir", None)
-    if log_dir and Path(log_dir).is_dir() and not any(Path(log_dir).iterdir()):
-        return Path(log_dir)
-    return None
-
-
-def _remove_unstarted_run(folder: Path) -> None:
-    """Remove a new run's version ``folder`` (its ``config.yaml``, ``hparams.yaml``, ...)
-    unless a checkpoint is in it, then its ``ROOT/NAME`` folder if that is left empty."""
-    if not folder.is_dir() or any(folder.rglob("*.ckpt")):
-        return
-    shutil.rmtree(folder)
-    remove_if_empty(folder.parent)
+def remove_unbegun_run(folder: Path | None, new_root: Path | None) -> None:
+    """Remove the log ``folder`` that a command made (a new run version, or an evaluation's
+    folder beside a run) when it stopped before its work began (:class:`WorkBegun`): its
+    ``config.yaml``, ``hparams.yaml``, ..., unless a checkpoint is in it; then its parent
+    (``ROOT/NAME``) and ``new_root`` (``ROOT`` when this command made it) if left empty."""
+    if folder is not None and folder.is_dir() and not any(folder.rglob("*.ckpt")):
+        shutil.rmtree(folder)
+        remove_if_empty(folder.parent)
+    if new_root is not None:
+        remove_if_empty(new_root)
 
 
 def remove_if_empty(folder: Path) -> None:
