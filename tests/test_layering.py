@@ -1,10 +1,10 @@
 """The package's architecture, checked: data flows one way (data_prep -> captioner -> eval),
 inside ``captioner`` each role imports only those below it (commands -> benchmarks ->
 inference -> training -> features -> model -> attention), ``captioner.attention`` stands alone
-(the import-linter contracts of ``pyproject.toml``), no
-library module imports a command module (a command parses its options and calls the library),
-and no module imports a private name of the libraries it builds on, whose next release may
-change it without notice."""
+(the import-linter contracts of ``pyproject.toml``), no library module imports a command
+module (a command parses its options and calls the library), and no module imports a private
+name of the libraries it builds on, or defines one over theirs in a subclass (a private method
+of LightningCLI): their next release may change it without notice."""
 
 from __future__ import annotations
 
@@ -125,3 +125,52 @@ def test_an_upward_import_between_captioner_roles_breaks_a_contract(tmp_path):
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert "captioner's roles, each importing only those below it BROKEN" in done.stdout
     assert "captioner.model.devices -> captioner.training.module" in done.stdout
+
+
+# Private names that a metaclass puts in every class it makes (abc.ABCMeta, torch's Function).
+_MADE_BY_METACLASSES = frozenset({"_abc_impl", "_backward_cls"})
+
+
+def _private_overrides(cls: type) -> list[str]:
+    """``Class.name`` of each private name (one leading ``_``) that ``cls`` defines over a
+    base class of one of :data:`LIBRARIES`: a private method or attribute of theirs replaced."""
+    found = []
+    for base in cls.__mro__[1:]:
+        if base.__module__.split(".")[0] not in LIBRARIES:
+            continue
+        found += [f"{base.__name__}.{name}" for name in vars(cls)
+                  if name.startswith("_") and not name.startswith("__") and name in vars(base)
+                  and name not in _MADE_BY_METACLASSES]
+    return found
+
+
+def test_the_private_override_check_sees_them():
+    from lightning.pytorch.cli import LightningCLI
+
+    class Overriding(LightningCLI):
+        def _run_subcommand(self, subcommand):
+            pass
+
+        def _own_helper(self):
+            pass
+
+    assert _private_overrides(Overriding) == ["LightningCLI._run_subcommand"]
+
+
+def test_no_class_overrides_a_private_name_of_the_libraries():
+    import importlib
+    import inspect
+
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path.name == "__main__.py":  # runs a command when imported
+                continue
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            module = importlib.import_module(name.removesuffix(".__init__"))
+            for cls in vars(module).values():
+                if inspect.isclass(cls) and cls.__module__ == module.__name__:
+                    overrides = _private_overrides(cls)
+                    if overrides:
+                        found[cls.__qualname__] = overrides
+    assert found == {}
