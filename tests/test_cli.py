@@ -386,7 +386,7 @@ def test_a_lightning_run_leaves_sigterm_to_the_command():
     from lightning.pytorch import Callback
     from lightning.pytorch.demos.boring_classes import BoringModel
 
-    from captioner.training.cli import Trainer
+    from captioner.training.trainer import Trainer
 
     def stop(number, frame):
         raise KeyboardInterrupt

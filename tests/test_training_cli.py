@@ -469,7 +469,7 @@ def test_a_stop_after_last_ckpt_is_written_still_records_its_progress(
     # file was written: progress.json and the resume line named the epoch before.
     import signal
 
-    from captioner.training.cli import Trainer
+    from captioner.training.trainer import Trainer
 
     save = Trainer.save_checkpoint
 
@@ -2058,7 +2058,7 @@ def test_float32_matmul_precision_is_set_before_training(synthetic_data, tiny_ca
 
 
 def test_the_configs_of_a_command_line_in_every_spelling(tmp_path):
-    from captioner.training.cli import _first_config, config_files, option_values
+    from captioner.training.command_line import config_files, first_config, option_values
 
     first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
     for path in (first, second):
@@ -2070,8 +2070,8 @@ def test_the_configs_of_a_command_line_in_every_spelling(tmp_path):
     assert option_values(args, "model.hidden_dim") == ["8"]
     assert option_values(["--model.hidden_dim=9", "--print_config"], "model.hidden_dim") == ["9"]
     # The run is named after the first config file: a YAML string names none.
-    assert _first_config(args) == str(first)
-    assert _first_config(["--config", "model: {}"]) is None
+    assert first_config(args) == str(first)
+    assert first_config(["--config", "model: {}"]) is None
 
 
 def test_a_missing_required_setting_is_named_as_its_option(tmp_path, capsys):
@@ -2209,7 +2209,7 @@ def test_a_batch_limit_of_1_is_one_batch_and_1_0_all_of_them():
     # Lightning reads an int limit as a number of batches and a float as a fraction of them.
     from jsonargparse import ArgumentParser
 
-    from captioner.training.cli import Trainer
+    from captioner.training.trainer import Trainer
 
     parser = ArgumentParser()
     parser.add_class_arguments(Trainer, "trainer")

@@ -71,7 +71,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
 def _config_problem(argv: list[str]) -> str | None:
     """What makes a ``--config`` of ``argv`` unusable that jsonargparse would not say in one
     line: a file over the limits of every settings file, or one holding no settings."""
-    from captioner.training.cli import config_files
+    from captioner.training.command_line import config_files
     from data_prep.settings_files import SettingsLimitError, read_settings
 
     for config in config_files(argv):
@@ -90,7 +90,7 @@ def _report_refusal(exc: Exception, argv: list[str]) -> int:
     """Report a user error of the command line ``argv`` in one line, naming the config file
     it is in where it is in one; status 2."""
     from captioner.reporting import report_error
-    from captioner.training.cli import config_files
+    from captioner.training.command_line import config_files
 
     command, message, configs = f"captioner {argv[0]}", str(exc), config_files(argv)
     if isinstance(exc, UnicodeDecodeError) and configs:  # a config file that is not text
@@ -112,7 +112,7 @@ def _with_the_runs_config(argv: list[str]) -> list[str]:
     first config, so that nothing given to the fit is given again (that config.yaml names the
     data, the model and the runs folder, and the CLI takes the checkpoint from its run). The
     runs folder is ``--trainer.logger.init_args.save_dir`` where given, else ``runs``."""
-    from captioner.training.cli import config_files, option_values
+    from captioner.training.command_line import config_files, option_values
     from captioner.training.folders import version_folders
 
     names, checkpoints = option_values(argv, "run_name"), option_values(argv, "ckpt_path")
@@ -185,7 +185,7 @@ def _from_config_files(message: str, argv: list[str]) -> bool:
     if any(words in message for words in ("does not accept option", "Problems parsing config",
                                           "Unable to load config")):
         return True
-    from captioner.training.cli import option_values
+    from captioner.training.command_line import option_values
 
     key = re.search(r'Parser key "([^"]+)"', message)
     if key is None:

@@ -3,7 +3,9 @@
 Lightning's CLI over :class:`CaptioningModule` and :class:`CaptionDataModule`, with named run
 folders (``runs/NAME/version_N``, :mod:`captioner.training.runs`), ``--ckpt_path last|best``
 of a run, checkpoints read as untrusted data before jsonargparse sees their hyperparameters,
-and one-line errors (:class:`UserError`).
+and one-line errors (:class:`UserError`). Its Trainer is :mod:`captioner.training.trainer`'s;
+what it reads of the command line as written (which config set which key) is
+:mod:`captioner.training.command_line`'s.
 """
 
 from __future__ import annotations
@@ -15,19 +17,24 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 from shlex import quote
-from typing import NamedTuple
 
 import torch
-import yaml
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.fabric.utilities.seed import seed_everything
-from lightning.pytorch import Trainer as LightningTrainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from captioner.checkpointing import load_safely, stored_vocabulary
 from captioner.features.cache_check import CACHE_SETTINGS, check_feature_cache
+from captioner.training.command_line import (
+    KEPT_DATA_KEYS,
+    first_config,
+    given_options,
+    model_keys_given,
+    option_a_config_replaces,
+    option_values,
+)
 from captioner.training.datamodule import CaptionDataModule
 from captioner.training.folders import version_number
 from captioner.training.module import LOGGED_METRICS, CaptioningModule
@@ -51,11 +58,11 @@ from captioner.training.runs import (
     remove_unbegun_run,
     restore_problem,
 )
-from captioner.training.stops import KeepStopSignals, TellLostProcesses
+from captioner.training.stops import TellLostProcesses
+from captioner.training.trainer import Trainer
 from data_prep.features import FeatureCache
 from data_prep.locks import let_go
 from data_prep.paths import check_output_dir
-from data_prep.settings_files import read_settings
 from data_prep.wording import counted, first_names
 
 CHECKPOINT_DEFAULTS = {
@@ -79,94 +86,10 @@ TRAINER_DEFAULTS = {
 _DEFAULT_LOGGER_NAME = "lightning_logs"
 
 
-class Trainer(LightningTrainer):
-    """Lightning's Trainer, whose signals are handled by
-    :class:`~captioner.training.stops.KeepStopSignals` (SIGTERM stops a run as Ctrl-C does)."""
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        # Added here, not through the callbacks argument, which stays Lightning's own option
-        # (--trainer.callbacks) of the parser that reads this signature.
-        self.callbacks.append(KeepStopSignals())
-
-    # fit, validate and test as Lightning's, their docstrings saying what --ckpt_path takes
-    # here (the CLI's help for each sub-command is read from them).
-    def fit(self, model, train_dataloaders=None, val_dataloaders=None, datamodule=None,
-            ckpt_path: str | Path | None = None, weights_only: bool | None = None) -> None:
-        """Train the model.
-
-        Args:
-            ckpt_path: resume: 'last' (the newest runs/NAME/version_N with a last.ckpt, or
-                the run whose config.yaml is --config, continued in its folder; without a
-                logger, of ./checkpoints or --checkpoint.dirpath) or a checkpoint file.
-            weights_only: as Lightning's Trainer.fit (captioner reads tensors only).
-        """
-        super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path,
-                    weights_only)
-
-    def validate(self, model=None, dataloaders=None, ckpt_path: str | Path | None = None,
-                 verbose: bool = True, datamodule=None, weights_only: bool | None = None):
-        """Score a checkpoint on the validation split.
-
-        Args:
-            ckpt_path: 'best' or 'last' of the newest runs/NAME/version_N (or of the run
-                whose config.yaml is --config; without a logger, of ./checkpoints or
-                --checkpoint.dirpath), or a checkpoint file.
-            verbose: print the scores.
-            weights_only: as Lightning's Trainer.validate (captioner reads tensors only).
-        """
-        return super().validate(model, dataloaders, ckpt_path, verbose, datamodule,
-                                weights_only)
-
-    def test(self, model=None, dataloaders=None, ckpt_path: str | Path | None = None,
-             verbose: bool = True, datamodule=None, weights_only: bool | None = None):
-        """Score a checkpoint on the test split.
-
-        Args:
-            ckpt_path: 'best' or 'last' of the newest runs/NAME/version_N (or of the run
-                whose config.yaml is --config; without a logger, of ./checkpoints or
-                --checkpoint.dirpath), or a checkpoint file.
-            verbose: print the scores.
-            weights_only: as Lightning's Trainer.test (captioner reads tensors only).
-        """
-        return super().test(model, dataloaders, ckpt_path, verbose, datamodule, weights_only)
-
-
-for _message in (
-    # The frozen encoder stays in eval mode on purpose (fixed batch-norm statistics, as in the
-    # paper); Lightning warns about it at the start of every fit.
-    r"Found \d+ module\(s\) in eval mode",
-    # The demo hands its own arguments to the CLI on purpose.
-    r"LightningCLI's args parameter is intended to run from within Python",
-    # A resume holds the earlier metrics.csv back first (hold_metrics_for_resume): nothing is lost.
-    r"Experiment logs directory .* exists and is not empty",
-    # A resume writes into its own checkpoints, as it should; a new fit into a folder of
-    # checkpoints is refused before this.
-    r"Checkpoint directory .* exists and is not empty",
-    # The monitor is checked against the metrics the model logs before a fit (_check_monitor),
-    # and Lightning raises where validation has run: this warning only says that a fit that
-    # max_steps or max_time stopped before its first validation has no score to pick a best
-    # checkpoint by, and none is due.
-    r"`ModelCheckpoint\(monitor=.*\)` could not find the monitored key",
-    # validate/test on several devices: the DistributedSampler repeats a few images to even
-    # out the batches, but the captions are gathered by image id (CaptioningModule._gather),
-    # so each image counts once and the metrics equal one device's.
-    r"Using `DistributedSampler` with the dataloaders. During `trainer\.(validate|test)\(\)`",
-    # On a small dataset: Lightning counts log_every_n_steps in steps of the whole fit, not of
-    # an epoch, so train/loss is still logged every N steps; the scores, every epoch.
-    r"The number of training batches \(\d+\) is smaller than the logging interval",
-):
-    warnings.filterwarnings("ignore", message=_message)
-
 _CSV_LOGGERS = ("lightning.pytorch.loggers.CSVLogger",
                 "lightning.pytorch.loggers.csv_logs.CSVLogger")
 _RUN_LOGGER = "captioner.training.runs.RunLogger"
 _NAMED_CHECKPOINTS = ("last", "best")
-# Model settings linked from the data's (add_arguments_to_parser): no config sets them itself.
-_LINKED_MODEL_KEYS = frozenset({"model.image_size", "model.vocab_size"})
-# Data settings that a checkpoint's model keeps, by its hyperparameter: the images it was
-# trained on were of that size, so a loaded model reads images (or a cache) of that size too.
-_KEPT_DATA_KEYS = {"data.image_size": "image_size"}
 
 
 # torch.set_float32_matmul_precision's settings; the first (exact float32) is the default.
@@ -201,7 +124,7 @@ class CaptionerCLI(LightningCLI):
         self._args = sys.argv[1:] if given is None else list(given)
         if kwargs.get("run", True):
             self._args = self._args[1:]  # the sub-command
-        self._first_config = _first_config(self._args)
+        self._first_config = first_config(self._args)
         self._resume_version: int | str | None = None  # the version --ckpt_path last picks
         self._ckpt_path: str | None = None  # --ckpt_path, resolved and checked
         self._checkpoint_step = 0  # global step of the --ckpt_path checkpoint
@@ -340,7 +263,9 @@ class CaptionerCLI(LightningCLI):
 
     # LightningCLI hook: parses the command line into self.config.
     def parse_arguments(self, parser, args) -> None:
-        _refuse_options_a_config_replaces(self._args)
+        replaced = option_a_config_replaces(self._args)
+        if replaced is not None:
+            raise UserError(replaced)
         super().parse_arguments(parser, args)
         self._read_ckpt_path()
 
@@ -378,17 +303,17 @@ class CaptionerCLI(LightningCLI):
         stored_vocabulary(checkpoint, hparams, path)  # as caption reads it
         self._checkpoint_step = int(checkpoint.get("global_step", 0))
         given = {}
-        for key, source in _model_keys_given(self._args).items():
+        for key, source in model_keys_given(self._args).items():
             while key not in config and "." in key:  # a key inside a dict setting
                 key = key.rsplit(".", 1)[0]
             given[key] = (config[key], source)
         self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
         config = self.config[subcommand]
-        for key, name in _KEPT_DATA_KEYS.items():
+        for key, name in KEPT_DATA_KEYS.items():
             if key not in given and hparams.get(name) is not None:
                 config[key] = config[f"model.{name}"] = hparams[name]
         for key, (value, source) in given.items():
-            trained = hparams.get(_KEPT_DATA_KEYS[key]) if key in _KEPT_DATA_KEYS else config[key]
+            trained = hparams.get(KEPT_DATA_KEYS[key]) if key in KEPT_DATA_KEYS else config[key]
             if key == "model.decoding" or key.startswith("model.decoding."):
                 config[key] = value  # decoding only: the user's, not the checkpoint's
             elif trained is not None and trained != value:
@@ -815,121 +740,6 @@ def _log_beside_the_run(init_args, checkpoint: Path, subcommand: str) -> Path | 
     return folder.parent
 
 
-class GivenOption(NamedTuple):
-    """An option of a command line: ``key`` dotted without ``--`` (``trainer.max_epochs``;
-    ``config`` for every spelling of ``--config`` / ``-c``) and its value, if it has one."""
-
-    key: str
-    value: str | None
-
-
-def given_options(args: list[str]) -> list[GivenOption]:
-    """The options of ``args`` in order, as ``--key VALUE``, ``--key=VALUE`` or a flag, and
-    ``-c FILE``, ``-c=FILE`` or ``-cFILE`` for ``--config FILE``."""
-    found = []
-    for index, arg in enumerate(args):
-        name, equals, value = arg.partition("=")
-        following = args[index + 1] if index + 1 < len(args) else None
-        if following is not None and following.startswith("-"):
-            following = None
-        if name in ("--config", "-c"):
-            found.append(GivenOption("config", value if equals else following))
-        elif arg.startswith("-c") and not arg.startswith("--"):
-            found.append(GivenOption("config", arg[2:]))
-        elif arg.startswith("--"):
-            found.append(GivenOption(name[2:], value if equals else following))
-    return found
-
-
-def config_keys(config: str) -> list[str]:
-    """The dotted keys that a ``--config`` (a file, with the files it includes, or a YAML
-    string) sets, in its order; none when it cannot be read (the parse of the whole command
-    line says why)."""
-    path = Path(config)
-    try:
-        if path.is_file():
-            return _flat_keys(read_settings(path, "config"), "", path.parent)
-        return _flat_keys(yaml.safe_load(config), "", Path.cwd())
-    except (OSError, ValueError, yaml.YAMLError):
-        return []
-
-
-def _flat_keys(document, prefix: str, folder: Path) -> list[str]:
-    """The dotted keys of the settings ``document`` under ``prefix``, with a group given as
-    the name of a file (``data: base/coco_data.yaml``) or by a ``config: FILE`` key read
-    from ``folder``, as jsonargparse includes them."""
-    if isinstance(document, str) and document.endswith((".yaml", ".yml")) and (
-            prefix or document):
-        included = folder / document
-        if included.is_file():
-            return _flat_keys(read_settings(included, "config"), prefix, included.parent)
-    if isinstance(document, dict) and not document:
-        return []
-    if not isinstance(document, dict):
-        return [prefix.rstrip(".")] if prefix else []
-    keys = []
-    for key, value in document.items():
-        if key == "config" and isinstance(value, str):
-            keys += _flat_keys(value, prefix, folder)  # an include, not a key
-        else:
-            keys += _flat_keys(value, f"{prefix}{key}.", folder)
-    return keys
-
-
-def _refuse_options_a_config_replaces(args: list[str]) -> None:
-    """The command line is applied in order: a ``--config`` file that sets a key replaces an
-    option of that key given before it (``--ckpt_path last`` before a run's config.yaml,
-    which holds ``ckpt_path: null``, would train a new run from scratch;
-    ``--trainer.max_epochs 2`` before a paper config, 50 epochs). Refused instead."""
-    seen: list[str] = []
-    for option in given_options(args):
-        if option.key != "config":
-            seen.append(option.key)
-            continue
-        keys = config_keys(option.value or "")
-        for earlier in seen:
-            # The shorter of the two: a key of a dict setting (model.output_attention_kwargs)
-            # is the setting.
-            key = next((min(key, earlier, key=len) for key in keys if earlier == key
-                        or earlier.startswith(f"{key}.") or key.startswith(f"{earlier}.")), None)
-            if key is not None:
-                raise UserError(
-                    f"--{earlier} comes before --config {option.value}, which sets {key} and "
-                    "would replace it; give the --config files first, then the options that "
-                    "change them")
-
-
-def _model_keys_given(args: list[str]) -> dict[str, str | None]:
-    """The ``model.*`` keys (and the data keys a model keeps, ``_KEPT_DATA_KEYS``) that the
-    command line ``args`` or its config files set, each with the ``--config FILE`` that set
-    it last (None: the command line), in parsing order. The defaults are not among them:
-    those yield to a checkpoint's values."""
-    def kept_by_the_model(key: str) -> bool:
-        return (key.startswith("model.") and key not in _LINKED_MODEL_KEYS
-                or key in _KEPT_DATA_KEYS)
-
-    given: dict[str, str | None] = {}
-    for option in given_options(args):
-        if option.key == "config":
-            given.update({key: f"--config {option.value}" for key in config_keys(
-                option.value or "") if kept_by_the_model(key)})
-        elif kept_by_the_model(option.key):
-            given[option.key] = None
-    return given
-
-
-def config_files(args: list[str]) -> list[str]:
-    """The values of the ``--config`` / ``-c`` options of ``args``, in order."""
-    return [option.value for option in given_options(args)
-            if option.key == "config" and option.value is not None]
-
-
-def option_values(args: list[str], key: str) -> list[str]:
-    """The values that ``args`` gives the option ``--key``, in order."""
-    return [option.value for option in given_options(args)
-            if option.key == key and option.value is not None]
-
-
 def _refuse_a_finished_training(checkpoint: dict, trainer, path: Path) -> None:
     """Raise UserError when ``checkpoint`` (read from ``path``) has trained as far as
     ``trainer``'s max_epochs or max_steps already: Lightning would restore it, train nothing
@@ -975,12 +785,6 @@ def _name_best_after_monitor(checkpoint) -> None:
             None, CHECKPOINT_DEFAULTS["checkpoint.monitor"]):
         metric = monitor.rsplit("/", 1)[-1].lower()
         checkpoint.filename = f"best-epoch{{epoch:02d}}-{metric}={{{monitor}:.4f}}"
-
-
-def _first_config(args: list[str]) -> str | None:
-    """The first ``--config`` / ``-c`` option of ``args`` that names a file (not a YAML
-    string, which names no run)."""
-    return next((config for config in config_files(args) if Path(config).is_file()), None)
 
 
 def _peer_loss(exc: RuntimeError) -> str | None:
