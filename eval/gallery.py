@@ -8,18 +8,19 @@ network (no external scripts, styles or fonts):
     images/NNNN.jpg          the images, as displayed (`captioner.inference.heatmaps.image_array`)
     attention/NNNN_MM_WW.png RGBA overlay of model MM's word WW on image NNNN
 
-Colours follow `captioner.inference.heatmaps`: one scale 0..vmax for every model, word and image of
-the
-page (vmax: the largest weight of all maps, or the caller's), every non-zero weight green at a
-constant opacity, and zero weight either fully transparent (the image shows unchanged) or
-opaque white (``zero_style="white"``, the paper's figures). The page states that rule in its
-legend. Unlike the rating kit nothing is blinded: each column names its model.
+Colours follow `captioner.inference.heatmaps`: one scale 0..vmax for every model, word and image
+of the page (vmax: the largest weight of all maps, or the caller's), every non-zero weight
+coloured (green, or the caller's colour map) at a constant opacity, and zero weight either fully
+transparent (the image shows unchanged) or opaque white (``zero_style="white"``, the paper's
+figures). The page states that rule in its legend. Unlike the rating kit nothing is blinded:
+each column names its model.
 
 The page reads its data from a JSON element (format ``captioner-gallery/1``): ``vmax``,
-``vmax_given`` (False: vmax is the largest weight), ``max_weight``, ``zero_style``,
-``upsample``, ``colorbar``, ``models`` [{name, mapping}] and ``images`` [{name, src, width,
-height, references, captions: one per model [{text, cider, words: [{word, overlay}]}]}], paths
-relative to the page; ``references`` (the image's reference captions) is empty and ``cider``
+``vmax_given`` (False: vmax is the largest weight), ``max_weight``, ``zero_style``, ``hue``
+(the colour of the weights, in a word), ``upsample``, ``colorbar``, ``models`` [{name,
+mapping}] and ``images`` [{name, src, width, height, references, captions: one per model
+[{text, cider, words: [{word, overlay}]}]}], paths relative to the page; ``references`` (the
+image's reference captions) is empty and ``cider``
 (CIDEr-D against them, the split's IDF) null where no references are known.
 
 `caption_gallery` captions image files with several `captioner.inference.pipeline.Captioner` objects
@@ -41,9 +42,11 @@ from PIL import Image
 from tqdm import tqdm
 
 from captioner.inference.heatmaps import (
+    COLORMAPS,
     DEFAULT_MAX_SIDE,
     ZERO_STYLES,
     attention_overlay,
+    hue,
     image_array,
     shared_vmax,
     upsample_attention,
@@ -128,23 +131,26 @@ def add_references(images: Sequence[GalleryImage], shown_ids: Mapping[str, int],
             item.captions[model].cider = by_id[image_id]
 
 
-def zero_styled_overlay(weights: np.ndarray, vmax: float, zero_style: str) -> np.ndarray:
-    """`captioner.inference.heatmaps.attention_overlay` of one upsampled map (H, W), uint8 RGBA
-    (H, W, 4); with ``zero_style="white"`` the zero pixels are opaque white instead of fully
-    transparent (drawn over the image, the same as ``compose(..., "white")``)."""
+def zero_styled_overlay(weights: np.ndarray, vmax: float, zero_style: str,
+                        colours: str = COLORMAPS[0]) -> np.ndarray:
+    """`captioner.inference.heatmaps.attention_overlay` of one upsampled map (H, W) in the colour
+    map ``colours``, uint8 RGBA (H, W, 4); with ``zero_style="white"`` the zero pixels are
+    opaque white instead of fully transparent (drawn over the image, the same as
+    ``compose(..., "white")``)."""
     if zero_style not in ZERO_STYLES:
         raise ValueError(f"zero style must be one of {ZERO_STYLES}, got {zero_style!r}")
-    overlay = attention_overlay(weights, vmax)
+    overlay = attention_overlay(weights, vmax, colours)
     if zero_style == "white":
         overlay[overlay[..., 3] == 0] = 255
     return overlay
 
 
-def colorbar(vmax: float, width: int = COLORBAR_STEPS, height: int = 16) -> np.ndarray:
+def colorbar(vmax: float, width: int = COLORBAR_STEPS, height: int = 16,
+             colours: str = COLORMAPS[0]) -> np.ndarray:
     """The colour bar, uint8 RGBA (height, width, 4): weights from vmax / width to vmax, left
     to right, through `attention_overlay` (the overlays' colours and opacity)."""
     ramp = np.linspace(vmax / width, vmax, width, dtype=np.float32)
-    return attention_overlay(np.broadcast_to(ramp, (height, width)), vmax)
+    return attention_overlay(np.broadcast_to(ramp, (height, width)), vmax, colours)
 
 
 def gallery_scale(
@@ -198,6 +204,7 @@ def build_gallery(
     vmax: float | None = None,
     zero_style: str = "transparent",
     upsample: str = "nearest",
+    colours: str = COLORMAPS[0],
     progress: bool = False,
 ) -> Path:
     """Write the gallery of ``images`` captioned by ``models`` into ``out_dir``; returns the
@@ -213,7 +220,7 @@ def build_gallery(
     vmax, max_weight = gallery_scale(images, models, vmax=vmax, zero_style=zero_style)
     (out_dir / "images").mkdir(parents=True, exist_ok=True)
     (out_dir / "attention").mkdir(exist_ok=True)
-    Image.fromarray(colorbar(vmax)).save(out_dir / "colorbar.png")
+    Image.fromarray(colorbar(vmax, colours=colours)).save(out_dir / "colorbar.png")
 
     page_images = []
     for number, item in enumerate(
@@ -229,7 +236,7 @@ def build_gallery(
             words = []
             for word_index, (word, weights) in enumerate(zip(caption.tokens, maps, strict=True)):
                 overlay = f"attention/{number:04d}_{model_index:02d}_{word_index:02d}.png"
-                pixels = zero_styled_overlay(weights, vmax, zero_style)
+                pixels = zero_styled_overlay(weights, vmax, zero_style, colours)
                 Image.fromarray(pixels).save(out_dir / overlay)
                 words.append({"word": word, "overlay": overlay})
             captions.append({"text": caption.text, "words": words,
@@ -247,6 +254,7 @@ def build_gallery(
         "vmax_given": given,
         "max_weight": max_weight,
         "zero_style": zero_style,
+        "hue": hue(colours),
         "upsample": upsample,
         "colorbar": "colorbar.png",
         "models": [{"name": m.name, "mapping": m.mapping} for m in models],

@@ -217,5 +217,6 @@ def _write_page(out: Path, images, models, earlier, style: dict) -> Path:
     with result_folder(out, earlier) as folder:
         page = build_gallery(folder, images, models, title=style["title"], vmax=figure.vmax,
                              zero_style=figure.zero_style, upsample=figure.upsample,
+                             colours=figure.colormap,
                              progress=style["progress"])
     return out / page.relative_to(folder)

@@ -111,6 +111,20 @@ def test_zero_attention_transparent_small_attention_not(tmp_path):
         data = _page_data(out / "index.html")
         assert data["zero_style"] == style
         assert data["vmax"] == 0.5 and data["vmax_given"] and data["max_weight"] == 1.0
+        assert data["hue"] == "green"
+
+
+def test_another_colour_map_colours_the_overlays_the_bar_and_the_legend(tmp_path):
+    maps = np.ones((1, 2, 2), np.float32)
+    image = GalleryImage("x.png", np.full((20, 20, 3), 90, np.uint8),
+                         [GalleryCaption("dot", ["dot"], maps)])
+    build_gallery(tmp_path, [image], MODELS[:1], colours="Blues")
+    overlay = np.asarray(Image.open(tmp_path / "attention" / "0001_00_00.png"))
+    bar = np.asarray(Image.open(tmp_path / "colorbar.png"))
+    red, green, blue = overlay[0, 0, :3].astype(int)
+    assert blue > green > red  # the darkest blue of matplotlib's Blues
+    assert (bar[0, -1] == overlay[0, 0]).all()  # the bar's right end: weight 1 = vmax
+    assert _page_data(tmp_path / "index.html")["hue"] == "blue"
 
 
 def test_gallery_rejects_inconsistent_input(tmp_path):

@@ -6,6 +6,7 @@ import json
 import shutil
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from captioner.commands import heatmaps as command
@@ -144,13 +145,19 @@ def test_write_figures_draws_each_image_into_its_given_folder_for_every_model(tm
                                             attention, 0.0, str(path))
                 for model in models for path in paths}
     args = argparse.Namespace(out=tmp_path / "out", vmax=None, zero_style="white",
-                              upsample="nearest", size=48)
+                              upsample="nearest", size=48, colormap="Purples")
     index = heatmap_folder._write_figures(args.out, args, models, captions,
                                           [(paths[1], "second")], 1.0, False)
 
-    assert {key: index[key] for key in ("vmax", "vmax_rule", "zero_style", "upsample")} == {
+    keys = ("vmax", "vmax_rule", "zero_style", "upsample", "colormap")
+    assert {key: index[key] for key in keys} == {
         "vmax": 1.0, "vmax_rule": "maximum weight of the run", "zero_style": "white",
-        "upsample": "nearest"}
+        "upsample": "nearest", "colormap": "Purples"}
+    # The weights in purple, over a green image: bluer than it is green where attended.
+    figure = Image.open(args.out / "tv" / "second" / "00_a.png")
+    assert "the darker the purple the higher" in figure.text["Colour scale"]
+    red, green, blue = np.asarray(figure.convert("RGB"))[0, 0].astype(int)
+    assert blue > green and red > green
     assert [(e["image"], e["model"], e["checkpoint"], e["mapping"], e["caption"])
             for e in index["images"]] == [(str(paths[1]), "soft", "soft.ckpt", "softmax", "a soft"),
                                           (str(paths[1]), "tv", "tv.ckpt", "tvmax", "a tv")]
@@ -264,6 +271,7 @@ def test_the_figure_options_are_those_the_drawing_takes():
 
     assert typing.get_args(heatmap_folder.Upsample) == heatmaps.UPSAMPLE_MODES
     assert typing.get_args(heatmap_folder.ZeroStyle) == heatmaps.ZERO_STYLES
+    assert typing.get_args(heatmap_folder.Colormap) == heatmaps.COLORMAPS
     assert heatmap_folder.DEFAULT_SIZE == heatmaps.DEFAULT_MAX_SIDE
     assert heatmap_folder.SIZE_RANGE == (heatmaps.MIN_MAX_SIDE, heatmaps.MAX_MAX_SIDE)
     for size, vmax, message in [(31, None, "size must be between 32 and 4096 pixels, got 31"),
@@ -272,3 +280,17 @@ def test_the_figure_options_are_those_the_drawing_takes():
         with pytest.raises(ValueError, match=message):
             heatmap_folder.check_figure_options(size, vmax)
     heatmap_folder.check_figure_options(4096, 0.5)
+
+
+def test_a_colour_map_outside_the_offered_ones_is_refused_in_one_line(tiny_checkpoint, tmp_path,
+                                                                     capsys):
+    image = tmp_path / "photo.png"
+    Image.new("RGB", (32, 32), (0, 120, 0)).save(image)
+    with pytest.raises(SystemExit) as stop:
+        command.main([str(image), "--ckpt", str(tiny_checkpoint), "--out",
+                      str(tmp_path / "out"), "--colormap", "viridis", *FAST])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1, err
+    assert err == ("captioner heatmaps: error: --colormap: invalid value viridis (expected one "
+                   "of Greens, Blues, Purples, Reds, Oranges, Greys)\n")
+    assert not (tmp_path / "out").exists()

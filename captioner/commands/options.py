@@ -118,7 +118,8 @@ class FunctionParser(jsonargparse.ArgumentParser):
 
 def _usage_error(message: str) -> str:
     """jsonargparse's message of a value its type refuses, which lists every type of a union
-    tried, on several lines, as one line: ``--NAME: invalid value V (expected T or null)``;
+    tried, on several lines, as one line: ``--NAME: invalid value V (expected T or null)``, or
+    ``(expected one of A, B)`` for a choice of values (a Literal);
     any other message folded onto one line."""
     key = re.match(r'Parser key "([^"]+)":', message)
     given = re.search(r"(?:Given|Got) value: (.*)$", message, re.MULTILINE)
@@ -126,6 +127,9 @@ def _usage_error(message: str) -> str:
         return " ".join(message.split())
     expected = dict.fromkeys(re.findall(r"Expected a <class '(\w+)'>", message))
     kinds = " or ".join("null" if kind == "NoneType" else kind for kind in expected)
+    choices = re.search(r"Expected a typing\.Literal\[([^\]]*)\]", message)
+    if choices is not None:  # a Literal's values, as the help lists them: {a,b}
+        kinds = "one of " + ", ".join(choice.strip(" '") for choice in choices[1].split(","))
     return f"--{key[1]}: invalid value {given[1]}" + (f" (expected {kinds})" if kinds else "")
 
 

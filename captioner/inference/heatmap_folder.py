@@ -24,11 +24,12 @@ PROG = "captioner heatmaps"
 # What marks a folder as an earlier run's output: the key that every index.json of
 # `captioner heatmaps` holds.
 INDEX_TAG = '"vmax_rule"'
-# captioner.inference.heatmaps' UPSAMPLE_MODES, ZERO_STYLES, DEFAULT_MAX_SIDE, MIN_MAX_SIDE and
-# MAX_MAX_SIDE, which it imports numpy and PIL to define: tests/test_heatmaps_cmd.py checks
-# that they agree.
+# captioner.inference.heatmaps' UPSAMPLE_MODES, ZERO_STYLES, COLORMAPS, DEFAULT_MAX_SIDE,
+# MIN_MAX_SIDE and MAX_MAX_SIDE, which it imports numpy and PIL to define:
+# tests/test_heatmaps_cmd.py checks that they agree.
 Upsample = Literal["nearest", "bilinear"]
 ZeroStyle = Literal["transparent", "white"]
+Colormap = Literal["Greens", "Blues", "Purples", "Reds", "Oranges", "Greys"]
 DEFAULT_SIZE = 384
 SIZE_RANGE = (32, 4096)
 
@@ -53,12 +54,15 @@ class FigureStyle:
         size: longer image side in pixels, 32 to 4096.
         zero_style: zero attention fully transparent or a white mask.
         vmax: colour-scale maximum (default: the largest weight drawn together).
+        colormap: colour scale of the weights, light to dark (Greens, the paper's; another
+            where the images are green themselves).
     """
 
     upsample: Upsample = "nearest"
     size: int = DEFAULT_SIZE
     zero_style: ZeroStyle = "transparent"
     vmax: float | None = None
+    colormap: Colormap = "Greens"
 
 
 class _Model(NamedTuple):
@@ -195,7 +199,8 @@ def _write_figures(out: Path, style: FigureStyle, models: list[_Model], captions
     from data_prep.images import load_image
 
     index = {"vmax": vmax, "vmax_rule": "--vmax" if style.vmax else "maximum weight of the run",
-             "zero_style": style.zero_style, "upsample": style.upsample, "images": []}
+             "zero_style": style.zero_style, "upsample": style.upsample,
+             "colormap": style.colormap, "images": []}
     for path, folder in tqdm(images, desc="figures", unit="image", disable=not progress,
                              file=sys.stderr):
         image = load_image(path)
@@ -206,7 +211,8 @@ def _write_figures(out: Path, style: FigureStyle, models: list[_Model], captions
                                      model.captioner.output_attention_name, vmax)
             files = write_heatmaps(out / model.name / folder, image, record,
                                    zero_style=style.zero_style, upsample=style.upsample,
-                                   max_side=style.size, model=model.name)
+                                   max_side=style.size, model=model.name,
+                                   colours=style.colormap)
             index["images"].append({
                 "image": str(path), "model": model.name, "checkpoint": str(model.checkpoint),
                 "mapping": record.mapping, "caption": caption.text,

@@ -2,9 +2,10 @@
 
 Martins et al., *Sparse and Structured Visual Attention* (Figures 1, 3-5 and appendix B) show,
 for every generated word, the output attention alpha~_t over the h x w feature grid drawn on
-top of the image: the darker the green, the higher the weight; zero attention is either a hard
-white mask (the paper's figures) or fully transparent (the human study, so that raters are not
-biased). This module draws exactly that and nothing more:
+top of the image: the darker the green (or the colour a user picks, ``COLORMAPS``), the higher
+the weight; zero attention is either a hard white mask (the paper's figures) or fully
+transparent (the human study, so that raters are not biased). This module draws exactly that
+and nothing more:
 
 * the whole image is shown, its longer side scaled to ``max_side`` pixels, with its own aspect
   ratio up to ``MAX_ASPECT`` (4:1). A longer or taller image (a 10000 x 20 panorama) is
@@ -20,11 +21,12 @@ biased). This module draws exactly that and nothing more:
   as PIL and ``align_corners=False``); never a Gaussian, which would hide exact zeros. With
   either mode a pixel is zero exactly when every cell contributing to it is zero;
 * one colour scale for everything drawn together: weight w maps to the colour
-  ``colormap()(clip(w / vmax, 0, 1))`` with vmax chosen by the caller (`shared_vmax`: the largest
-  weight of all maps in the run, all words and all models) and recorded next to the figures;
+  ``colormap(name)(clip(w / vmax, 0, 1))`` with vmax chosen by the caller (`shared_vmax`: the
+  largest weight of all maps in the run, all words and all models) and recorded next to the
+  figures;
 * zero weight is exact: such pixels get overlay alpha 0 (the image shows through unchanged) or
-  pure white; non-zero weights get a green of constant opacity `OVERLAY_OPACITY`, starting at
-  a light green (never white) so that the smallest non-zero weight stays distinguishable from
+  pure white; non-zero weights get a colour of constant opacity `OVERLAY_OPACITY`, starting at
+  a light tint (never white) so that the smallest non-zero weight stays distinguishable from
   the white mask.
 
 Arrays: attention maps are float (T, h, w) or (h, w); images are uint8 (H, W, 3); overlays are
@@ -56,6 +58,9 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 ZERO_STYLES = ("transparent", "white")
+# Single-hue colour scales of matplotlib, light to dark, for --colormap: the paper's green, and
+# others for images where green is everywhere (grass, trees, green objects).
+COLORMAPS = ("Greens", "Blues", "Purples", "Reds", "Oranges", "Greys")
 UPSAMPLE_MODES = ("nearest", "bilinear")
 OVERLAY_OPACITY = 0.6
 DEFAULT_MAX_SIDE = 384
@@ -75,16 +80,24 @@ MAX_ASPECT = 4.0
 
 
 @functools.cache
-def colormap() -> ListedColormap:
-    """The heatmaps' colour map. The lightest quarter of matplotlib's "Greens" is near-white;
-    dropping it keeps every non-zero weight visibly green, also against the white mask. Made
-    on first use: matplotlib is imported by what draws, not by the commands' options."""
+def colormap(name: str = COLORMAPS[0]) -> ListedColormap:
+    """The heatmaps' colour map: matplotlib's map ``name`` (one of :data:`COLORMAPS`) without
+    its lightest quarter, which is near-white: every non-zero weight stays visibly coloured,
+    also against the white mask. Made on first use: matplotlib is imported by what draws, not
+    by the commands' options."""
     import matplotlib
     from matplotlib.colors import ListedColormap
 
+    if name not in COLORMAPS:
+        raise ValueError(f"colour map must be one of {', '.join(COLORMAPS)}, got {name!r}")
     return ListedColormap(
-        matplotlib.colormaps["Greens"](np.linspace(0.25, 1.0, 256)), name="GreensNZ"
+        matplotlib.colormaps[name](np.linspace(0.25, 1.0, 256)), name=f"{name}NZ"
     )
+
+
+def hue(name: str) -> str:
+    """The colour that the map ``name`` darkens, in a word: "green" for "Greens"."""
+    return name.lower().removesuffix("s")
 
 
 def display_size(width: int, height: int, max_side: int = DEFAULT_MAX_SIDE) -> tuple[int, int]:
@@ -155,12 +168,14 @@ def shared_vmax(maps: Iterable[np.ndarray]) -> float:
     return max(peaks)
 
 
-def attention_overlay(weights: np.ndarray, vmax: float) -> np.ndarray:
-    """RGBA overlay (H, W, 4) uint8 of one upsampled map (H, W): alpha 0 exactly where w == 0."""
+def attention_overlay(weights: np.ndarray, vmax: float, colours: str = COLORMAPS[0]
+                      ) -> np.ndarray:
+    """RGBA overlay (H, W, 4) uint8 of one upsampled map (H, W) in the colour map ``colours``:
+    alpha 0 exactly where w == 0."""
     if vmax <= 0:
         raise ValueError(f"vmax must be positive, got {vmax}")
     weights = np.asarray(weights, dtype=np.float32)
-    rgba = colormap()(np.clip(weights / vmax, 0.0, 1.0), bytes=True)
+    rgba = colormap(colours)(np.clip(weights / vmax, 0.0, 1.0), bytes=True)
     rgba[..., 3] = np.where(weights > 0, round(255 * OVERLAY_OPACITY), 0).astype(np.uint8)
     return rgba
 
@@ -202,23 +217,27 @@ def render_words(
     vmax: float,
     zero_style: str = "transparent",
     upsample: str = "nearest",
+    colours: str = COLORMAPS[0],
 ) -> np.ndarray:
     """One composed figure per word: uint8 (T, H, W, 3) from image (H, W, 3) and maps (T, h, w)."""
     maps = upsample_attention(attention, image.shape[:2], upsample)
-    return np.stack([compose(image, attention_overlay(m, vmax), zero_style) for m in maps])
+    return np.stack([compose(image, attention_overlay(m, vmax, colours), zero_style)
+                     for m in maps])
 
 
 def render_strip(
     panels: np.ndarray, words: Sequence[str], vmax: float, path: Path, title: str | None = None,
-    text: dict[str, str] | None = None,
+    text: dict[str, str] | None = None, colours: str = COLORMAPS[0],
 ) -> None:
     """Save the caption strip (:func:`strip_figure`) as a PNG holding ``text`` as text
     chunks."""
-    strip_figure(panels, words, vmax, title).savefig(path, bbox_inches="tight", metadata=text)
+    figure = strip_figure(panels, words, vmax, title, colours)
+    figure.savefig(path, bbox_inches="tight", metadata=text)
 
 
 def strip_figure(
-    panels: np.ndarray, words: Sequence[str], vmax: float, title: str | None = None
+    panels: np.ndarray, words: Sequence[str], vmax: float, title: str | None = None,
+    colours: str = COLORMAPS[0],
 ) -> Figure:
     """The caption strip: one panel per word (T, H, W, 3) uint8, the word below it, in rows
     of at most `STRIP_COLUMNS` panels, ``title`` above and one colour bar of the attention
@@ -264,7 +283,7 @@ def strip_figure(
         colorbar_ax.set_position([bar_box.x0, bottom.y0, bar_box.width, top.y1 - bottom.y0])
     # At the overlays' opacity, over the page's white: the colours of the panels' cells
     # where they lie over white (the mask), as the gallery's colour bar draws them.
-    fig.colorbar(ScalarMappable(Normalize(0.0, vmax), colormap()), cax=colorbar_ax,
+    fig.colorbar(ScalarMappable(Normalize(0.0, vmax), colormap(colours)), cax=colorbar_ax,
                  label="attention weight", alpha=OVERLAY_OPACITY)
     if title:
         fig.suptitle(title, parse_math=False)
@@ -437,7 +456,8 @@ def _png_text(value: str) -> str:
 
 
 def figure_text(record: AttentionRecord, model: str | None = None,
-                zero_style: str = "transparent", index: int | None = None) -> dict[str, str]:
+                zero_style: str = "transparent", index: int | None = None,
+                colours: str = COLORMAPS[0]) -> dict[str, str]:
     """What a figure of ``record`` says of itself, as PNG text chunks (``Image.open(path).text``;
     image viewers show ``Title`` and ``Description``): the caption, the image, the model (the
     checkpoint's name, as :func:`checkpoint_names` gives it) with its attention mapping, the
@@ -459,8 +479,8 @@ def figure_text(record: AttentionRecord, model: str | None = None,
         "Image": record.source,
         **({"Model": model} if model else {}),
         "Attention": f"{record.mapping} output attention",
-        "Colour scale": (f"attention weight 0..{record.vmax:.6g}, the darker the green the "
-                         f"higher (opacity {OVERLAY_OPACITY}); zero weight {zero}"),
+        "Colour scale": (f"attention weight 0..{record.vmax:.6g}, the darker the {hue(colours)} "
+                         f"the higher (opacity {OVERLAY_OPACITY}); zero weight {zero}"),
         "Software": "captioner heatmaps",
     }
     return {key: _png_text(value) for key, value in text.items()}
@@ -485,8 +505,10 @@ def write_heatmaps(
     upsample: str = "nearest",
     max_side: int = DEFAULT_MAX_SIDE,
     model: str | None = None,
+    colours: str = COLORMAPS[0],
 ) -> list[Path]:
-    """Write one figure per word, the caption strip and the raw weights into ``out_dir``.
+    """Write one figure per word, the caption strip and the raw weights into ``out_dir``, the
+    weights drawn in the colour map ``colours`` (:data:`COLORMAPS`).
 
     Files: ``NN_word.png`` per word (the image with the word's attention over it, at the
     image's aspect ratio, to compose figures from; its word, caption, image, model and colour
@@ -501,17 +523,17 @@ def write_heatmaps(
     written = []
     if record.tokens:
         panels = render_words(base, record.attention, vmax=record.vmax, zero_style=zero_style,
-                              upsample=upsample)
+                              upsample=upsample, colours=colours)
         for index, (panel, word) in enumerate(zip(panels, record.tokens, strict=True)):
             path = out_dir / word_figure_name(index, word)
-            save_word_figure(panel, path, figure_text(record, model, zero_style, index))
+            save_word_figure(panel, path, figure_text(record, model, zero_style, index, colours))
             written.append(path)
         words = record.tokens
     else:
         panels, words = base[None], [EMPTY_CAPTION]
     strip = out_dir / "strip.png"
     render_strip(panels, words, record.vmax, strip, title=strip_title(record, model),
-                 text=figure_text(record, model, zero_style))
+                 text=figure_text(record, model, zero_style, colours=colours), colours=colours)
     written.append(strip)
     written.extend(record.save(out_dir / "attention"))
     return written

@@ -29,7 +29,8 @@ defaults to each checkpoint's own options.
 Colour scale: one scale 0..vmax for every model, word and image of the page; vmax is --vmax
 when given (to compare separate galleries), else the largest attention weight of the page.
 Zero attention is fully transparent (--zero-style transparent, the default) or opaque white
-(white, the paper's figures); every non-zero weight is green. The page's legend says which.
+(white, the paper's figures); every non-zero weight is coloured, green unless --colormap picks
+another scale. The page's legend says which.
 """
 
 from __future__ import annotations

@@ -18,13 +18,13 @@
     document.getElementById("scale-text").textContent =
       "one colour scale for every model, word and image: " + (gallery.vmax_given
         ? "vmax " + number(gallery.vmax) + " was given; the largest weight here is " +
-          number(gallery.max_weight) + " (heavier weights get the darkest green)"
+          number(gallery.max_weight) + " (heavier weights get the darkest " + gallery.hue + ")"
         : "vmax " + number(gallery.vmax) + " is the largest weight of the gallery");
     const white = gallery.zero_style === "white";
     document.getElementById("zero-swatch").className = "swatch " + (white ? "white" : "clear");
     document.getElementById("zero-text").textContent =
       "zero attention: " + (white ? "painted white" : "no colour, the image shows unchanged") +
-      ". Any non-zero weight, however small, is green; darker is more.";
+      ". Any non-zero weight, however small, is " + gallery.hue + "; darker is more.";
   }
 
   function stack(image, overlay, word) {
