@@ -318,9 +318,10 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
     progress = json.loads((run / "checkpoints" / "progress.json").read_text())
     assert (progress["epochs_done"], progress["global_step"]) == (3, 6)
 
-    # The resumed run's own config.yaml resumes it again, keeping the metrics so far.
+    # The resumed run's own config.yaml with --ckpt_path last resumes it again, keeping the
+    # metrics so far.
     part2 = (run / "metrics.csv").read_text()
-    assert lightning_main(["fit", "--config", str(run / "config.yaml"),
+    assert lightning_main(["fit", "--config", str(run / "config.yaml"), "--ckpt_path", "last",
                            "--trainer.max_epochs", "4"]) == 0
     assert (run / "metrics.part2.csv").read_text().splitlines()[1:] == \
         [row for row in part2.splitlines()[1:] if int(row.split(",")[1]) < 6]
@@ -805,11 +806,33 @@ def test_a_refused_test_of_a_runs_checkpoint_leaves_no_test_folder(synthetic_dat
     assert (run / "test" / "metrics.csv").is_file()
 
 
+def test_a_resumed_runs_config_trains_its_recipe_anew(synthetic_data, tiny_cache, tmp_path,
+                                                     capsys):
+    """A run's config.yaml is its recipe: after a resume it records neither the checkpoint nor
+    the version the resume continued, so that a fit of it under another name starts from
+    scratch rather than from that checkpoint."""
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    run = tmp_path / "runs" / "demo_softmax" / "version_0"
+    assert lightning_main(["fit", "--config", str(run / "config.yaml"), "--ckpt_path", "last",
+                           "--trainer.max_epochs", "2"]) == 0
+    recipe = yaml.safe_load((run / "config.yaml").read_text())
+    assert recipe["ckpt_path"] is None
+    assert recipe["trainer"]["logger"]["init_args"]["version"] is None
+    steps = read_progress(run / "checkpoints")["global_step"]
+    capsys.readouterr()
+    assert lightning_main(["fit", "--config", str(run / "config.yaml"), "--run_name", "fresh",
+                           "--trainer.max_epochs", "1"]) == 0
+    fresh = read_progress(tmp_path / "runs" / "fresh" / "version_0" / "checkpoints")
+    assert (fresh["epochs_done"], fresh["global_step"]) == (1, steps // 2)
+    assert "Warning" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", ["validate", "test"])
 def test_an_outside_checkpoint_scored_with_a_runs_config_leaves_that_run_alone(
         synthetic_data, tiny_cache, tmp_path, command):
-    """A resumed run's config.yaml pins its version: validate / test of a checkpoint from
-    outside the runs with that config logged into the run itself, replacing its config.yaml,
+    """validate / test of a checkpoint from outside the runs with a resumed run's config.yaml
+    (which once pinned the run's version) never log into that run, replacing its config.yaml,
     hparams.yaml and metrics.csv with the test's."""
     args = _cli_args(synthetic_data, tiny_cache, tmp_path)
     assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
@@ -818,8 +841,6 @@ def test_an_outside_checkpoint_scored_with_a_runs_config_leaves_that_run_alone(
     shutil.copy(run / "checkpoints" / "last.ckpt", outside)
     assert lightning_main(["fit", "--config", str(run / "config.yaml"), "--ckpt_path", "last",
                            "--trainer.max_epochs", "2"]) == 0
-    assert yaml.safe_load((run / "config.yaml").read_text())["trainer"]["logger"][
-        "init_args"]["version"] == 0
     before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
     assert lightning_main([command, "--config", str(run / "config.yaml"),
                            "--ckpt_path", str(outside)]) == 0

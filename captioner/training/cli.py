@@ -132,6 +132,8 @@ class CaptionerCLI(LightningCLI):
         self._new_root: Path | None = None  # the runs folder, when this command makes it
         self._made_folder: Path | None = None  # the log folder this command made (rank 0)
         self._work = WorkBegun()  # whether the command's work has begun (before_fit, _validate)
+        # Settings the run's config.yaml records as given, not as resolved (before_fit).
+        self._recorded: dict[str, object] = {}
         self._version_given = False  # the logger's version is named (a resume, an option)
         self._logger_class: str | None = None  # the CSVLogger class_path RunLogger replaces
         self._run_lock: RunLock | None = None  # fit's hold on its run folder (before_fit)
@@ -438,6 +440,7 @@ class CaptionerCLI(LightningCLI):
             # runs/NAME/V must be one folder of NAME's, where runs and resumes look for it.
             raise UserError(f"--trainer.logger.init_args.version {version!r}: a version names "
                             "one folder (no '/', '.' or '..')")
+        self._recorded["trainer.logger.init_args.version"] = version  # as given
         if self._resume_version is not None:
             init_args["version"] = self._resume_version
         ckpt_path = config.get("ckpt_path")
@@ -477,6 +480,9 @@ class CaptionerCLI(LightningCLI):
         if self._resumed_run is not None:
             self._work.resumed = (self._resumed_run, self._checkpoint_step)
         self.trainer.callbacks.append(self._work)
+        for callback in self.trainer.callbacks:
+            if isinstance(callback, SaveConfigOnceRestored):
+                callback.recorded = {**self._recorded, "ckpt_path": None}
         if self.trainer.is_global_zero:
             if self._checkpoints_outside_the_run():
                 self._hold_checkpoint_folder()

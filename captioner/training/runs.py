@@ -633,11 +633,22 @@ class SaveConfigOnceRestored(SaveConfigCallback):
     any) has been restored and checked (``on_fit_start``, not ``setup``): a refused resume
     leaves the run's own ``config.yaml`` as it was. validate and test write at ``setup``,
     and nothing without a logger: they log nothing then, and Lightning would write into the
-    folder they run in."""
+    folder they run in.
+
+    A fit's ``config.yaml`` is the recipe of its run, with the settings in ``recorded`` (set by
+    the CLI) in place of those it resolved: ``ckpt_path: null`` and the version as given, not
+    the checkpoint and version_N a resume continued. ``fit --config`` of it trains the recipe
+    anew; ``--ckpt_path last`` resumes the run.
+    """
+
+    recorded: dict[str, Any] = {}  # dotted key -> the value config.yaml records
 
     def setup(self, trainer: L.Trainer, pl_module, stage: str) -> None:
         if stage != "fit" and trainer.logger is not None:
             super().setup(trainer, pl_module, stage)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module) -> None:
+        self.config = self.config.clone()
+        for key, value in self.recorded.items():
+            self.config[key] = value
         super().setup(trainer, pl_module, "fit")
