@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -826,6 +827,24 @@ def test_a_resumed_runs_config_trains_its_recipe_anew(synthetic_data, tiny_cache
     fresh = read_progress(tmp_path / "runs" / "fresh" / "version_0" / "checkpoints")
     assert (fresh["epochs_done"], fresh["global_step"]) == (1, steps // 2)
     assert "Warning" not in capsys.readouterr().err
+
+
+def test_a_version_not_made_yet_starts_from_a_given_checkpoint_in_a_folder_of_its_own(
+        synthetic_data, tiny_cache, tmp_path, capsys):
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    assert lightning_main(["fit", *args, "--trainer.max_epochs", "1"]) == 0
+    last = tmp_path / "runs" / "demo_softmax" / "version_0" / "checkpoints" / "last.ckpt"
+    capsys.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, _, err = _call(capsys, "fit", *args, "--run_name", "warm",
+                             "--trainer.logger.init_args.version", "0", "--ckpt_path", str(last),
+                             "--trainer.max_epochs", "2")
+    assert code == 0, err
+    # Not taken for a resume of a run whose folder is missing (which no lock could hold).
+    assert not [w for w in caught if "would not be refused" in str(w.message)]
+    warm = tmp_path / "runs" / "warm" / "version_0"
+    assert warm.is_dir() and read_progress(warm / "checkpoints")["epochs_done"] == 2
 
 
 @pytest.mark.parametrize("command", ["validate", "test"])

@@ -457,11 +457,13 @@ class CaptionerCLI(LightningCLI):
         elif ckpt_path and init_args["version"] is not None:
             # Resuming into an existing run folder (also from a resumed run's config.yaml): a
             # version_N given with a checkpoint, or a named version with a checkpoint of its own
-            # (a named version with another's checkpoint is a new run that starts from it).
+            # (a named version with another's checkpoint, or a version not made yet, is a new
+            # run that starts from it).
             version = init_args["version"]
             run = Path(init_args["save_dir"]) / init_args["name"] / (
                 f"version_{version}" if isinstance(version, int) else str(version))
-            if isinstance(version, int) or Path(ckpt_path).resolve().parent.parent == run.resolve():
+            if run.is_dir() and (isinstance(version, int)
+                                 or Path(ckpt_path).resolve().parent.parent == run.resolve()):
                 self._resumed_run = run
         self._version_given = init_args["version"] is not None
         if logger.class_path in _CSV_LOGGERS:
