@@ -515,6 +515,12 @@ def test_runs_show_the_scores_of_a_tested_run(tmp_path, capsys):
             f"epoch,step,test/CIDEr\n0,30,{cider}\n")
     assert runs.main(["--root", str(tmp_path / "runs")]) == 0
     assert capsys.readouterr().out.splitlines()[1] == untested + "  test: CIDEr 0.2500"
+    # The checkpoint scored, as the test's config.yaml names it (escaped: untrusted text).
+    (folder / "test_10" / "config.yaml").write_text(json.dumps(
+        {"ckpt_path": f"{folder}/checkpoints/best-epoch02-cider0.8100\x1b[2J.ckpt"}))
+    assert runs.main(["--root", str(tmp_path / "runs")]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == (
+        untested + "  test of best-epoch02-cider0.8100\\x1b[2J.ckpt: CIDEr 0.2500")
     for number in (2, 3, 10):
         (folder / f"test_{number}" / "metrics.csv").unlink()
     # A damaged file (the run's files are untrusted) shows what can be read, or nothing.

@@ -5,7 +5,8 @@ input/output attention it trained with (and the output's keywords, from its conf
 done, global step, the best score with the metric it is of (``CIDEr``, the validation CIDEr,
 unless the run monitored another: ``Bleu_4``, ``train/loss``) and the best and last
 checkpoints, as recorded in ``checkpoints/progress.json`` at the run's last
-save, and the scores of its last ``captioner test`` (``test: CIDEr ... Bleu_4 ...``) where it
+save, and the scores of its last ``captioner test`` with the checkpoint they are of
+(``test of best-epoch02-cider0.8100.ckpt: CIDEr ... Bleu_4 ...``) where it
 was tested. A version that holds only the scores of
 ``test`` or ``validate`` of a checkpoint from outside the runs names that checkpoint instead.
 

@@ -12,11 +12,12 @@ import csv
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from data_prep.locks import hold_exclusively, let_go
 from data_prep.paths import path_problem
 from data_prep.settings_files import read_settings
+from data_prep.text import printable
 
 LAST_NAME = "last.ckpt"
 PROGRESS_NAME = "progress.json"
@@ -109,11 +110,13 @@ def read_progress(checkpoints: Path) -> dict:
 
 
 def tested_scores(folder: Path) -> str | None:
-    """The scores of the last ``captioner test`` of the run version ``folder``, as ``CIDEr
-    0.8123 Bleu_4 0.2345``: the last row of ``metrics.csv`` in the newest of ``test``,
-    ``test_2``, ... (each test logs into a folder of its own beside the run). None when it
-    was not tested or the file cannot be read; a run's files are untrusted, so a value that is
-    not a finite number is left out."""
+    """The scores of the last ``captioner test`` of the run version ``folder`` and the
+    checkpoint they are of, as ``test of best-epoch02-cider0.8100.ckpt: CIDEr 0.8123 Bleu_4
+    0.2345`` (``test:`` where its config.yaml names none): the last row of ``metrics.csv`` in
+    the newest of ``test``, ``test_2``, ... (each test logs into a folder of its own beside the
+    run, with the config.yaml that names its checkpoint). None when it was not tested or the
+    file cannot be read; a run's files are untrusted, so a value that is not a finite number is
+    left out, and the checkpoint's name is shown escaped."""
     tests = {1: folder / "test"}
     for path in folder.glob("test_*"):
         if match := re.fullmatch(r"test_(\d+)", path.name):
@@ -137,7 +140,22 @@ def tested_scores(folder: Path) -> str | None:
             continue
         if math.isfinite(number):
             scores.append(f"{key.removeprefix('test/')} {number:.4f}")
-    return " ".join(sorted(scores, key=lambda score: not score.startswith("CIDEr "))) or None
+    if not scores:
+        return None
+    scores.sort(key=lambda score: not score.startswith("CIDEr "))
+    checkpoint = _scored_checkpoint(logged[-1].parent)
+    return f"test{f' of {checkpoint}' if checkpoint else ''}: {' '.join(scores)}"
+
+
+def _scored_checkpoint(folder: Path) -> str | None:
+    """The file name of the checkpoint that the evaluation logged in ``folder`` scored, as its
+    ``config.yaml`` names it (escaped for a terminal); None where it names none."""
+    try:
+        config = read_settings(folder / "config.yaml")
+    except (OSError, ValueError):
+        return None
+    ckpt_path = config.get("ckpt_path") if isinstance(config, dict) else None
+    return printable(PurePath(ckpt_path).name) if isinstance(ckpt_path, str) else None
 
 
 def evaluation_only(folder: Path) -> tuple[str, str] | None:

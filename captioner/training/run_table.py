@@ -77,7 +77,7 @@ def table_lines(runs: list[RunInfo]) -> list[str]:
         tested = tested_scores(run.folder)
         lines.append(f"{start}{progress['epochs_done']:>6} {progress['global_step']:>8} "
                      f"{best:<{width}}  best {best_file}  last {last_file}"
-                     + (f"  test: {tested}" if tested else ""))
+                     + (f"  {tested}" if tested else ""))
     return lines
 
 
