@@ -1465,11 +1465,25 @@ def test_a_bad_value_names_the_config_files_only_when_it_comes_from_them(
         assert code == 2 and "Traceback" not in err
         [line] = [line for line in err.splitlines() if line.startswith("captioner fit: ")]
         assert line.endswith('Parser key "model.lr": Expected a <class \'float\'>. Got '
-                             "value: big")
+                             "value: big" if named else
+                             "--model.lr: invalid value big (expected float)")
         assert line.startswith("captioner fit: --config ") == named, line
     # The file's bad value fails the parse although the command line gives the key a good one.
     code, _, err = _call(capsys, "fit", *args, "--config", str(bad), "--model.lr", "0.1")
     assert code == 2 and f"{bad}: Parser key \"model.lr\"" in err, err
+
+
+def test_a_bad_value_of_a_union_is_one_short_line(synthetic_data, tiny_cache, tmp_path,
+                                                  capsys):
+    # jsonargparse lists every type of a union it tried, over several lines.
+    args = _cli_args(synthetic_data, tiny_cache, tmp_path)
+    code, _, err = _call(capsys, "fit", *args, "--trainer.max_epochs", "two")
+    assert code == 2 and err == (
+        "captioner fit: --trainer.max_epochs: invalid value two (expected int or null)\n"), err
+    code, _, err = _call(capsys, "fit", *args, "--trainer.precision", "7")
+    assert code == 2 and err.startswith(
+        "captioner fit: --trainer.precision: invalid value 7 (expected one of 64, 32, 16, ")
+    assert "16-mixed" in err and err.endswith(", null)\n") and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize("text", [

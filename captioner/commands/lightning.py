@@ -102,7 +102,9 @@ def _report_refusal(exc: Exception, argv: list[str]) -> int:
             configs = _unreadable(configs)
         return report_error(command, ValueError(_tidy(message, configs)),
                             f"--config {', '.join(configs)}")
-    options = _as_options(message, argv[0])
+    from captioner.commands.options import one_line_usage_error
+
+    options = one_line_usage_error(_as_options(message, argv[0]))
     return report_error(command, exc if options == message else ValueError(options))
 
 

@@ -84,7 +84,7 @@ class FunctionParser(jsonargparse.ArgumentParser):
             _refuse_repeats(argv, self.once)
             return super().parse_args(argv, *pos, **kwargs)
         except (argparse.ArgumentError, jsonargparse.ArgumentError) as exc:
-            message = _usage_error(str(exc))
+            message = one_line_usage_error(str(exc))
             if message.startswith("Problems parsing config"):  # a --config file's, unnamed
                 files = [argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--config"]
                 files += [word.partition("=")[2] for word in argv
@@ -116,7 +116,11 @@ class FunctionParser(jsonargparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _usage_error(message: str) -> str:
+# The classes a value error names as such ("expected int or null"), not as a choice.
+_CLASS_NAMES = frozenset({"int", "float", "str", "bool", "null"})
+
+
+def one_line_usage_error(message: str) -> str:
     """jsonargparse's message of a value its type refuses, which lists every type of a union
     tried, on several lines, as one line: ``--NAME: invalid value V (expected T or null)``, or
     ``(expected one of A, B)`` for a choice of values (a Literal);
@@ -125,12 +129,21 @@ def _usage_error(message: str) -> str:
     given = re.search(r"(?:Given|Got) value: (.*)$", message, re.MULTILINE)
     if key is None or given is None:
         return " ".join(message.split())
-    expected = dict.fromkeys(re.findall(r"Expected a <class '(\w+)'>", message))
-    kinds = " or ".join("null" if kind == "NoneType" else kind for kind in expected)
-    choices = re.search(r"Expected a typing\.Literal\[([^\]]*)\]", message)
-    if choices is not None:  # a Literal's values, as the help lists them: {a,b}
-        kinds = "one of " + ", ".join(choice.strip(" '") for choice in choices[1].split(","))
-    return f"--{key[1]}: invalid value {given[1]}" + (f" (expected {kinds})" if kinds else "")
+    # Each type of a union tried: a class, or a Literal's values (a choice, as {a,b} in help).
+    expected = {}
+    for kind, choices in re.findall(r"Expected a (?:<class '(\w+)'>|typing\.Literal\[([^\]]*)\])",
+                                    message):
+        if choices:
+            expected.update(dict.fromkeys(c.strip(" '") for c in choices.split(",")))
+        else:
+            expected[kind] = None
+    kinds = [choice for choice in expected if choice != "NoneType"]
+    if "NoneType" in expected:
+        kinds.append("null")
+    if len(kinds) > 1 and any(kind not in _CLASS_NAMES for kind in kinds):
+        kinds = ["one of " + ", ".join(kinds)]
+    return (f"--{key[1]}: invalid value {given[1]}"
+            + (f" (expected {' or '.join(kinds)})" if kinds else ""))
 
 
 def function_parser(prog: str, doc: str, function: Callable, *, skip: Sequence[str] = (),
