@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import codecs
 import contextlib
+import difflib
 import errno
 import importlib
 import importlib.util
@@ -197,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in commands:
-        print(f"captioner: unknown command {name!r}\n\n{_usage(commands)}", file=sys.stderr)
+        close = difflib.get_close_matches(name, commands, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        print(f"captioner: unknown command {name!r}; {hint}'captioner --help' lists them",
+              file=sys.stderr)
         return 2
     problem = _environment_problem()
     if problem is not None:

@@ -33,7 +33,12 @@ def test_help_lists_the_commands_and_unknown_ones_are_refused(capsys):
     listed = capsys.readouterr().out
     assert "caption " in listed and "fit " in listed and "demo " in listed
     assert main(["nosuch"]) == 2
-    assert "unknown command 'nosuch'" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        "captioner: unknown command 'nosuch'; 'captioner --help' lists them\n")
+    assert main(["captoin", "photo.jpg"]) == 2  # a typo: the command meant, on one line
+    assert capsys.readouterr().err == (
+        "captioner: unknown command 'captoin'; did you mean 'caption'? 'captioner --help' "
+        "lists them\n")
 
 
 @pytest.mark.subprocess
