@@ -532,3 +532,22 @@ def test_runs_show_the_scores_of_a_tested_run(tmp_path, capsys):
     (folder / "test" / "metrics.csv").write_text("epoch,test/CIDEr,test/x\n0,nan,\x1b[2J\n")
     assert runs.main(["--root", str(tmp_path / "runs")]) == 0
     assert capsys.readouterr().out.splitlines()[1] == untested
+
+
+def test_runs_show_the_epochs_done_of_those_the_fit_trains_to(tmp_path, capsys):
+    import json
+
+    from captioner.commands import runs
+
+    progress = {"epochs_done": 2, "global_step": 20, "best_score": None, "monitor": None,
+                "best_checkpoint": None, "last_checkpoint": "last.ckpt"}
+    for version, extra in enumerate(({"max_epochs": 6}, {}, {"max_epochs": None},
+                                     {"max_epochs": True})):
+        folder = tmp_path / "runs" / "coco_tvmax" / f"version_{version}" / "checkpoints"
+        folder.mkdir(parents=True)
+        (folder / "progress.json").write_text(json.dumps({**progress, **extra}))
+    assert runs.main(["--root", str(tmp_path / "runs")]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    # Stopped (or training) at 2 of 6; files without max_epochs show the epochs done; a
+    # damaged one (a bool: untrusted) is no run's progress.
+    assert [row.split()[3] for row in rows] == ["2/6", "2", "2", "-"]

@@ -513,7 +513,7 @@ def test_fit_prints_the_run_folder_and_checkpoints_and_runs_lists_them(
     code, out, err = _call(capsys, "runs", "--root", str(tmp_path / "runs"))
     assert code == 0, err
     row = next(line for line in out.splitlines() if line.startswith("tiny"))
-    assert "version_0" in row and str(best) in row and " 1 " in row
+    assert "version_0" in row and str(best) in row and " 1/1 " in row  # of its max_epochs
     assert " softmax/softmax " in row  # configs/demo_softmax.yaml's attention
     # A moved runs folder: its checkpoints where they are now, not where they were written.
     moved = tmp_path / "moved"
@@ -1431,7 +1431,8 @@ def test_runs_lists_a_run_whose_checkpoints_are_kept_elsewhere(synthetic_data, t
     capsys.readouterr()
     assert runs.main(["--root", str(tmp_path / "runs")]) == 0
     [row] = capsys.readouterr().out.splitlines()[1:]
-    assert row.split()[:6] == ["demo_softmax", "version_0", "softmax/softmax", "1", "2", "CIDEr"]
+    assert row.split()[:6] == ["demo_softmax", "version_0", "softmax/softmax", "1/1", "2",
+                               "CIDEr"]
     assert row.endswith(f"best {best.resolve()}  last {(elsewhere / 'last.ckpt').resolve()}")
     # It is the newest run, so `best` is its best checkpoint (it was an older run's).
     assert lightning_main(["test", *_cli_args(synthetic_data, tiny_cache, tmp_path),

@@ -81,7 +81,9 @@ def recorded_checkpoint(checkpoints: Path, recorded: str | None) -> Path | None:
     return recorded
 
 
-# The fields of progress.json (write_progress) and the types each may have.
+# The fields of progress.json (write_progress) and the types each may have; max_epochs may be
+# missing too (files of earlier versions).
+_OPTIONAL_FIELDS = {"max_epochs": (int, type(None))}
 _PROGRESS_FIELDS = {
     "epochs_done": (int,), "global_step": (int,), "monitor": (str, type(None)),
     "best_score": (int, float, type(None)), "best_checkpoint": (str, type(None)),
@@ -101,7 +103,8 @@ def read_progress(checkpoints: Path) -> dict:
     if not isinstance(progress, dict) or any(
         not isinstance(progress.get(field, ...), kinds) or isinstance(progress[field], bool)
         for field, kinds in _PROGRESS_FIELDS.items()
-    ):
+    ) or any(not isinstance(progress.get(field), kinds) or isinstance(progress.get(field), bool)
+             for field, kinds in _OPTIONAL_FIELDS.items()):
         return {}
     recorded = (progress[field] for field in ("best_checkpoint", "last_checkpoint"))
     if any(path is not None and path_problem(path) for path in recorded):

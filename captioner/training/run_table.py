@@ -64,21 +64,33 @@ def table_lines(runs: list[RunInfo]) -> list[str]:
     width = max(len("best"), *map(len, bests))
     attentions = [run_attention(run.folder) for run in runs]
     wide = max(len("in/out attention"), *map(len, attentions))
-    lines = [f"{'run':<24} {'version':<10} {'in/out attention':<{wide}} {'epochs':>6} "
+    epochs = [_epochs(run.progress) for run in runs]
+    many = max(len("epochs"), *map(len, epochs))
+    lines = [f"{'run':<24} {'version':<10} {'in/out attention':<{wide}} {'epochs':>{many}} "
              f"{'step':>8} {'best':<{width}}  checkpoints"]
-    for run, attention, best in zip(runs, attentions, bests, strict=True):
+    for run, attention, best, done in zip(runs, attentions, bests, epochs, strict=True):
         start = f"{run.name:<24} {run.folder.name:<10} {attention:<{wide}} "
         progress = run.progress
         if progress is None:
-            lines.append(f"{start}{'-':>6} {'-':>8} {best:<{width}}  {_untrained(run.folder)}")
+            lines.append(f"{start}{done:>{many}} {'-':>8} {best:<{width}}  "
+                         f"{_untrained(run.folder)}")
             continue
         best_file, last_file = (_where(run.folder, progress.get(key))
                                 for key in ("best_checkpoint", "last_checkpoint"))
         tested = tested_scores(run.folder)
-        lines.append(f"{start}{progress['epochs_done']:>6} {progress['global_step']:>8} "
+        lines.append(f"{start}{done:>{many}} {progress['global_step']:>8} "
                      f"{best:<{width}}  best {best_file}  last {last_file}"
                      + (f"  {tested}" if tested else ""))
     return lines
+
+
+def _epochs(progress: dict | None) -> str:
+    """The epochs a run has done, of the max_epochs it trains to where its progress.json
+    says (``2/6``: stopped, or still training; ``6/6``: done); ``-`` before any."""
+    if progress is None:
+        return "-"
+    done, limit = progress["epochs_done"], progress.get("max_epochs")
+    return f"{done}/{limit}" if limit else str(done)
 
 
 def _untrained(folder: Path) -> str:

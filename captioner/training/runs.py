@@ -378,11 +378,13 @@ def _set_rng_states(states: dict[str, Any]) -> None:
 
 
 def write_progress(folder: Path, trainer: L.Trainer, last: Path, *, epochs_done: int) -> None:
-    """``progress.json`` beside ``last``: epochs done, step, best score and checkpoints."""
+    """``progress.json`` beside ``last``: epochs done (and the max_epochs the fit trains to,
+    when it has one), step, best score and checkpoints."""
     best = _best_callback(trainer)
     score = getattr(best, "best_model_score", None)
     progress = {
         "epochs_done": epochs_done,
+        "max_epochs": trainer.max_epochs if (trainer.max_epochs or 0) > 0 else None,
         "global_step": trainer.global_step,
         "monitor": getattr(best, "monitor", None),
         "best_score": None if score is None else float(score),
