@@ -327,8 +327,9 @@ class CaptionerCLI(LightningCLI):
                     f"from a checkpoint keeps its hyperparameters ({advice}; model.decoding.* "
                     "may change)"
                 )
-        # The run's config.yaml names the checkpoint as Lightning names its own (an absolute
-        # path): a relative one would lead elsewhere, or nowhere, from another folder.
+        # An evaluation's config.yaml names the checkpoint it scored as Lightning names its own
+        # (an absolute path): a relative one would lead elsewhere, or nowhere, from another
+        # folder. (A fit's records none: SaveConfigOnceRestored.)
         self._ckpt_path = str(path.resolve())
         config["ckpt_path"] = None
 

@@ -165,7 +165,7 @@ def evaluation_only(folder: Path) -> tuple[str, str] | None:
     """("test" or "validate", the checkpoint) when the version ``folder`` holds only the scores
     of a checkpoint from outside the runs (``captioner test`` of such a checkpoint logs into a
     new version of its config's name): no checkpoints, a ``config.yaml`` that names a
-    ``ckpt_path`` (a new fit's is null) and a ``metrics.csv`` without training columns
+    ``ckpt_path`` (a fit's is null) and a ``metrics.csv`` without training columns
     (``train/...``); None for a training run, also one that has not saved a checkpoint yet."""
     if (folder / "checkpoints").exists():
         return None
