@@ -1158,8 +1158,8 @@ def test_a_named_versions_own_config_resumes_it_with_its_metrics(synthetic_data,
     capsys.readouterr()
     assert runs_command.main(["--root", str(runs.parent)]) == 0
     rows = [line.split()[:4] for line in capsys.readouterr().out.splitlines()[1:]]
-    assert rows == [["demo_softmax", "version_0", "softmax/softmax", "1"],
-                    ["demo_softmax", "mine", "softmax/softmax", "2"]]
+    assert rows == [["demo_softmax", "version_0", "softmax/softmax", "1/1"],
+                    ["demo_softmax", "mine", "softmax/softmax", "2/2"]]
     # A run's folder is not a folder of runs, though a test's folder in it has a config.yaml.
     (runs / "version_0" / "test").mkdir()
     shutil.copy(runs / "version_0" / "config.yaml", runs / "version_0" / "test")
