@@ -17,7 +17,6 @@ from pathlib import Path, PurePath
 from data_prep.locks import hold_exclusively, let_go
 from data_prep.paths import path_problem
 from data_prep.settings_files import read_settings
-from data_prep.text import printable
 
 LAST_NAME = "last.ckpt"
 PROGRESS_NAME = "progress.json"
@@ -101,10 +100,11 @@ def read_progress(checkpoints: Path) -> dict:
     except (OSError, ValueError):
         return {}
     if not isinstance(progress, dict) or any(
-        not isinstance(progress.get(field, ...), kinds) or isinstance(progress[field], bool)
-        for field, kinds in _PROGRESS_FIELDS.items()
-    ) or any(not isinstance(progress.get(field), kinds) or isinstance(progress.get(field), bool)
-             for field, kinds in _OPTIONAL_FIELDS.items()):
+        # A missing field reads as ``...`` (of no kind), a missing optional one as None.
+        not isinstance(value := progress.get(field, None if field in _OPTIONAL_FIELDS else ...),
+                       kinds) or isinstance(value, bool)
+        for field, kinds in {**_PROGRESS_FIELDS, **_OPTIONAL_FIELDS}.items()
+    ):
         return {}
     recorded = (progress[field] for field in ("best_checkpoint", "last_checkpoint"))
     if any(path is not None and path_problem(path) for path in recorded):
@@ -119,7 +119,7 @@ def tested_scores(folder: Path) -> str | None:
     the newest of ``test``, ``test_2``, ... (each test logs into a folder of its own beside the
     run, with the config.yaml that names its checkpoint). None when it was not tested or the
     file cannot be read; a run's files are untrusted, so a value that is not a finite number is
-    left out, and the checkpoint's name is shown escaped."""
+    left out."""
     tests = {1: folder / "test"}
     for path in folder.glob("test_*"):
         if match := re.fullmatch(r"test_(\d+)", path.name):
@@ -146,19 +146,21 @@ def tested_scores(folder: Path) -> str | None:
     if not scores:
         return None
     scores.sort(key=lambda score: not score.startswith("CIDEr "))
-    checkpoint = _scored_checkpoint(logged[-1].parent)
-    return f"test{f' of {checkpoint}' if checkpoint else ''}: {' '.join(scores)}"
+    checkpoint = scored_checkpoint(logged[-1].parent)
+    scored = f" of {PurePath(checkpoint).name}" if checkpoint else ""
+    return f"test{scored}: {' '.join(scores)}"
 
 
-def _scored_checkpoint(folder: Path) -> str | None:
-    """The file name of the checkpoint that the evaluation logged in ``folder`` scored, as its
-    ``config.yaml`` names it (escaped for a terminal); None where it names none."""
+def scored_checkpoint(folder: Path) -> str | None:
+    """The checkpoint that the validate or test logged in ``folder`` scored, as its
+    ``config.yaml`` names it (``ckpt_path``; a fit's is null); None where it names none or the
+    file cannot be read."""
     try:
         config = read_settings(folder / "config.yaml")
     except (OSError, ValueError):
         return None
     ckpt_path = config.get("ckpt_path") if isinstance(config, dict) else None
-    return printable(PurePath(ckpt_path).name) if isinstance(ckpt_path, str) else None
+    return ckpt_path if isinstance(ckpt_path, str) and ckpt_path else None
 
 
 def evaluation_only(folder: Path) -> tuple[str, str] | None:
@@ -169,19 +171,19 @@ def evaluation_only(folder: Path) -> tuple[str, str] | None:
     (``train/...``); None for a training run, also one that has not saved a checkpoint yet."""
     if (folder / "checkpoints").exists():
         return None
+    checkpoint = scored_checkpoint(folder)
+    if checkpoint is None:
+        return None
     try:
-        config = read_settings(folder / "config.yaml")
         with (folder / "metrics.csv").open(newline="", encoding="utf-8") as handle:
             columns = next(csv.reader(handle), [])
     except (OSError, ValueError, csv.Error):
-        return None
-    if not isinstance(config, dict) or not config.get("ckpt_path"):
         return None
     if any(column.startswith("train/") for column in columns):
         return None
     for prefix, stage in (("test/", "test"), ("val/", "validate")):
         if any(column.startswith(prefix) for column in columns):
-            return stage, str(config["ckpt_path"])
+            return stage, checkpoint
     return None
 
 

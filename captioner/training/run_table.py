@@ -18,6 +18,7 @@ from captioner.training.folders import (
     version_folders,
     version_number,
 )
+from data_prep.text import printable
 
 PROG = "captioner runs"
 
@@ -44,7 +45,9 @@ def print_runs(root: Path = Path("runs")) -> int:
         print(f"no runs under {root}")
         return 0
     for line in table_lines(runs):
-        print(line)
+        # Names and paths read from the runs' files: escaped, so that none can clear the
+        # terminal or forge a line.
+        print(printable(line))
     return 0
 
 
