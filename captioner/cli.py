@@ -15,7 +15,6 @@ from __future__ import annotations
 import ast
 import codecs
 import contextlib
-import difflib
 import errno
 import importlib
 import importlib.util
@@ -198,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in commands:
+        import difflib  # only for a name that is no command
+
         close = difflib.get_close_matches(name, commands, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         print(f"captioner: unknown command {name!r}; {hint}'captioner --help' lists them",

@@ -116,10 +116,6 @@ class FunctionParser(jsonargparse.ArgumentParser):
         raise SystemExit(2)
 
 
-# The classes a value error names as such ("expected int or null"), not as a choice.
-_CLASS_NAMES = frozenset({"int", "float", "str", "bool", "null"})
-
-
 def one_line_usage_error(message: str) -> str:
     """jsonargparse's message of a value its type refuses, which lists every type of a union
     tried, on several lines, as one line: ``--NAME: invalid value V (expected T or null)``, or
@@ -130,17 +126,15 @@ def one_line_usage_error(message: str) -> str:
     if key is None or given is None:
         return " ".join(message.split())
     # Each type of a union tried: a class, or a Literal's values (a choice, as {a,b} in help).
-    expected = {}
-    for kind, choices in re.findall(r"Expected a (?:<class '(\w+)'>|typing\.Literal\[([^\]]*)\])",
-                                    message):
-        if choices:
-            expected.update(dict.fromkeys(c.strip(" '") for c in choices.split(",")))
-        else:
-            expected[kind] = None
-    kinds = [choice for choice in expected if choice != "NoneType"]
+    tried = re.findall(r"Expected a (?:<class '(\w+)'>|typing\.Literal\[([^\]]*)\])", message)
+    expected: dict[str, None] = {}
+    for kind, choices in tried:
+        expected.update(dict.fromkeys([c.strip(" '") for c in choices.split(",")] if choices
+                                      else [kind]))
+    kinds = [kind for kind in expected if kind != "NoneType"]
     if "NoneType" in expected:
         kinds.append("null")
-    if len(kinds) > 1 and any(kind not in _CLASS_NAMES for kind in kinds):
+    if len(kinds) > 1 and any(choices for _, choices in tried):
         kinds = ["one of " + ", ".join(kinds)]
     return (f"--{key[1]}: invalid value {given[1]}"
             + (f" (expected {' or '.join(kinds)})" if kinds else ""))
