@@ -25,8 +25,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
-from captioner.checkpointing import load_safely, stored_vocabulary
+from captioner.checkpointing import HYPERPARAMETERS_KEY, load_safely, stored_vocabulary
 from captioner.features.cache_check import CACHE_SETTINGS, check_feature_cache
+from captioner.model.hyperparameters import hparams_from_checkpoint
 from captioner.training.command_line import (
     KEPT_DATA_KEYS,
     first_config,
@@ -299,9 +300,7 @@ class CaptionerCLI(LightningCLI):
             raise UserError(f"--ckpt_path {path}: {problem}")
         if subcommand == "fit":
             _refuse_a_finished_training(checkpoint, config.trainer, path)
-        hparams = CaptioningModule.hparams_from_checkpoint(
-            checkpoint.get(CaptioningModule.CHECKPOINT_HYPER_PARAMS_KEY, {}), path
-        )
+        hparams = hparams_from_checkpoint(checkpoint.get(HYPERPARAMETERS_KEY, {}), path)
         stored_vocabulary(checkpoint, hparams, path)  # as caption reads it
         self._checkpoint_step = int(checkpoint.get("global_step", 0))
         given = {}

@@ -15,7 +15,6 @@ rate x0.99 per epoch after the 10th epoch, d = 512, word embeddings of 256, g = 
 from __future__ import annotations
 
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -33,7 +32,6 @@ from captioner.checkpointing import (
 )
 from captioner.cider import cider_d
 from captioner.features.cache_check import check_feature_cache, model_settings
-from captioner.model import hyperparameters
 from captioner.model.caption_model import attention_grid, build_caption_model
 from captioner.model.decoding import Hypothesis, check_search_memory, decode_captions
 from captioner.model.decoding_options import DecodingOptions
@@ -122,17 +120,6 @@ class CaptioningModule(L.LightningModule):
         self.vocabulary: Vocabulary | None = None
         self._decoded: dict[int, str] = {}
         self._references: dict[int, list[str]] = {}
-
-    @classmethod
-    def hparams_from_checkpoint(cls, stored: Any, source: str | Path) -> dict[str, Any]:
-        """Constructor arguments from a checkpoint's hyperparameters, checked as untrusted
-        plain data (:func:`captioner.checkpointing.constructor_arguments`); earlier versions'
-        ``beam_size`` / ``max_length`` become the ``decoding`` options.
-
-        Raises:
-            CheckpointError: an unknown key or a value that is not plain data.
-        """
-        return hyperparameters.hparams_from_checkpoint(stored, source)
 
     # ---------------------------------------------------------------- data and vocabulary
 
