@@ -97,3 +97,20 @@ def test_usage_checks_after_parsing_are_one_line(capsys):
         parser.check(refuse, "this")
     assert stop.value.code == 2
     assert capsys.readouterr().err == "captioner work: error: cannot use this\n"
+
+
+@pytest.mark.parametrize("command", ["captioner.commands.caption", "captioner.commands.heatmaps",
+                                     "eval.commands.gallery"])
+def test_an_empty_image_path_is_refused_not_read_as_this_folder(command, capsys):
+    # Path("") is the current folder: every image below it would be captioned.
+    import importlib
+
+    parser = importlib.import_module(command).build_parser()
+    with pytest.raises(SystemExit) as stop:
+        parser.parse_args(["photo.jpg", "", "--ckpt", "x.ckpt", "--out", "out"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1, err
+    assert err.endswith("error: argument IMAGE_OR_DIR: an empty path (an unset shell "
+                        "variable?); give '.' for this folder\n")
+    assert parser.parse_args(["photo.jpg", ".", "--ckpt", "x.ckpt", "--out", "out"]).inputs[1] \
+        == Path(".")

@@ -28,10 +28,9 @@ which is then left as it was (half a result does not replace a whole one).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from captioner.commands.options import (
     FunctionParser,
+    add_image_inputs,
     add_options_of,
     arguments_of,
     function_parser,
@@ -46,8 +45,7 @@ HELP = "caption images or folders of images (text, jsonl with per-word attention
 def build_parser() -> FunctionParser:
     parser = function_parser("captioner caption", __doc__, caption_images,
                              skip=("inputs", "decoding"), once=("ckpt",))
-    parser.add_argument("inputs", nargs="+", type=Path, metavar="IMAGE_OR_DIR",
-                        help="image files and folders of images")
+    add_image_inputs(parser)
     add_options_of(parser, DecodingOverrides)
     return parser
 

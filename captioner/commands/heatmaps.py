@@ -36,10 +36,9 @@ transparent``, the default) or a hard white mask (``white``, the paper's figure 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from captioner.commands.options import (
     FunctionParser,
+    add_image_inputs,
     add_options_of,
     arguments_of,
     function_parser,
@@ -54,8 +53,7 @@ HELP = "per-word attention heatmaps, caption strips and raw weights for images"
 def build_parser() -> FunctionParser:
     parser = function_parser("captioner heatmaps", __doc__, draw_heatmaps,
                              skip=("inputs", "figure", "decoding"))
-    parser.add_argument("inputs", nargs="+", type=Path, metavar="IMAGE_OR_DIR",
-                        help="image files and folders of images")
+    add_image_inputs(parser)
     add_options_of(parser, FigureStyle)
     add_options_of(parser, DecodingOverrides)
     return parser

@@ -21,6 +21,7 @@ import sys
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import fields
+from pathlib import Path
 
 import docstring_parser
 import jsonargparse
@@ -179,6 +180,33 @@ def _add_flags(parser: jsonargparse.ArgumentParser, target: Callable, names: lis
     for name in names:
         parser.add_argument(f"--{name}", action=ActionYesNo, default=defaults[name],
                             help=described.get(name))
+
+
+def add_image_inputs(parser: FunctionParser, *, nargs: str = "+",
+                     help: str = "image files and folders of images") -> None:
+    """The positional ``IMAGE_OR_DIR`` arguments of the commands that caption image files
+    (caption, heatmaps, gallery), as ``inputs``: folders are searched recursively
+    (:func:`captioner.inference.image_files.collect_images`)."""
+    parser.add_argument("inputs", nargs=nargs, type=_given_path, metavar="IMAGE_OR_DIR",
+                        help=help)
+
+
+class _GivenPath:
+    """A path named on the command line. An empty one, most often an unset shell variable,
+    is refused: as a Path it would be the current folder, and every image below it would be
+    captioned."""
+
+    def __call__(self, text: str) -> Path:
+        if not text:
+            raise argparse.ArgumentTypeError(
+                "an empty path (an unset shell variable?); give '.' for this folder")
+        return Path(text)
+
+    def __repr__(self) -> str:
+        return "Path"  # as the help names the argument's type
+
+
+_given_path = _GivenPath()
 
 
 def add_options_of(parser: jsonargparse.ArgumentParser, options: type) -> None:

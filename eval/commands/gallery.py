@@ -35,10 +35,9 @@ another scale. The page's legend says which.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from captioner.commands.options import (
     FunctionParser,
+    add_image_inputs,
     add_options_of,
     arguments_of,
     function_parser,
@@ -55,8 +54,7 @@ HELP = "side-by-side attention gallery of several checkpoints (static HTML)"
 def build_parser() -> FunctionParser:
     parser = function_parser("captioner gallery", __doc__, make_gallery,
                              skip=("inputs", "figure", "decoding"))
-    parser.add_argument("inputs", nargs="*", type=Path, metavar="IMAGE_OR_DIR",
-                        help="image files or folders (searched recursively)")
+    add_image_inputs(parser, nargs="*", help="image files or folders (searched recursively)")
     add_options_of(parser, FigureStyle)
     add_options_of(parser, DecodingOverrides)
     return parser
